@@ -1,0 +1,34 @@
+"""ckpt: a checkpoint storage engine for large-model training on top of torch.distributed.checkpoint.
+
+    import ckpt
+    ckpt.save({"model": model, "optim": optimizer, "step": 100}, "ckpts/step-00000100")
+    ckpt.load({"model": model, "optim": optimizer, "step": 0}, "ckpts/step-00000100")
+
+DCP users plug in ``ckpt.dcp.Writer`` / ``ckpt.dcp.Reader`` instead. Every error is a
+:class:`ckpt.CheckpointError`. The format is specified in docs/FORMAT.md.
+"""
+
+from . import dcp
+from .api import load, save
+from .dcp import read_manifest
+from .errors import (
+    CheckpointError,
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    CheckpointWriteError,
+    CorruptCheckpointError,
+    IncompatibleCheckpointError,
+    InvalidManifestError,
+    UnsafeCheckpointError,
+    UnsupportedFormatError,
+)
+from .format import FORMAT_VERSION, Manifest
+from .planner import SafeLoadPlanner
+from .state import RNGState
+
+__all__ = [
+    "save", "load", "read_manifest", "dcp", "Manifest", "FORMAT_VERSION", "SafeLoadPlanner", "RNGState",
+    "CheckpointError", "CheckpointExistsError", "CheckpointNotFoundError", "CheckpointWriteError",
+    "CorruptCheckpointError", "IncompatibleCheckpointError", "InvalidManifestError",
+    "UnsafeCheckpointError", "UnsupportedFormatError",
+]

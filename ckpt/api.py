@@ -1,0 +1,105 @@
+"""``ckpt.save`` / ``ckpt.load``: one call each, with or without torch.distributed.
+
+Both run DCP with our :class:`~ckpt.dcp.Writer`/:class:`~ckpt.dcp.Reader` and
+:class:`~ckpt.planner.SafeLoadPlanner`; every rank of the default (or given) process group calls
+them collectively. Errors come out as :class:`~ckpt.errors.CheckpointError` subclasses, unwrapped
+from DCP's per-rank ``CheckpointException``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from .dcp import Reader, Writer, read_manifest
+from .errors import CheckpointError, CheckpointWriteError
+from .format import Manifest
+from .planner import SafeLoadPlanner
+from .state import export_state
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+@contextlib.contextmanager
+def _quiet_single_process():
+    """DCP warns on every single-process call; without a process group that is our normal case."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def unwrap(exc: CheckpointException) -> BaseException:
+    """The first of our errors inside DCP's per-rank wrapper (or the first failure at all)."""
+    failures = [pair[0] for _, pair in sorted(exc.failures.items())]
+    for failure in failures:
+        if isinstance(failure, CheckpointError):
+            return failure
+    return failures[0] if failures else exc
+
+
+def save(
+    state: dict[str, Any],
+    path: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    merged: bool = False,
+    step: int | None = None,
+    user_metadata: dict | None = None,
+    files_per_rank: int = 1,
+    process_group: dist.ProcessGroup | None = None,
+) -> None:
+    """Save ``state`` as a sharded checkpoint directory at ``path`` (or, with ``merged=True``, as one
+    consolidated ``.safetensors`` file gathered tensor by tensor). Collective across ranks."""
+    if merged:
+        from .merged import save_merged
+
+        save_merged(state, path, overwrite=overwrite, user_metadata=user_metadata, process_group=process_group)
+        return
+    state_dict, _ = export_state(state)
+    writer = Writer(path, overwrite=overwrite, files_per_rank=files_per_rank, step=step, user_metadata=user_metadata)
+    try:
+        with _quiet_single_process():
+            dcp.save(state_dict, storage_writer=writer, process_group=process_group, no_dist=not _distributed())
+    except CheckpointException as exc:
+        writer.abort()
+        error = unwrap(exc)
+        if isinstance(error, CheckpointError):
+            raise error from None
+        raise CheckpointWriteError(f"saving {path} failed: {type(error).__name__}: {error}") from error
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def load(
+    state: dict[str, Any],
+    path: str | os.PathLike,
+    *,
+    strict: bool = True,
+    process_group: dist.ProcessGroup | None = None,
+) -> Manifest:
+    """Load the checkpoint at ``path`` into ``state`` in place, resharding to the current layout.
+
+    Tensors are filled in place; modules, optimizers and stateful objects get ``load_state_dict``;
+    plain values in dicts are replaced. Returns the checkpoint's manifest."""
+    state_dict, restore = export_state(state)
+    reader = Reader(path)
+    try:
+        with _quiet_single_process():
+            dcp.load(state_dict, storage_reader=reader, planner=SafeLoadPlanner(strict=strict),
+                     process_group=process_group, no_dist=not _distributed())
+    except CheckpointException as exc:
+        error = unwrap(exc)
+        if isinstance(error, CheckpointError):
+            raise error from None
+        raise
+    restore()
+    return reader.manifest if reader.manifest is not None else read_manifest(path)

@@ -1,0 +1,90 @@
+"""The commit protocol: a checkpoint is visible complete or not at all.
+
+POSIX contract (local disk, NFS, Lustre and other file systems with atomic rename):
+
+1. All ranks write under ``<parent>/<name>.tmp-<id>/`` (chosen by the coordinator and handed to every
+   rank in its plan); each rank fsyncs each of its data files before reporting success.
+2. The coordinator, after every rank reported, fsyncs ``data/`` and the tmp directory, writes
+   ``manifest.json`` there and fsyncs it.
+3. It renames the tmp directory to ``<name>`` and fsyncs the parent. The rename is the commit point.
+
+A reader only opens directories named without ``.tmp-`` that hold a ``manifest.json``; a save that
+died at any point leaves at most a ``.tmp-`` directory, which the next writer of the same target
+(or a manager starting on the root) deletes. Overwriting a committed target (only when asked) moves
+it aside to ``<name>.old-<id>`` first and deletes it after the new one is in place; if a crash
+strikes between the two renames, the next writer moves the old copy back, so a committed target is
+never lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from .errors import CheckpointExistsError
+from .fileio import fsync_dir, write_file_durably
+from .format import DATA_DIR, MANIFEST_NAME
+
+log = logging.getLogger(__name__)
+
+TMP_MARK = ".tmp-"
+OLD_MARK = ".old-"
+
+
+def is_committed(path: Path) -> bool:
+    return TMP_MARK not in path.name and OLD_MARK not in path.name and (path / MANIFEST_NAME).is_file()
+
+
+def begin(target: Path, *, overwrite: bool) -> Path:
+    """Clean up after earlier dead saves of ``target`` and create a fresh tmp directory for it."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    collect_garbage(target)
+    if target.exists() and not overwrite:
+        raise CheckpointExistsError(f"{target} already exists; pass overwrite=True to replace it")
+    tmp = target.parent / f"{target.name}{TMP_MARK}{uuid.uuid4().hex[:12]}"
+    (tmp / DATA_DIR).mkdir(parents=True)
+    return tmp
+
+
+def finish(tmp: Path, target: Path, manifest: bytes, *, overwrite: bool) -> None:
+    """Make the fully written ``tmp`` directory visible as ``target`` (steps 2 and 3 above)."""
+    fsync_dir(tmp / DATA_DIR)
+    write_file_durably(tmp / MANIFEST_NAME, manifest)
+    fsync_dir(tmp)
+    old = None
+    if target.exists():
+        if not overwrite:
+            raise CheckpointExistsError(f"{target} appeared while saving; not replaced")
+        old = target.parent / f"{target.name}{OLD_MARK}{uuid.uuid4().hex[:12]}"
+        os.rename(target, old)
+    os.rename(tmp, target)
+    fsync_dir(target.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def abort(tmp: Path) -> None:
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def collect_garbage(target: Path) -> None:
+    """Delete leftovers of dead saves of ``target``; restore a committed copy moved aside by a crash."""
+    parent = Path(target).parent
+    if not parent.is_dir():
+        return
+    name = Path(target).name
+    for entry in parent.iterdir():
+        if entry.name.startswith(name + TMP_MARK):
+            log.info("removing stale tmp directory %s", entry)
+            shutil.rmtree(entry, ignore_errors=True)
+    for entry in sorted(parent.glob(name + OLD_MARK + "*")):
+        if not target.exists() and (entry / MANIFEST_NAME).is_file():
+            log.warning("restoring %s from %s (a replacing save died mid-commit)", target, entry)
+            os.rename(entry, target)
+            fsync_dir(parent)
+        else:
+            shutil.rmtree(entry, ignore_errors=True)

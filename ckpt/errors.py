@@ -1,0 +1,93 @@
+"""The one exception hierarchy of the engine.
+
+Every failure caused by a checkpoint (missing, damaged, hostile, not matching the live state) or by
+a request the engine refuses raises a subclass of :class:`CheckpointError`. Callers catch that one
+type; CLIs turn it into a single readable line and a non-zero exit.
+
+    CheckpointError
+    ├── CheckpointNotFoundError      no committed checkpoint at the path (or no such step)
+    ├── CheckpointExistsError        the target is already committed and overwrite was not asked for
+    ├── CorruptCheckpointError       bytes or manifest do not verify (names the file and the tensor)
+    │   └── InvalidManifestError     the manifest is malformed or hostile (bad names, absurd sizes)
+    ├── UnsupportedFormatError       written by a newer format version, or an unknown codec
+    ├── UnsafeCheckpointError        a value would need code execution to load
+    ├── IncompatibleCheckpointError  the checkpoint does not fit the live state (lists every mismatch)
+    └── CheckpointWriteError         a save failed; nothing was committed
+"""
+
+from __future__ import annotations
+
+
+class CheckpointError(Exception):
+    """Base class of every error raised by the checkpoint engine."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """No committed checkpoint exists at the given location."""
+
+
+class CheckpointExistsError(CheckpointError, FileExistsError):
+    """The target checkpoint is already committed and overwriting was not requested."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """Stored bytes do not match what the manifest promises.
+
+    ``file`` and ``tensor`` name what failed to verify, when known.
+    """
+
+    def __init__(self, message: str, *, file: str | None = None, tensor: str | None = None):
+        super().__init__(message)
+        self.file = file
+        self.tensor = tensor
+
+
+class InvalidManifestError(CorruptCheckpointError):
+    """The manifest is malformed or hostile; nothing was read or written because of it."""
+
+
+class UnsupportedFormatError(CheckpointError):
+    """The checkpoint uses a format version or codec this build cannot read."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """Loading a value would require executing code from the checkpoint; refused."""
+
+
+class IncompatibleCheckpointError(CheckpointError):
+    """The checkpoint's contents do not fit the state it is loaded into.
+
+    Attributes list every problem at once: ``missing`` (in the state, not in the checkpoint),
+    ``unexpected`` (in the checkpoint, not in the state) and ``mismatched`` (key, what the checkpoint
+    holds, what the state holds).
+    """
+
+    def __init__(
+        self,
+        missing: list[str] = (),
+        unexpected: list[str] = (),
+        mismatched: list[tuple[str, str, str]] = (),
+    ):
+        self.missing = sorted(missing)
+        self.unexpected = sorted(unexpected)
+        self.mismatched = sorted(mismatched)
+        parts = []
+        if self.missing:
+            parts.append(f"missing from checkpoint: {_short_list(self.missing)}")
+        if self.unexpected:
+            parts.append(f"unexpected in checkpoint: {_short_list(self.unexpected)}")
+        for key, saved, live in self.mismatched:
+            parts.append(f"{key}: checkpoint has {saved}, state has {live}")
+        super().__init__("checkpoint does not fit the state: " + "; ".join(parts))
+
+    def __reduce__(self):  # rebuilt from its lists when DCP ships it between ranks
+        return (type(self), (self.missing, self.unexpected, self.mismatched))
+
+
+class CheckpointWriteError(CheckpointError):
+    """Writing a checkpoint failed; the target was not committed and earlier ones are untouched."""
+
+
+def _short_list(names: list[str], limit: int = 20) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" … (+{len(names) - limit} more)" if len(names) > limit else "")

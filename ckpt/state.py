@@ -1,0 +1,148 @@
+"""Turning a user's training state into a DCP state dict and putting loaded values back.
+
+A state is a nested dict whose leaves may be tensors/DTensors, plain values, modules, optimizers or
+any object with ``state_dict()``/``load_state_dict()``. Modules and optimizers go through
+``torch.distributed.checkpoint.state_dict`` so keys are canonical (no ``_orig_mod.`` from compile,
+no FSDP wrapper names) and optimizer state is keyed by parameter name, not by position; that is what
+lets a checkpoint load into another parallel layout.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+
+def export_state(state: dict) -> tuple[dict, Callable[[], None]]:
+    """Return ``(state_dict, restore)``: a DCP-ready tree, and a function that pushes values loaded
+    into that tree back into the user's objects (modules, optimizers, stateful objects, dicts)."""
+    modules = [v for v in _walk(state) if isinstance(v, nn.Module)]
+    restorers: list[Callable[[], None]] = []
+    tree = _export(state, modules, restorers)
+
+    def restore() -> None:
+        for fn in restorers:
+            fn()
+        _write_back(state, tree)
+
+    return tree, restore
+
+
+def _walk(node: Any):
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from _walk(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _walk(value)
+    else:
+        yield node
+
+
+def _export(node: Any, modules: list[nn.Module], restorers: list) -> Any:
+    if isinstance(node, dict):
+        return {key: _export(value, modules, restorers) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_export(value, modules, restorers) for value in node]
+    if isinstance(node, nn.Module):
+        sd = get_model_state_dict(node)
+        restorers.append(lambda: set_model_state_dict(node, sd))
+        return sd
+    if isinstance(node, torch.optim.Optimizer):
+        owner = _owner_module(node, modules)
+        if owner is None:  # no model beside it: positional keys, same layout required
+            sd = node.state_dict()
+            restorers.append(lambda: node.load_state_dict(sd))
+            return sd
+        sd = get_optimizer_state_dict(owner, node)
+        restorers.append(lambda: set_optimizer_state_dict(owner, node, sd))
+        return sd
+    if _is_stateful(node):
+        sd = node.state_dict()
+        restorers.append(lambda: node.load_state_dict(sd))
+        return sd
+    return node
+
+
+def _is_stateful(node: Any) -> bool:
+    return callable(getattr(node, "state_dict", None)) and callable(getattr(node, "load_state_dict", None))
+
+
+def _owner_module(optimizer: torch.optim.Optimizer, modules: list[nn.Module]) -> nn.Module | None:
+    wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for module in modules:
+        if wanted <= {id(p) for p in module.parameters()}:
+            return module
+    return None
+
+
+def _write_back(user: Any, tree: Any) -> None:
+    """Copy loaded non-tensor values from ``tree`` into the user's own dicts and lists."""
+    if isinstance(user, dict) and isinstance(tree, dict):
+        for key, value in tree.items():
+            if key in user and _is_container(user[key]):
+                _write_back(user[key], value)
+            elif key not in user or not _is_live_object(user[key]):
+                user[key] = value
+    elif isinstance(user, list) and isinstance(tree, list):
+        for index, value in enumerate(tree):
+            if index < len(user) and _is_container(user[index]):
+                _write_back(user[index], value)
+            elif index >= len(user):
+                user.append(value)
+            elif not _is_live_object(user[index]):
+                user[index] = value
+
+
+def _is_container(node: Any) -> bool:
+    return isinstance(node, (dict, list))
+
+
+def _is_live_object(node: Any) -> bool:
+    """Tensors are loaded in place; modules, optimizers and stateful objects via their restorers."""
+    return isinstance(node, torch.Tensor) or isinstance(node, nn.Module) or _is_stateful(node)
+
+
+class RNGState:
+    """The process's random generators as a stateful object: torch CPU (and the accelerator's, when
+    present), Python's ``random`` and NumPy's global generator. Put it in a state to checkpoint them."""
+
+    def state_dict(self) -> dict:
+        state = {
+            "torch": torch.get_rng_state(),
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+        }
+        from .device import accelerator_module
+
+        accel = accelerator_module()
+        if accel is not None:
+            state["accelerator"] = accel.get_rng_state()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        torch.set_rng_state(state["torch"])
+        random.setstate(_as_tuple(state["python"]))
+        np.random.set_state(state["numpy"])
+        if "accelerator" in state:
+            from .device import accelerator_module
+
+            accel = accelerator_module()
+            if accel is not None:
+                accel.set_rng_state(state["accelerator"])
+
+
+def _as_tuple(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_as_tuple(v) for v in value)
+    return value

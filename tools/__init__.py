@@ -1,0 +1,1 @@
+"""Command-line front ends over the ckpt engine (thin: parse arguments, show progress, call ckpt)."""
