@@ -22,13 +22,15 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from .values import Leaf
+
 
 def export_state(state: dict) -> tuple[dict, Callable[[], None]]:
     """Return ``(state_dict, restore)``: a DCP-ready tree, and a function that pushes values loaded
     into that tree back into the user's objects (modules, optimizers, stateful objects, dicts)."""
     modules = [v for v in _walk(state) if isinstance(v, nn.Module)]
     restorers: list[Callable[[], None]] = []
-    tree = _export(state, modules, restorers)
+    tree = {key: _export(value, modules, restorers) for key, value in state.items()}
 
     def restore() -> None:
         for fn in restorers:
@@ -50,28 +52,68 @@ def _walk(node: Any):
 
 
 def _export(node: Any, modules: list[nn.Module], restorers: list) -> Any:
-    if isinstance(node, dict):
-        return {key: _export(value, modules, restorers) for key, value in node.items()}
-    if isinstance(node, list):
+    if isinstance(node, (dict, list)):
+        if not _holds_live_object(node):
+            return Leaf(node)
+        if isinstance(node, dict):
+            return {key: _export(value, modules, restorers) for key, value in node.items()}
         return [_export(value, modules, restorers) for value in node]
     if isinstance(node, nn.Module):
-        sd = get_model_state_dict(node)
-        restorers.append(lambda: set_model_state_dict(node, sd))
+        sd = _collapse_within(get_model_state_dict(node))
+        restorers.append(lambda: set_model_state_dict(node, _unwrap(sd)))
         return sd
     if isinstance(node, torch.optim.Optimizer):
         owner = _owner_module(node, modules)
         if owner is None:  # no model beside it: positional keys, same layout required
-            sd = node.state_dict()
-            restorers.append(lambda: node.load_state_dict(sd))
+            sd = _collapse_within(node.state_dict())
+            restorers.append(lambda: node.load_state_dict(_unwrap(sd)))
             return sd
-        sd = get_optimizer_state_dict(owner, node)
-        restorers.append(lambda: set_optimizer_state_dict(owner, node, sd))
+        sd = _collapse_within(get_optimizer_state_dict(owner, node))
+        restorers.append(lambda: set_optimizer_state_dict(owner, node, _unwrap(sd)))
         return sd
     if _is_stateful(node):
-        sd = node.state_dict()
-        restorers.append(lambda: node.load_state_dict(sd))
+        sd = _collapse_within(node.state_dict())
+        restorers.append(lambda: node.load_state_dict(_unwrap(sd)))
         return sd
     return node
+
+
+def _collapse(node: Any) -> Any:
+    """Wrap every tensor-free dict/list/tuple subtree into one :class:`~ckpt.values.Leaf`."""
+    if isinstance(node, (dict, list, tuple)):
+        if not _holds_tensor(node):
+            return Leaf(node)
+        if isinstance(node, dict):
+            return {key: _collapse(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [_collapse(value) for value in node]
+    return node
+
+
+def _collapse_within(state_dict: dict) -> dict:
+    """Collapse below the top level, so the dict a restorer holds is the one DCP fills in place."""
+    return {key: _collapse(value) for key, value in state_dict.items()}
+
+
+def _unwrap(node: Any) -> Any:
+    """Undo :func:`_collapse` where a leaf was not replaced by a loaded value."""
+    if isinstance(node, Leaf):
+        return node.value
+    if isinstance(node, dict):
+        return type(node)((key, _unwrap(value)) for key, value in node.items())
+    if isinstance(node, list):
+        return [_unwrap(value) for value in node]
+    return node
+
+
+def _holds_tensor(node: Any) -> bool:
+    if isinstance(node, torch.Tensor):
+        return True
+    if isinstance(node, dict):
+        return any(_holds_tensor(v) for v in node.values())
+    if isinstance(node, (list, tuple)):
+        return any(_holds_tensor(v) for v in node)
+    return False
 
 
 def _is_stateful(node: Any) -> bool:
@@ -87,25 +129,31 @@ def _owner_module(optimizer: torch.optim.Optimizer, modules: list[nn.Module]) ->
 
 
 def _write_back(user: Any, tree: Any) -> None:
-    """Copy loaded non-tensor values from ``tree`` into the user's own dicts and lists."""
-    if isinstance(user, dict) and isinstance(tree, dict):
+    """Copy loaded non-tensor values from ``tree`` into the user's own dicts and lists.
+
+    Containers that hold live objects are walked; anything else is replaced whole."""
+    if isinstance(user, dict):
         for key, value in tree.items():
-            if key in user and _is_container(user[key]):
+            if key in user and _holds_live_object(user[key]) and isinstance(value, (dict, list)):
                 _write_back(user[key], value)
             elif key not in user or not _is_live_object(user[key]):
                 user[key] = value
-    elif isinstance(user, list) and isinstance(tree, list):
+    elif isinstance(user, list):
         for index, value in enumerate(tree):
-            if index < len(user) and _is_container(user[index]):
-                _write_back(user[index], value)
-            elif index >= len(user):
+            if index >= len(user):
                 user.append(value)
+            elif _holds_live_object(user[index]) and isinstance(value, (dict, list)):
+                _write_back(user[index], value)
             elif not _is_live_object(user[index]):
                 user[index] = value
 
 
-def _is_container(node: Any) -> bool:
-    return isinstance(node, (dict, list))
+def _holds_live_object(node: Any) -> bool:
+    if isinstance(node, dict):
+        return any(_holds_live_object(v) for v in node.values())
+    if isinstance(node, list):
+        return any(_holds_live_object(v) for v in node)
+    return _is_live_object(node)
 
 
 def _is_live_object(node: Any) -> bool:

@@ -33,10 +33,28 @@ class NotJSONable(TypeError):
     """The value holds a type tagged JSON cannot represent."""
 
 
+class Leaf:
+    """A tensor-free subtree (config dict, list of hyper-parameters) kept whole as one value.
+
+    DCP flattens every dict down to its leaves and turns dict keys into strings; wrapping such a
+    subtree keeps it one entry, so int keys, tuples and empty containers survive, and a load
+    template needs only the subtree's name, not its shape."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"Leaf({self.value!r})"
+
+
 def encode(value: Any) -> Any:
     """Return a JSON-serialisable form of ``value`` (see the module docstring)."""
     if value is None or isinstance(value, (bool, str)):
         return value
+    if isinstance(value, Leaf):
+        return encode(value.value)
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):

@@ -101,9 +101,13 @@ def assert_same(actual, expected, where: str = "") -> None:
     elif isinstance(expected, torch.Tensor):
         assert isinstance(actual, torch.Tensor), where
         assert actual.dtype == expected.dtype and actual.shape == expected.shape, where
-        assert torch.equal(actual.view(torch.uint8) if actual.dtype == torch.bool else actual,
-                           expected.view(torch.uint8) if expected.dtype == torch.bool else expected), where
+        assert torch.equal(_bits(actual), _bits(expected)), where
     elif isinstance(expected, float) and expected != expected:
         assert actual != actual, where
     else:
         assert actual == expected and type(actual) is type(expected), (where, actual, expected)
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    """The raw bytes, so NaN payloads and signed zeros compare exactly."""
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
