@@ -90,8 +90,9 @@ def load(
 
     Tensors are filled in place; modules, optimizers and stateful objects get ``load_state_dict``;
     plain values in dicts are replaced. Returns the checkpoint's manifest."""
+    manifest = read_manifest(path)  # fails here, readably, before DCP wraps anything
     state_dict, restore = export_state(state)
-    reader = Reader(path)
+    reader = Reader(path, manifest=manifest)
     try:
         with _quiet_single_process():
             dcp.load(state_dict, storage_reader=reader, planner=SafeLoadPlanner(strict=strict),
@@ -102,4 +103,4 @@ def load(
             raise error from None
         raise
     restore()
-    return reader.manifest if reader.manifest is not None else read_manifest(path)
+    return manifest

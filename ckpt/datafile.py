@@ -86,8 +86,8 @@ class DataFiles:
             self._fds[name] = (fd, os.fstat(fd).st_size)
         return self._fds[name]
 
-    def read_into(self, blob: Blob, buffer: memoryview, *, what: str) -> None:
-        """Fill ``buffer`` (exactly ``blob.length`` bytes) with the blob's stored bytes, unverified."""
+    def check(self, blob: Blob, *, what: str) -> int:
+        """Refuse a blob that lies beyond the end of its file; call before allocating for it."""
         fd, size = self._open(blob.file)
         if blob.offset + blob.length > size:
             raise CorruptCheckpointError(
@@ -95,12 +95,18 @@ class DataFiles:
                 f"{blob.offset}..{blob.offset + blob.length}",
                 file=blob.file, tensor=what,
             )
+        return fd
+
+    def read_into(self, blob: Blob, buffer: memoryview, *, what: str) -> None:
+        """Fill ``buffer`` (exactly ``blob.length`` bytes) with the blob's stored bytes, unverified."""
+        fd = self.check(blob, what=what)
         if pread_into(fd, buffer, blob.offset) != blob.length:
             raise CorruptCheckpointError(f"{self.root}: short read of {what} from {blob.file}",
                                          file=blob.file, tensor=what)
 
     def read(self, blob: Blob, *, what: str) -> bytearray:
         """The blob's stored bytes, verified."""
+        self.check(blob, what=what)
         buffer = bytearray(blob.length)
         self.read_into(blob, memoryview(buffer), what=what)
         self.verify(blob, checksum(buffer), what=what)

@@ -233,6 +233,8 @@ def build_manifest(metadata: Metadata, results: list[list[WriteResult]]) -> Mani
 def read_manifest(path: str | os.PathLike) -> Manifest:
     """Parse and validate the manifest of the committed checkpoint at ``path``."""
     path = Path(path)
+    if commit.TMP_MARK in path.name or commit.OLD_MARK in path.name:
+        raise CheckpointNotFoundError(f"{path} is the leftover of an unfinished save, not a checkpoint")
     if not path.is_dir():
         raise CheckpointNotFoundError(f"no checkpoint at {path}")
     manifest_path = path / MANIFEST_NAME
@@ -244,22 +246,28 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
 
 
 class Reader(StorageReader):
-    """Reads a checkpoint written by :class:`Writer`, for any current layout (DCP reshards)."""
+    """Reads a checkpoint written by :class:`Writer`, for any current layout (DCP reshards).
 
-    def __init__(self, path: str | os.PathLike | None = None):
+    ``manifest`` may be passed when the caller already read and validated it.
+    """
+
+    def __init__(self, path: str | os.PathLike | None = None, *, manifest: Manifest | None = None):
         super().__init__()
         self.path = Path(path) if path is not None else None
-        self.manifest: Manifest | None = None
+        self.manifest = manifest
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id is not None:
             self.path = Path(checkpoint_id)
-        self.manifest = None
+            self.manifest = None
 
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+    # No **kwargs: DCP would otherwise retry a failed read as "rank-local metadata" and bury our
+    # error under its own AssertionError.
+    def read_metadata(self, *args: Any) -> Metadata:
         if self.path is None:
             raise ValueError("Reader needs a path (or dcp.load(checkpoint_id=...))")
-        self.manifest = read_manifest(self.path)
+        if self.manifest is None:
+            self.manifest = read_manifest(self.path)
         return self.manifest.to_dcp_metadata()
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -301,6 +309,7 @@ class Reader(StorageReader):
                     files.read_into(chunk.blob, memoryview(view), what=index.fqn)
                     deferred.append((items[0], direct, chunk.blob, hasher.submit(checksum, view)))
                     continue
+                files.check(chunk.blob, what=index.fqn)
                 stored = torch.empty(chunk.sizes, dtype=entry.dtype)
                 view = stored.reshape(-1).view(torch.uint8).numpy()
                 files.read_into(chunk.blob, memoryview(view), what=index.fqn)

@@ -219,7 +219,7 @@ def _dims(value: Any, what: str) -> tuple[int, ...]:
 
 def _blob(doc: dict, where: str) -> Blob:
     name = doc["file"]
-    if not isinstance(name, str) or not _DATA_FILE.match(name):
+    if not isinstance(name, str) or not _DATA_FILE.fullmatch(name):
         raise InvalidManifestError(f"{where}: illegal data file name {name!r}")
     checksum = doc["checksum"]
     if not isinstance(checksum, str) or not _CHECKSUM.match(checksum):
@@ -238,11 +238,20 @@ def _blob(doc: dict, where: str) -> Blob:
     )
 
 
+def _check_coverage(key: str, shape: tuple[int, ...], chunks: list[Chunk]) -> None:
+    """Chunks must tile the tensor: distinct origins whose volumes add up to the whole (each one
+    already lies inside the shape), so no element can silently keep a stale live value."""
+    if len({c.offsets for c in chunks}) != len(chunks):
+        raise InvalidManifestError(f"tensor {key!r}: two chunks share an origin")
+    if sum(math.prod(c.sizes) for c in chunks) != math.prod(shape):
+        raise InvalidManifestError(f"tensor {key!r}: chunks do not cover its shape {list(shape)}")
+
+
 def _parse(doc: Any) -> Manifest:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
         raise InvalidManifestError("not a checkpoint manifest of this format")
     version = doc.get("format_version")
-    if not isinstance(version, int) or version < 1:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise InvalidManifestError(f"bad format_version {version!r}")
     if version > FORMAT_VERSION:
         raise UnsupportedFormatError(
@@ -256,7 +265,7 @@ def _parse(doc: Any) -> Manifest:
 
     files = {}
     for name, size in doc.get("files", {}).items():
-        if not _DATA_FILE.match(name):
+        if not isinstance(name, str) or not _DATA_FILE.fullmatch(name):
             raise InvalidManifestError(f"illegal data file name {name!r}")
         files[name] = _int(size, f"size of {name}")
 
@@ -286,6 +295,7 @@ def _parse(doc: Any) -> Manifest:
                     f"its box holds {expected}"
                 )
             chunks.append(Chunk(offsets, sizes, blob))
+        _check_coverage(key, shape, chunks)
         tensors[key] = TensorEntry(dtype, shape, chunks)
 
     values = {}
