@@ -55,19 +55,25 @@ def save(
     user_metadata: dict | None = None,
     files_per_rank: int = 1,
     process_group: dist.ProcessGroup | None = None,
+    no_dist: bool = False,
 ) -> None:
     """Save ``state`` as a sharded checkpoint directory at ``path`` (or, with ``merged=True``, as one
-    consolidated ``.safetensors`` file gathered tensor by tensor). Collective across ranks."""
+    consolidated ``.safetensors`` file gathered tensor by tensor).
+
+    Collective across the ranks of ``process_group`` (default: the default group, when one is
+    initialised); ``no_dist=True`` saves from this process alone."""
     if merged:
         from .merged import save_merged
 
-        save_merged(state, path, overwrite=overwrite, user_metadata=user_metadata, process_group=process_group)
+        save_merged(state, path, overwrite=overwrite, user_metadata=user_metadata, process_group=process_group,
+                    no_dist=no_dist)
         return
     state_dict, _ = export_state(state)
     writer = Writer(path, overwrite=overwrite, files_per_rank=files_per_rank, step=step, user_metadata=user_metadata)
     try:
         with _quiet_single_process():
-            dcp.save(state_dict, storage_writer=writer, process_group=process_group, no_dist=not _distributed())
+            dcp.save(state_dict, storage_writer=writer, process_group=process_group,
+                     no_dist=no_dist or not _distributed())
     except CheckpointException as exc:
         writer.abort()
         error = unwrap(exc)
@@ -85,8 +91,12 @@ def load(
     *,
     strict: bool = True,
     process_group: dist.ProcessGroup | None = None,
+    no_dist: bool = False,
 ) -> Manifest:
     """Load the checkpoint at ``path`` into ``state`` in place, resharding to the current layout.
+
+    Collective like :func:`save`; ``no_dist=True`` loads into this process alone (e.g. a plain
+    model on one rank of a running job).
 
     Tensors are filled in place; modules, optimizers and stateful objects get ``load_state_dict``;
     plain values in dicts are replaced. Returns the checkpoint's manifest."""
@@ -96,7 +106,7 @@ def load(
     try:
         with _quiet_single_process():
             dcp.load(state_dict, storage_reader=reader, planner=SafeLoadPlanner(strict=strict),
-                     process_group=process_group, no_dist=not _distributed())
+                     process_group=process_group, no_dist=no_dist or not _distributed())
     except CheckpointException as exc:
         error = unwrap(exc)
         if isinstance(error, CheckpointError):

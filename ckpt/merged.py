@@ -43,9 +43,10 @@ def save_merged(
     overwrite: bool = False,
     user_metadata: dict | None = None,
     process_group: dist.ProcessGroup | None = None,
+    no_dist: bool = False,
 ) -> None:
     path = Path(path)
-    distributed = dist.is_available() and dist.is_initialized()
+    distributed = not no_dist and dist.is_available() and dist.is_initialized()
     rank = dist.get_rank(process_group) if distributed else 0
     flat, paths = flatten_state_dict(export_state(state)[0])
     names = sorted(k for k, v in flat.items() if isinstance(v, torch.Tensor))
