@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .errors import CorruptCheckpointError, InvalidManifestError
-from .fileio import aligned, checksum, pread_into, write_all
+from .fileio import Writeback, aligned, checksum, pread_into, write_all
 from .format import Blob
 
 
@@ -46,6 +46,7 @@ def write_file(path: Path, rel_name: str, payloads: Iterable[Payload]) -> list[t
     placed: list[tuple[object, int, int, Future]] = []
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
+        writeback = Writeback(fd)
         with ThreadPoolExecutor(1, thread_name_prefix="ckpt-hash") as hasher:
             end = 0
             for payload in payloads:
@@ -57,6 +58,7 @@ def write_file(path: Path, rel_name: str, payloads: Iterable[Payload]) -> list[t
                 digest = hasher.submit(checksum, view)
                 write_all(fd, view)
                 end = start + len(view)
+                writeback.advance(end)
                 placed.append((payload.key, start, len(view), digest))
         os.fsync(fd)
     finally:
