@@ -21,7 +21,7 @@ from .dcp import Reader, Writer, read_manifest
 from .errors import CheckpointError, CheckpointWriteError
 from .format import Manifest
 from .planner import SafeLoadPlanner
-from .state import export_state
+from .state import export_state, stored_whole
 
 
 def _distributed() -> bool:
@@ -101,7 +101,8 @@ def load(
     Tensors are filled in place; modules, optimizers and stateful objects get ``load_state_dict``;
     plain values in dicts are replaced. Returns the checkpoint's manifest."""
     manifest = read_manifest(path)  # fails here, readably, before DCP wraps anything
-    state_dict, restore = export_state(state)
+    whole = stored_whole(set(manifest.values), [*manifest.values, *manifest.tensors])
+    state_dict, restore = export_state(state, whole)
     reader = Reader(path, manifest=manifest)
     try:
         with _quiet_single_process():

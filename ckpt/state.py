@@ -25,19 +25,34 @@ from torch.distributed.checkpoint.state_dict import (
 from .values import Leaf
 
 
-def export_state(state: dict) -> tuple[dict, Callable[[], None]]:
+def export_state(state: dict, whole: Callable[[tuple], bool] | None = None) -> tuple[dict, Callable[[], None]]:
     """Return ``(state_dict, restore)``: a DCP-ready tree, and a function that pushes values loaded
-    into that tree back into the user's objects (modules, optimizers, stateful objects, dicts)."""
+    into that tree back into the user's objects (modules, optimizers, stateful objects, dicts).
+
+    Tensor-free subtrees become single :class:`~ckpt.values.Leaf` values where ``whole(path)`` says
+    so (always, when saving; when loading, wherever the checkpoint stored them whole — one saved
+    by plain DCP has them flattened instead)."""
     modules = [v for v in _walk(state) if isinstance(v, nn.Module)]
-    restorers: list[Callable[[], None]] = []
-    tree = {key: _export(value, modules, restorers) for key, value in state.items()}
+    exporter = _Exporter(modules, whole or (lambda path: True))
+    tree = {key: exporter.export(value, (key,)) for key, value in state.items()}
 
     def restore() -> None:
-        for fn in restorers:
+        for fn in exporter.restorers:
             fn()
         _write_back(state, tree)
 
     return tree, restore
+
+
+def stored_whole(value_keys: set[str], all_keys) -> Callable[[tuple], bool]:
+    """The ``whole`` predicate for loading a checkpoint with these value keys and all keys."""
+    inner = {key[:i] for key in all_keys for i, ch in enumerate(key) if ch == "."}
+
+    def whole(path: tuple) -> bool:
+        key = ".".join(map(str, path))
+        return key in value_keys or key not in inner
+
+    return whole
 
 
 def _walk(node: Any):
@@ -51,52 +66,55 @@ def _walk(node: Any):
         yield node
 
 
-def _export(node: Any, modules: list[nn.Module], restorers: list) -> Any:
-    if isinstance(node, (dict, list)):
-        if not _holds_live_object(node):
-            return Leaf(node)
-        if isinstance(node, dict):
-            return {key: _export(value, modules, restorers) for key, value in node.items()}
-        return [_export(value, modules, restorers) for value in node]
-    if isinstance(node, nn.Module):
-        sd = _collapse_within(get_model_state_dict(node))
-        restorers.append(lambda: set_model_state_dict(node, _unwrap(sd)))
-        return sd
-    if isinstance(node, torch.optim.Optimizer):
-        owner = _owner_module(node, modules)
-        if owner is None:  # no model beside it: positional keys, same layout required
-            sd = _collapse_within(node.state_dict())
-            restorers.append(lambda: node.load_state_dict(_unwrap(sd)))
+class _Exporter:
+    def __init__(self, modules: list[nn.Module], whole: Callable[[tuple], bool]):
+        self.modules, self.whole = modules, whole
+        self.restorers: list[Callable[[], None]] = []
+
+    def export(self, node: Any, path: tuple) -> Any:
+        if isinstance(node, (dict, list)):
+            if not _holds_live_object(node) and self.whole(path):
+                return Leaf(node)
+            if isinstance(node, dict):
+                return {key: self.export(value, path + (key,)) for key, value in node.items()}
+            return [self.export(value, path + (i,)) for i, value in enumerate(node)]
+        if isinstance(node, nn.Module):
+            sd = self.collapse_within(get_model_state_dict(node), path)
+            self.restorers.append(lambda: set_model_state_dict(node, _unwrap(sd)))
             return sd
-        sd = _collapse_within(get_optimizer_state_dict(owner, node))
-        restorers.append(lambda: set_optimizer_state_dict(owner, node, _unwrap(sd)))
-        return sd
-    if _is_stateful(node):
-        sd = _collapse_within(node.state_dict())
-        restorers.append(lambda: node.load_state_dict(_unwrap(sd)))
-        return sd
-    return node
+        if isinstance(node, torch.optim.Optimizer):
+            owner = _owner_module(node, self.modules)
+            if owner is None:  # no model beside it: positional keys, same layout required
+                sd = self.collapse_within(node.state_dict(), path)
+                self.restorers.append(lambda: node.load_state_dict(_unwrap(sd)))
+                return sd
+            sd = self.collapse_within(get_optimizer_state_dict(owner, node), path)
+            self.restorers.append(lambda: set_optimizer_state_dict(owner, node, _unwrap(sd)))
+            return sd
+        if _is_stateful(node):
+            sd = self.collapse_within(node.state_dict(), path)
+            self.restorers.append(lambda: node.load_state_dict(_unwrap(sd)))
+            return sd
+        return node
 
+    def collapse_within(self, state_dict: dict, path: tuple) -> dict:
+        """Collapse below the top level, so the dict a restorer holds is the one DCP fills in place."""
+        return {key: self.collapse(value, path + (key,)) for key, value in state_dict.items()}
 
-def _collapse(node: Any) -> Any:
-    """Wrap every tensor-free dict/list/tuple subtree into one :class:`~ckpt.values.Leaf`."""
-    if isinstance(node, (dict, list, tuple)):
-        if not _holds_tensor(node):
-            return Leaf(node)
-        if isinstance(node, dict):
-            return {key: _collapse(value) for key, value in node.items()}
-        if isinstance(node, list):
-            return [_collapse(value) for value in node]
-    return node
-
-
-def _collapse_within(state_dict: dict) -> dict:
-    """Collapse below the top level, so the dict a restorer holds is the one DCP fills in place."""
-    return {key: _collapse(value) for key, value in state_dict.items()}
+    def collapse(self, node: Any, path: tuple) -> Any:
+        """Wrap tensor-free dict/list/tuple subtrees into one :class:`~ckpt.values.Leaf` each."""
+        if isinstance(node, (dict, list, tuple)):
+            if not _holds_tensor(node) and self.whole(path):
+                return Leaf(node)
+            if isinstance(node, dict):
+                return {key: self.collapse(value, path + (key,)) for key, value in node.items()}
+            if isinstance(node, list):
+                return [self.collapse(value, path + (i,)) for i, value in enumerate(node)]
+        return node
 
 
 def _unwrap(node: Any) -> Any:
-    """Undo :func:`_collapse` where a leaf was not replaced by a loaded value."""
+    """Undo collapsing where a leaf was not replaced by a loaded value."""
     if isinstance(node, Leaf):
         return node.value
     if isinstance(node, dict):

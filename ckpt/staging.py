@@ -1,0 +1,244 @@
+"""Double-buffered staging: snapshot the training state into reusable host buffers, off the hot path.
+
+``DoubleBufferStager`` implements DCP's ``AsyncStager``. Each ``stage(state_dict)`` takes a free buffer
+set (two at most, allocated lazily at first use, reallocated only when the state's layout changes,
+pinned where the accelerator has pinned memory), captures every non-tensor value synchronously
+(deep copy), and starts copying the tensors (a DTensor's local shard) into the set:
+
+- npu/cuda: non-blocking copies on a side stream, ordered after the compute stream, and an event;
+- cpu: the copies run on a background thread (``copy_`` releases the GIL).
+
+It returns a ``Future`` of the staged state dict at once. The caller must not change the state until
+:meth:`DoubleBufferStager.wait_snapshot` (the manager calls it from an optimizer step pre-hook; on an
+accelerator it only makes the compute stream wait on the event, the host does not block).
+
+A buffer set stays busy until the write that reads it is done: :meth:`track` a write's future to
+release it then (the manager does). An untracked set is free again at the next-but-one ``stage``,
+which is DCP's own contract (wait for one ``async_save`` before starting another). When every set
+is busy, ``policy="block"`` waits for the oldest write and ``policy="skip"`` raises
+:class:`SnapshotSkipped` (counted in ``skipped``).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.staging import AsyncStager
+from torch.distributed.tensor import DTensor
+
+from .device import accelerator_module
+from .errors import CheckpointError
+from .values import Leaf
+
+ALIGN = 64  # bytes between tensors inside one buffer set
+
+
+class SnapshotSkipped(CheckpointError):
+    """Every buffer set is still being written and the policy is ``skip``: this save was dropped."""
+
+
+@dataclass
+class _BufferSet:
+    index: int
+    signature: tuple = ()
+    flat: torch.Tensor | None = None  # one uint8 allocation holding every tensor of the set
+    views: list[torch.Tensor] = field(default_factory=list)
+    writer: Future | None = None  # the write reading this set, when tracked
+    busy: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.flat is None else self.flat.numel()
+
+
+class DoubleBufferStager(AsyncStager):
+    """AsyncStager with two reusable host buffer sets (see the module docstring).
+
+    Args:
+        device_type: "cuda", "npu" or "cpu"; default: the accelerator in use, else cpu.
+        policy: "block" (default) or "skip" when both buffer sets are busy.
+        pin_memory: pin the host buffers (default: True on an accelerator).
+    """
+
+    _synchronize_after_execute = False
+
+    def __init__(self, device_type: str | None = None, *, policy: str = "block", pin_memory: bool | None = None):
+        if policy not in ("block", "skip"):
+            raise ValueError(f"policy must be 'block' or 'skip', not {policy!r}")
+        self.accel = accelerator_module(device_type)
+        self.device_type = device_type or ("cpu" if self.accel is None else self.accel.__name__.split(".")[-1])
+        self.policy = policy
+        self.pin_memory = (self.accel is not None) if pin_memory is None else pin_memory
+        self.sets = [_BufferSet(0), _BufferSet(1)]
+        self.skipped = 0
+        self._lock = threading.Condition()
+        self._last: _BufferSet | None = None  # the set most recently staged into
+        self._pending: Future | None = None  # the snapshot copy in progress
+        self._event = None  # accelerator: event recorded after the side-stream copies
+        self._copier = ThreadPoolExecutor(1, thread_name_prefix="ckpt-snapshot")
+        self._stream = self.accel.Stream() if self.accel is not None else None
+        self._closed = False
+
+    # -- AsyncStager ---------------------------------------------------------------------------
+    def stage(self, state_dict: dict) -> Future:
+        if self._closed:
+            raise RuntimeError("stager is closed")
+        self.wait_snapshot()  # one snapshot at a time: the previous copy must be complete
+        target = self._acquire()
+        sources: list[torch.Tensor] = []
+        skeleton = _capture(state_dict, sources)
+        self._ensure_buffers(target, sources)
+        staged = _fill(skeleton, iter(target.views))
+        self._last = target
+        if self._stream is not None:
+            self._pending = self._copy_on_side_stream(sources, target.views, staged)
+        else:
+            self._pending = self._copier.submit(_copy_all, sources, target.views, staged)
+        return self._pending
+
+    def synchronize_staging(self) -> None:
+        self.wait_snapshot()
+
+    def close(self) -> None:
+        """Wait for the snapshot in flight and free both buffer sets."""
+        if self._closed:
+            return
+        self.wait_snapshot(host=True)
+        self._copier.shutdown(wait=True)
+        with self._lock:
+            for buffers in self.sets:
+                buffers.flat, buffers.views, buffers.signature = None, [], ()
+        self._closed = True
+
+    # -- the manager's hooks -------------------------------------------------------------------
+    def wait_snapshot(self, host: bool = False) -> None:
+        """Make it safe to modify the staged state: the snapshot copy must be complete.
+
+        On an accelerator this only orders the compute stream after the copies (no host wait)
+        unless ``host=True``."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        if self._event is not None and not host:
+            self.accel.current_stream().wait_event(self._event)
+            self._pending_host = pending
+            return
+        pending.result()
+
+    def track(self, write: Future) -> None:
+        """Release the set staged last when ``write`` (the save reading it) completes."""
+        buffers = self._last
+        with self._lock:
+            buffers.writer = write
+        write.add_done_callback(lambda _: self._release(buffers))
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(b.nbytes for b in self.sets)
+
+    # -- internals -----------------------------------------------------------------------------
+    def _release(self, buffers: _BufferSet) -> None:
+        with self._lock:
+            buffers.busy, buffers.writer = False, None
+            self._lock.notify_all()
+
+    def _acquire(self) -> _BufferSet:
+        with self._lock:
+            for buffers in self.sets:  # an untracked set is free once another set has been staged
+                if buffers.busy and buffers.writer is None and buffers is not self._last:
+                    buffers.busy = False
+            while True:
+                free = [b for b in self.sets if not b.busy]
+                # Prefer a set that already has buffers, so a second set is allocated only if needed.
+                free.sort(key=lambda b: b.flat is None)
+                if free:
+                    free[0].busy = True
+                    return free[0]
+                if self.policy == "skip":
+                    self.skipped += 1
+                    raise SnapshotSkipped("both staging buffer sets are still being written; save skipped")
+                self._lock.wait()
+
+    def _ensure_buffers(self, buffers: _BufferSet, sources: list[torch.Tensor]) -> None:
+        signature = tuple((tuple(t.shape), t.dtype) for t in sources)
+        if signature == buffers.signature and buffers.flat is not None:
+            return
+        offsets, total = [], 0
+        for t in sources:
+            offsets.append(total)
+            total += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+        buffers.flat = None  # free the old layout's memory before allocating the new one
+        flat = torch.empty(total, dtype=torch.uint8, pin_memory=self.pin_memory)
+        buffers.views = [
+            flat[o : o + t.numel() * t.element_size()].view(t.dtype).view(t.shape) for o, t in zip(offsets, sources)
+        ]
+        buffers.flat, buffers.signature = flat, signature
+
+    def _copy_on_side_stream(self, sources, views, staged) -> Future:
+        stream = self._stream
+        stream.wait_stream(self.accel.current_stream())  # copy the values as of now
+        with self.accel.stream(stream):
+            for src, dst in zip(sources, views):
+                dst.copy_(src, non_blocking=True)
+            self._event = self.accel.Event()
+            self._event.record(stream)
+        event = self._event
+        return self._copier.submit(lambda: (event.synchronize(), staged)[1])
+
+
+def _copy_all(sources, views, staged):
+    for src, dst in zip(sources, views):
+        dst.copy_(src)
+    return staged
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+class _Slot:
+    """Placeholder in the skeleton for the next staged tensor (and its DTensor wrapping)."""
+
+    __slots__ = ("like",)
+
+    def __init__(self, like: torch.Tensor):
+        self.like = like
+
+
+def _capture(node: Any, sources: list[torch.Tensor]) -> Any:
+    """Copy the structure and every non-tensor value now; note tensors to be copied later."""
+    if isinstance(node, torch.Tensor):
+        sources.append(_local(node).detach())
+        return _Slot(node)
+    if isinstance(node, Mapping):
+        return {key: _capture(value, sources) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_capture(value, sources) for value in node]
+    if isinstance(node, tuple):
+        return tuple(_capture(value, sources) for value in node)
+    if isinstance(node, Leaf):
+        return Leaf(copy.deepcopy(node.value))
+    return copy.deepcopy(node)
+
+
+def _fill(node: Any, views) -> Any:
+    if isinstance(node, _Slot):
+        view = next(views)
+        like = node.like
+        if isinstance(like, DTensor):
+            return DTensor.from_local(view, like.device_mesh, like.placements, run_check=False,
+                                      shape=like.shape, stride=like.stride())
+        return view
+    if isinstance(node, dict):
+        return {key: _fill(value, views) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_fill(value, views) for value in node]
+    if isinstance(node, tuple):
+        return tuple(_fill(value, views) for value in node)
+    return node
