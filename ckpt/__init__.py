@@ -4,6 +4,11 @@
     ckpt.save({"model": model, "optim": optimizer, "step": 100}, "ckpts/step-00000100")
     ckpt.load({"model": model, "optim": optimizer, "step": 0}, "ckpts/step-00000100")
 
+    with ckpt.CheckpointManager("ckpts", interval=100, keep=3) as manager:   # async, retained
+        manager.attach(optimizer)
+        ...
+        manager.save(step, state)
+
 DCP users plug in ``ckpt.dcp.Writer`` / ``ckpt.dcp.Reader`` instead. Every error is a
 :class:`ckpt.CheckpointError`. The format is specified in docs/FORMAT.md.
 """
@@ -14,6 +19,7 @@ from .dcp import read_manifest
 from .errors import (
     CheckpointError,
     CheckpointExistsError,
+    CheckpointLockedError,
     CheckpointNotFoundError,
     CheckpointWriteError,
     CorruptCheckpointError,
@@ -23,12 +29,16 @@ from .errors import (
     UnsupportedFormatError,
 )
 from .format import FORMAT_VERSION, Manifest
+from .manager import CheckpointManager, SaveStats
 from .planner import SafeLoadPlanner
+from .staging import DoubleBufferStager, SnapshotSkipped
 from .state import RNGState
 
 __all__ = [
     "save", "load", "read_manifest", "dcp", "Manifest", "FORMAT_VERSION", "SafeLoadPlanner", "RNGState",
-    "CheckpointError", "CheckpointExistsError", "CheckpointNotFoundError", "CheckpointWriteError",
+    "CheckpointManager", "SaveStats", "DoubleBufferStager", "SnapshotSkipped",
+    "CheckpointError", "CheckpointExistsError", "CheckpointLockedError", "CheckpointNotFoundError",
+    "CheckpointWriteError",
     "CorruptCheckpointError", "IncompatibleCheckpointError", "InvalidManifestError",
     "UnsafeCheckpointError", "UnsupportedFormatError",
 ]

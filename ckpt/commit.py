@@ -88,3 +88,28 @@ def collect_garbage(target: Path) -> None:
             fsync_dir(parent)
         else:
             shutil.rmtree(entry, ignore_errors=True)
+
+
+def collect_root_garbage(root: Path) -> None:
+    """:func:`collect_garbage` for every target under ``root`` that has leftovers (manager start-up)."""
+    root = Path(root)
+    if not root.is_dir():
+        return
+    targets = set()
+    for entry in root.iterdir():
+        for mark in (TMP_MARK, OLD_MARK):
+            if mark in entry.name:
+                targets.add(entry.name.split(mark, 1)[0])
+    for name in sorted(targets):
+        collect_garbage(root / name)
+
+
+def delete(path: Path) -> None:
+    """Delete a committed checkpoint: the manifest goes first, so a crash mid-way leaves no
+    half-deleted checkpoint that readers could mistake for a whole one."""
+    path = Path(path)
+    manifest = path / MANIFEST_NAME
+    if manifest.exists():
+        manifest.unlink()
+        fsync_dir(path)
+    shutil.rmtree(path, ignore_errors=True)

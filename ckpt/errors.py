@@ -12,7 +12,8 @@ type; CLIs turn it into a single readable line and a non-zero exit.
     ├── UnsupportedFormatError       written by a newer format version, or an unknown codec
     ├── UnsafeCheckpointError        a value would need code execution to load
     ├── IncompatibleCheckpointError  the checkpoint does not fit the live state (lists every mismatch)
-    └── CheckpointWriteError         a save failed; nothing was committed
+    ├── CheckpointWriteError         a save failed; nothing was committed
+    └── CheckpointLockedError        another manager already writes to this root
 """
 
 from __future__ import annotations
@@ -91,3 +92,7 @@ class CheckpointWriteError(CheckpointError):
 def _short_list(names: list[str], limit: int = 20) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f" … (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+class CheckpointLockedError(CheckpointError):
+    """Another CheckpointManager holds the lock on this checkpoint root; two writers are refused."""

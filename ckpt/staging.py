@@ -138,6 +138,11 @@ class DoubleBufferStager(AsyncStager):
             buffers.writer = write
         write.add_done_callback(lambda _: self._release(buffers))
 
+    def has_free_set(self) -> bool:
+        """Whether a ``stage`` now would find a free buffer set without waiting."""
+        with self._lock:
+            return any(not b.busy or (b.writer is None and b is not self._last) for b in self.sets)
+
     @property
     def host_bytes(self) -> int:
         return sum(b.nbytes for b in self.sets)
