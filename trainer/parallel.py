@@ -1,0 +1,130 @@
+"""Parallel layout: the device mesh (pp × dp_replicate × dp_shard × tp) and how the model is wrapped.
+
+Order of application (torchtitan's): tensor parallel → activation checkpointing → compile →
+data parallel (FSDP2/HSDP, or DDP for zero_stage 0). ``zero_stage``: 0 → DDP; 1 and 2 → FSDP2
+keeping parameters unsharded after forward (ZeRO-2-like); 3 → FSDP2 resharding after forward.
+With ``precision = "bf16"`` FSDP2 computes in bf16 and reduces gradients in fp32 (master weights
+and optimizer state stay fp32); DDP uses autocast. Tensor and pipeline parallelism come in part 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+class ParallelismError(ValueError):
+    """The requested parallel layout does not fit the world size or is not supported yet."""
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+    pp: int
+    world_size: int
+
+    @classmethod
+    def resolve(cls, dp_replicate: int, dp_shard: int, tp: int, pp: int, world_size: int) -> "ParallelDims":
+        for name, value in (("dp_replicate", dp_replicate), ("tp", tp), ("pp", pp)):
+            if value < 1:
+                raise ParallelismError(f"parallelism.{name} must be >= 1, got {value}")
+        others = dp_replicate * tp * pp
+        if dp_shard == -1:
+            if world_size % others:
+                raise ParallelismError(
+                    f"world size {world_size} is not divisible by dp_replicate*tp*pp = {others}")
+            dp_shard = world_size // others
+        if dp_shard < 1 or dp_replicate * dp_shard * tp * pp != world_size:
+            raise ParallelismError(
+                f"dp_replicate({dp_replicate}) * dp_shard({dp_shard}) * tp({tp}) * pp({pp}) = "
+                f"{dp_replicate * dp_shard * tp * pp}, but the world size is {world_size}")
+        if tp > 1 or pp > 1:
+            raise ParallelismError(
+                f"tensor parallel (tp={tp}) and pipeline parallel (pp={pp}) arrive in trainer part 2; "
+                "this build trains with data parallelism only (tp = pp = 1)")
+        return cls(dp_replicate, dp_shard, tp, pp, world_size)
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    def build_mesh(self, device_type: str) -> DeviceMesh:
+        return init_device_mesh(device_type, (self.pp, self.dp_replicate, self.dp_shard, self.tp),
+                                mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
+
+
+def dp_rank(mesh: DeviceMesh, dims: ParallelDims) -> int:
+    """This rank's index among the data-parallel ranks (what the data loader shards by)."""
+    return mesh.get_local_rank("dp_replicate") * dims.dp_shard + mesh.get_local_rank("dp_shard")
+
+
+def apply_activation_checkpointing(model: nn.Module) -> None:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    for name, block in list(model.layers.items()):
+        model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False)
+
+
+def apply_compile(model: nn.Module) -> None:
+    for name, block in list(model.layers.items()):
+        model.layers[name] = torch.compile(block, fullgraph=True)
+
+
+def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, reshard_after_forward: bool, bf16: bool) -> nn.Module:
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None,
+                                  reduce_dtype=torch.float32 if bf16 else None)
+    for block in model.layers.values():
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+    # The root keeps embeddings/norm/output; its parameters are needed again right after forward.
+    return fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=policy)
+
+
+def apply_ddp(model: nn.Module, mesh: DeviceMesh, device: torch.device) -> nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+
+    group = mesh["dp_replicate", "dp_shard"]._flatten("dp").get_group()
+    device_ids = None if device.type == "cpu" else [device.index]
+    return DistributedDataParallel(model, process_group=group, device_ids=device_ids)
+
+
+def parallelize(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, *, zero_stage: int, bf16: bool,
+                activation_checkpointing: bool, compile: bool, device: torch.device) -> nn.Module:
+    if activation_checkpointing:
+        apply_activation_checkpointing(model)
+    if compile:
+        apply_compile(model)
+    if zero_stage == 0:
+        if dims.dp_replicate > 1:
+            raise ParallelismError("zero_stage 0 (DDP) replicates over all dp ranks; set dp_replicate = 1")
+        return apply_ddp(model, mesh, device)
+    dp_mesh = mesh["dp_shard"] if dims.dp_replicate == 1 else mesh["dp_replicate", "dp_shard"]
+    return apply_fsdp(model, dp_mesh, reshard_after_forward=zero_stage == 3, bf16=bf16)
+
+
+def set_gradient_sync(model: nn.Module, enabled: bool):
+    """Context for one micro-step: skip the gradient reduction on all but the last micro-step."""
+    import contextlib
+
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(enabled)
+        return contextlib.nullcontext()
+    if hasattr(model, "no_sync") and not enabled:  # DDP
+        return model.no_sync()
+    return contextlib.nullcontext()
+
+
+def all_reduce_mean(value: torch.Tensor, group=None) -> float:
+    value = value.detach().float().clone()
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(value, op=dist.ReduceOp.AVG if value.device.type != "cpu" else dist.ReduceOp.SUM,
+                        group=group)
+        if value.device.type == "cpu":
+            value /= dist.get_world_size(group)
+    return value.item()
