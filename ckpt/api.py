@@ -70,16 +70,20 @@ def save(
         return
     state_dict, _ = export_state(state)
     writer = Writer(path, overwrite=overwrite, files_per_rank=files_per_rank, step=step, user_metadata=user_metadata)
+    write_tree(state_dict, writer, process_group=process_group, no_dist=no_dist or not _distributed())
+
+
+def write_tree(state_dict: dict, writer: Writer, *, process_group, no_dist: bool) -> None:
+    """``dcp.save`` through our writer; on any failure remove its tmp dir and raise a CheckpointError."""
     try:
         with _quiet_single_process():
-            dcp.save(state_dict, storage_writer=writer, process_group=process_group,
-                     no_dist=no_dist or not _distributed())
+            dcp.save(state_dict, storage_writer=writer, process_group=process_group, no_dist=no_dist)
     except CheckpointException as exc:
         writer.abort()
         error = unwrap(exc)
         if isinstance(error, CheckpointError):
             raise error from None
-        raise CheckpointWriteError(f"saving {path} failed: {type(error).__name__}: {error}") from error
+        raise CheckpointWriteError(f"saving {writer.path} failed: {type(error).__name__}: {error}") from error
     except BaseException:
         writer.abort()
         raise

@@ -33,11 +33,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 
 from . import commit, retention
-from .api import _quiet_single_process, load as load_checkpoint, unwrap
+from .api import load as load_checkpoint, write_tree
 from .dcp import Writer
 from .errors import (
     CheckpointError,
@@ -294,18 +292,7 @@ class CheckpointManager:
     def _write(self, step: int, tree: dict) -> None:
         writer = Writer(step_path(self.root, step), overwrite=True, files_per_rank=self.files_per_rank,
                         step=step, user_metadata=self.user_metadata)
-        try:
-            with _quiet_single_process():
-                dcp.save(tree, storage_writer=writer, process_group=self._write_pg, no_dist=not self._distributed)
-        except CheckpointException as exc:
-            writer.abort()
-            error = unwrap(exc)
-            if isinstance(error, CheckpointError):
-                raise error from None
-            raise CheckpointWriteError(f"saving step {step} failed: {type(error).__name__}: {error}") from error
-        except BaseException:
-            writer.abort()
-            raise
+        write_tree(tree, writer, process_group=self._write_pg, no_dist=not self._distributed)
 
     def _persist(self, step: int, snapshot: Future) -> None:
         self._write(step, snapshot.result())

@@ -9,7 +9,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-from ckpt.device import (  # noqa: F401  (re-exported: one module for device questions)
+from ckpt.device import (  # re-exported: one module for device questions
     BACKENDS,
     DeviceUnavailableError,
     accelerator_module,
@@ -17,6 +17,11 @@ from ckpt.device import (  # noqa: F401  (re-exported: one module for device que
     process_group_backend,
     resolve_device_type,
 )
+
+__all__ = [
+    "BACKENDS", "DeviceUnavailableError", "accelerator_module", "backend_for", "process_group_backend",
+    "resolve_device_type", "init_distributed", "device_name", "peak_memory_gib", "synchronize",
+]
 
 
 def init_distributed(device_type: str) -> tuple[int, int, torch.device]:
