@@ -1,0 +1,317 @@
+"""A llama model in the torchtitan style: RMSNorm, RoPE, grouped-query attention, SwiGLU.
+
+Module names follow torchtitan (and so Meta's llama checkpoints, modulo the ``layers.N`` keys)::
+
+    tok_embeddings
+    layers.{0..N-1}.attention.{wq,wk,wv,wo}   attention_norm
+    layers.{0..N-1}.feed_forward.{w1,w2,w3}   ffn_norm
+    norm
+    output
+
+``layers`` is an ``nn.ModuleDict`` keyed by the layer's global index, so a pipeline stage can delete
+the layers it does not own and keep the keys of those it does. A stage may also set
+``tok_embeddings``, ``norm`` or ``output`` to ``None``; ``forward`` then passes hidden states through.
+
+The rotary tables are non-persistent buffers (not in the state dict). Building under
+``torch.device("meta")`` works; after ``to_empty(device=...)`` call ``init_weights()`` to fill
+parameters and rotary tables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+BYTE_VOCAB_SIZE = 258  # trainer.data.ByteTokenizer: 256 bytes + BOS + EOS
+
+
+@dataclass
+class ModelArgs:
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int | None = None  # None: as many as n_heads (plain multi-head attention)
+    vocab_size: int = BYTE_VOCAB_SIZE
+    multiple_of: int = 256  # the SwiGLU hidden size is rounded up to a multiple of this
+    ffn_dim_multiplier: float | None = None
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_seq_len: int = 2048
+
+    def __post_init__(self) -> None:
+        if self.dim % self.n_heads:
+            raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim {self.head_dim} must be even for RoPE")
+        if self.n_heads % self.kv_heads:
+            raise ValueError(
+                f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.kv_heads}; "
+                "set n_kv_heads to a divisor of n_heads"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+
+FLAVORS: dict[str, ModelArgs] = {
+    # ~0.85M parameters: trains in seconds on a CPU.
+    "debug": ModelArgs(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, multiple_of=64),
+    # ~25M parameters: a bigger CPU / single-device model.
+    "small": ModelArgs(dim=512, n_layers=8, n_heads=8, n_kv_heads=4, multiple_of=256),
+    # Llama-2 shapes.
+    "7b": ModelArgs(dim=4096, n_layers=32, n_heads=32, vocab_size=32000, max_seq_len=4096),
+    "13b": ModelArgs(dim=5120, n_layers=40, n_heads=40, vocab_size=32000, max_seq_len=4096),
+    "70b": ModelArgs(
+        dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, vocab_size=32000,
+        ffn_dim_multiplier=1.3, multiple_of=4096, max_seq_len=4096,
+    ),
+}
+
+
+def model_args(
+    flavor: str,
+    *,
+    vocab_size: int | None = None,
+    dim: int | None = None,
+    n_layers: int | None = None,
+    n_heads: int | None = None,
+    n_kv_heads: int | None = None,
+    max_seq_len: int | None = None,
+) -> ModelArgs:
+    """The flavor's ``ModelArgs`` (name case-insensitive), with any explicit value overriding it."""
+    key = flavor.lower()
+    if key not in FLAVORS:
+        raise ValueError(f"unknown model flavor {flavor!r}; known flavors: {', '.join(FLAVORS)}")
+    overrides = dict(
+        vocab_size=vocab_size, dim=dim, n_layers=n_layers, n_heads=n_heads,
+        n_kv_heads=n_kv_heads, max_seq_len=max_seq_len,
+    )
+    return dataclasses.replace(FLAVORS[key], **{k: v for k, v in overrides.items() if v is not None})
+
+
+def ffn_hidden_dim(args: ModelArgs) -> int:
+    """Llama's SwiGLU width: 2/3 of 4*dim, times the multiplier, rounded up to ``multiple_of``."""
+    hidden = int(2 * (4 * args.dim) / 3)
+    if args.ffn_dim_multiplier is not None:
+        hidden = int(args.ffn_dim_multiplier * hidden)
+    return args.multiple_of * math.ceil(hidden / args.multiple_of)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rotary position embedding (real cos/sin tables: no complex dtype, so it runs on every backend)
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of ``position * theta^(-2i/head_dim)``, each ``[max_seq_len, head_dim // 2]`` fp32."""
+    freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(max_seq_len, device=device, dtype=torch.float32), freqs)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate consecutive pairs (x0, x1) of ``x [b, s, heads, head_dim]`` by each position's angle.
+
+    This is the same rotation as Meta's complex-number formulation (pairs are adjacent elements).
+    """
+    pairs = x.float().unflatten(-1, (-1, 2))
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+    return rotated.flatten(-2).type_as(x)
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """``[b, s, kv_heads, d]`` → ``[b, s, kv_heads * n_rep, d]``, each kv head repeated n_rep times."""
+    if n_rep == 1:
+        return x
+    b, s, kv, d = x.shape
+    return x[:, :, :, None, :].expand(b, s, kv, n_rep, d).reshape(b, s, kv * n_rep, d)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Modules
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.head_dim = args.head_dim
+        self.n_rep = args.n_heads // args.kv_heads
+        self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.kv_heads * args.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.kv_heads * args.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        # -1 rather than the head counts: under tensor parallelism each rank holds a slice of heads.
+        q = self.wq(x).view(b, s, -1, self.head_dim)
+        k = self.wk(x).view(b, s, -1, self.head_dim)
+        v = self.wv(x).view(b, s, -1, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k, v = repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+    def init_weights(self, out_std: float) -> None:
+        for linear in (self.wq, self.wk, self.wv):
+            nn.init.trunc_normal_(linear.weight, mean=0.0, std=0.02)
+        nn.init.trunc_normal_(self.wo.weight, mean=0.0, std=out_std)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: ``w2(silu(w1 x) * w3 x)``."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        hidden = ffn_hidden_dim(args)
+        self.w1 = nn.Linear(args.dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, args.dim, bias=False)
+        self.w3 = nn.Linear(args.dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    def init_weights(self, out_std: float) -> None:
+        nn.init.trunc_normal_(self.w1.weight, mean=0.0, std=0.02)
+        for linear in (self.w2, self.w3):
+            nn.init.trunc_normal_(linear.weight, mean=0.0, std=out_std)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: ``h = x + attn(norm(x)); out = h + ffn(norm(h))``."""
+
+    def __init__(self, layer_id: int, args: ModelArgs):
+        super().__init__()
+        self.layer_id = layer_id
+        self.attention = Attention(args)
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.feed_forward = FeedForward(args)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def init_weights(self) -> None:
+        # torchtitan's depth init: output projections of deeper layers start smaller.
+        out_std = 0.02 / (2 * (self.layer_id + 1)) ** 0.5
+        self.attention.init_weights(out_std)
+        self.feed_forward.init_weights(out_std)
+        self.attention_norm.reset_parameters()
+        self.ffn_norm.reset_parameters()
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(i, args) for i in range(args.n_layers)})
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens [b, s]`` → ``logits [b, s, vocab]``; a pipeline stage without embedding takes
+        hidden states ``[b, s, dim]``, and one without ``output`` returns hidden states."""
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        seq_len = h.shape[1]
+        if seq_len > self.args.max_seq_len:
+            raise ValueError(f"sequence length {seq_len} exceeds max_seq_len {self.args.max_seq_len}")
+        cos, sin = self.rope_cos[:seq_len], self.rope_sin[:seq_len]
+        for layer in self.layers.values():
+            h = layer(h, cos, sin)
+        if self.norm is not None:
+            h = self.norm(h)
+        return self.output(h) if self.output is not None else h
+
+    @torch.no_grad()
+    def init_weights(self, buffer_device: torch.device | str | None = None) -> None:
+        """Initialise every parameter from torch's global RNG and recompute the rotary tables
+        (on ``buffer_device``, default: where they are now). Call after ``to_empty`` from meta."""
+        device = buffer_device if buffer_device is not None else self.rope_cos.device
+        self.rope_cos, self.rope_sin = rope_tables(
+            self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, device=device
+        )
+        if self.tok_embeddings is not None:
+            nn.init.normal_(self.tok_embeddings.weight)
+        for layer in self.layers.values():
+            layer.init_weights()
+        if self.norm is not None:
+            self.norm.reset_parameters()
+        if self.output is not None:
+            std = self.args.dim ** -0.5
+            nn.init.trunc_normal_(self.output.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+
+
+def build(args: ModelArgs) -> Transformer:
+    """A ``Transformer`` on the default device, its weights drawn by ``init_weights`` alone.
+
+    It is constructed on the meta device first, so nn.Linear's default init draws no random numbers:
+    ``build`` under ``torch.device("meta")`` then ``to_empty`` + ``init_weights()`` with the same RNG
+    state gives the same weights as ``build`` directly.
+    """
+    device = torch.get_default_device()
+    with torch.device("meta"):
+        model = Transformer(args)
+    if device.type != "meta":
+        model.to_empty(device=device)
+    model.init_weights()
+    return model
+
+
+# ---------------------------------------------------------------------------------------------------
+# Counting
+
+
+def num_params(model: nn.Module, exclude_embedding: bool = False) -> int:
+    """Parameters of ``model`` (global sizes, also for DTensors and on the meta device)."""
+    total = sum(p.numel() for p in model.parameters())
+    embedding = getattr(model, "tok_embeddings", None)
+    if exclude_embedding and embedding is not None:
+        total -= embedding.weight.numel()
+    return total
+
+
+def _non_embedding_params(args: ModelArgs) -> int:
+    """What ``num_params(build(args), exclude_embedding=True)`` returns, from the shapes alone."""
+    attention = args.dim * args.head_dim * (2 * args.n_heads + 2 * args.kv_heads)
+    feed_forward = 3 * args.dim * ffn_hidden_dim(args)
+    norms = 2 * args.dim
+    return args.n_layers * (attention + feed_forward + norms) + args.dim + args.dim * args.vocab_size
+
+
+def flops_per_token(args: ModelArgs, seq_len: int) -> float:
+    """Training FLOPs per token, torchtitan's convention: ``6 N + 12 L H Q T`` with N the
+    non-embedding parameters, L layers, H heads, Q head dim, T the sequence length (attention)."""
+    return float(6 * _non_embedding_params(args) + 12 * args.n_layers * args.n_heads * args.head_dim * seq_len)
