@@ -42,11 +42,11 @@ def test_debug_toml_and_yaml_give_the_same_config():
     assert toml_cfg == yaml_cfg
     assert toml_cfg.to_dict() == yaml_cfg.to_dict()
     t = toml_cfg.training
-    assert (t.steps, t.batch_size, t.seq_len, t.lr, t.warmup_steps) == (40, 8, 128, 1e-3, 5)
+    assert (t.steps, t.batch_size, t.seq_len, t.lr, t.warmup_steps) == (300, 8, 128, 1e-3, 20)
     assert isinstance(yaml_cfg.training.lr, float)  # YAML's `1e-3` is a string, coerced
     c = toml_cfg.checkpoint
-    assert (c.enable, c.interval, c.keep) == (True, 10, 3)
-    assert toml_cfg.metrics.log_freq == 5 and toml_cfg.job.dump_folder == "outputs/debug"
+    assert (c.enable, c.interval, c.keep) == (True, 50, 3)
+    assert toml_cfg.metrics.log_freq == 10 and toml_cfg.job.dump_folder == "outputs/debug"
     assert toml_cfg.optimization.zero_stage == 3 and toml_cfg.optimization.precision == "fp32"
     assert toml_cfg.model.flavor == "debug" and toml_cfg.parallelism.dp_shard == -1
 

@@ -35,6 +35,10 @@ class ParallelDims:
         for name, value in (("dp_replicate", dp_replicate), ("tp", tp), ("pp", pp)):
             if value < 1:
                 raise ParallelismError(f"parallelism.{name} must be >= 1, got {value}")
+        if tp > 1 or pp > 1:
+            raise ParallelismError(
+                f"tensor parallel (tp={tp}) and pipeline parallel (pp={pp}) arrive in trainer part 2; "
+                "this build trains with data parallelism only (tp = pp = 1)")
         others = dp_replicate * tp * pp
         if dp_shard == -1:
             if world_size % others:
@@ -45,10 +49,6 @@ class ParallelDims:
             raise ParallelismError(
                 f"dp_replicate({dp_replicate}) * dp_shard({dp_shard}) * tp({tp}) * pp({pp}) = "
                 f"{dp_replicate * dp_shard * tp * pp}, but the world size is {world_size}")
-        if tp > 1 or pp > 1:
-            raise ParallelismError(
-                f"tensor parallel (tp={tp}) and pipeline parallel (pp={pp}) arrive in trainer part 2; "
-                "this build trains with data parallelism only (tp = pp = 1)")
         return cls(dp_replicate, dp_shard, tp, pp, world_size)
 
     @property

@@ -1,0 +1,775 @@
+#!/usr/bin/env python
+"""Checkpoint stall in a training loop: ours against its peers, in one run (issue 3).
+
+    python benchmarks/bench_stall.py --gib 1 --out benchmarks/RESULTS.md
+
+A single-process CPU training loop: a stack of ``Linear(hidden, hidden)`` layers sized so that weights +
+AdamW state (``exp_avg``, ``exp_avg_sq``: 3 x 4 bytes per fp32 parameter) come to about ``--gib`` GiB,
+trained on random batches of ``--batch`` rows (MSE loss; one real forward/backward/AdamW step).
+
+The **stall** of a save is the time the training thread is blocked by checkpointing: the time inside the
+save call plus any wait before the next optimizer step (the first moment the parameters change). Every
+method runs as one phase of ``--saves x --every`` training steps with a save after steps 1, 1+K,
+1+2K, ... (K = ``--every``), preceded by one untimed warm-up save (buffers, first-call costs) that is
+drained before the phase starts. Each phase reports the median stall over its saves. Phases run one
+after another in the same process on the same (continuing) model, with a no-save phase before and after
+every method: the mean rate of those two is that method's throughput baseline (the machine drifts).
+
+What is timed (``time.perf_counter`` on the training thread):
+
+no save          nothing: the baseline step time and steps/s.
+bare copy_       ``dst.copy_(src)`` of every state tensor (weights, exp_avg, exp_avg_sq, step) into
+                 buffers preallocated (and faulted in) at set-up: the limit when the copy is not
+                 overlapped with compute. Stall = the copy.
+ckpt manager     ``ckpt.CheckpointManager(dir, interval=1, async_mode="double_buffer")`` with
+                 ``manager.attach(optimizer)``; ``manager.save(step, {"model": model, "optim": opt})``.
+                 Stall = our timing around ``save()`` + the time the optimizer step pre-hook waited
+                 for the snapshot (the increase of ``manager.stats.stall_s`` across the next
+                 ``optimizer.step()``; ``stats.stall_s`` only grows when the hook really waited).
+ckpt manager sync   the same with ``async_mode="sync"``: the whole save (write, fsync, commit) inline.
+DCP async_save   ``dcp.async_save(get_state_dict(model, opt), storage_writer=FileSystemWriter(dir),
+ (default)       no_dist=True)``, ``async_stager=None``. FileSystemWriter is itself a
+                 ``BlockingAsyncStager`` (no cache), so DCP stages with it: a fresh CPU copy made
+                 synchronously inside ``async_save``, which then returns a plain ``Future`` (the
+                 upload). Stall = wait for the previous upload (DCP's contract: one async_save in
+                 flight) + ``get_state_dict`` + ``async_save``.
+DCP async_save   the same with ``async_stager=DefaultStager(StagingOptions(use_pinned_memory=False,
+ (caching)       use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=False))`` (the
+                 CPU-capable options: pinned memory is ignored and non-blocking copy is refused without
+                 an accelerator). It caches staging storages per source storage and copies on a
+                 background thread; ``async_save`` returns an ``AsyncSaveResponse``. Stall = wait for
+                 the previous ``upload_completion`` + ``get_state_dict`` + ``async_save`` + the wait for
+                 ``staging_completion`` right before the next ``optimizer.step()``.
+torch.save       ``torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, file)`` + fsync
+                 of the file, synchronously. Stall = all of it.
+
+Steps/s is measured over the whole phase (saves included); the upload of the last save may still run at
+the phase's end, and the time to drain it is reported separately. Host memory: ``VmRSS`` of the process
+after the drained warm-up save minus before the method's set-up (what the method keeps resident), and the
+peak ``VmHWM`` during the phase (reset through ``/proc/self/clear_refs`` at its start) minus the RSS after
+the warm-up (transient growth). For the manager, ``stats.host_buffer_bytes`` is compared with the state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+for p in (REPO, REPO / "benchmarks"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+import torch  # noqa: E402
+import torch.distributed.checkpoint as dcp  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.distributed.checkpoint.state_dict import get_state_dict  # noqa: E402
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse  # noqa: E402
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: E402
+
+import ckpt  # noqa: E402
+import ckpt.manager  # noqa: E402
+import ckpt.staging  # noqa: E402
+from bench_save_load import cpu_model, filesystem_of, fsync_path, meminfo, pressure_totals  # noqa: E402
+
+SECTION = "## Checkpoint stall in a training loop (issue 3)"
+GOAL_COPY_RATIO = 0.25
+HIDDEN = 2048
+
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+warnings.filterwarnings("ignore", message=".*torch.distributed.*not initialized.*")
+warnings.filterwarnings("ignore", category=FutureWarning)
+warnings.filterwarnings("ignore", category=UserWarning, module="torch.distributed.checkpoint")
+
+
+# ---------------------------------------------------------------------------------------------
+# Host memory
+# ---------------------------------------------------------------------------------------------
+def _status(field_name: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def rss() -> int:
+    return _status("VmRSS")
+
+
+def reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5\n")  # resets VmHWM to the current RSS (Linux >= 4.0)
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss() -> int:
+    return _status("VmHWM")
+
+
+# ---------------------------------------------------------------------------------------------
+# The training job
+# ---------------------------------------------------------------------------------------------
+class Trainer:
+    def __init__(self, gib: float, batch: int, hidden: int = HIDDEN, seed: int = 0):
+        torch.manual_seed(seed)
+        per_layer = hidden * hidden + hidden
+        layers = max(1, round(gib * (1 << 30) / 12 / per_layer))
+        self.model = nn.Sequential(*[nn.Linear(hidden, hidden) for _ in range(layers)])
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5)
+        self.x = torch.randn(batch, hidden)
+        self.y = torch.randn(batch, hidden)
+        self.layers, self.hidden, self.batch = layers, hidden, batch
+        self.params = sum(p.numel() for p in self.model.parameters())
+
+    def forward_backward(self) -> None:
+        loss = nn.functional.mse_loss(self.model(self.x), self.y)
+        loss.backward()
+
+    def optimizer_step(self) -> None:
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        out = []
+        for p in self.model.parameters():
+            out.append(p.detach())
+            out.extend(v for v in self.opt.state[p].values() if isinstance(v, torch.Tensor))
+        return out
+
+    def state_bytes(self) -> int:
+        return sum(t.nbytes for t in self.state_tensors())
+
+    def describe(self) -> str:
+        return (f"{self.layers} x Linear({self.hidden}, {self.hidden}) = {self.params / 1e6:.1f} M fp32 params; "
+                f"weights + AdamW state {self.state_bytes() / 2**30:.3f} GiB; batch {self.batch} x {self.hidden}, "
+                f"MSE loss, AdamW (default implementation)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Methods
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class SaveRecord:
+    in_save: float = 0.0  # inside the save call on the training thread (incl. waits inside it)
+    pre_step_wait: float = 0.0  # waited before the next optimizer step
+    parts: dict[str, float] = field(default_factory=dict)  # breakdown, where known
+    start: float = 0.0
+    durable: float | None = None  # seconds from the save's start until its bytes were committed
+
+    @property
+    def stall(self) -> float:
+        return self.in_save + self.pre_step_wait
+
+
+class Method:
+    name = ""
+    key = ""
+    note = ""
+    saves = True
+
+    def __init__(self, trainer: Trainer, work: Path):
+        self.trainer, self.work = trainer, work
+        self.records: list[SaveRecord] = []
+        self.extra: dict[str, Any] = {}
+
+    def setup(self) -> None:
+        pass
+
+    def save(self, step: int, rec: SaveRecord) -> None:
+        raise NotImplementedError
+
+    def before_step(self, rec: SaveRecord | None) -> None:
+        """Called right before ``optimizer.step()``; time spent here counts as the last save's wait."""
+
+    def after_step(self, rec: SaveRecord | None) -> None:
+        """Called right after ``optimizer.step()`` (to read waits that happened inside it)."""
+
+    def drain(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def host_buffer_bytes(self) -> int | None:
+        return None
+
+
+class NoSave(Method):
+    name, key, note, saves = "no save (baseline)", "none", "", False
+
+
+class BareCopy(Method):
+    name, key = "bare copy_ (limit, not overlapped)", "copy"
+    note = "copy_ of every state tensor into preallocated buffers"
+
+    def setup(self) -> None:
+        self.dst = [torch.empty_like(t) for t in self.trainer.state_tensors()]
+        for d in self.dst:
+            d.fill_(0)  # fault the pages in
+
+    def save(self, step: int, rec: SaveRecord) -> None:
+        for src, dst in zip(self.trainer.state_tensors(), self.dst):
+            dst.copy_(src)
+
+    def close(self) -> None:
+        self.dst = []
+
+
+class Timers:
+    """Wrap functions to add their duration (training thread or not) to ``sink[name]``."""
+
+    def __init__(self):
+        self.sink: dict[str, float] = {}
+        self.undo: list = []
+
+    def wrap(self, owner: Any, attr: str, name: str, record_calls: list | None = None) -> None:
+        original = getattr(owner, attr)
+        sink = self
+        depth = [0]  # recursive functions (``_capture``) count their outermost call only
+
+        def timed(*a, **kw):
+            if depth[0]:
+                return original(*a, **kw)
+            depth[0] += 1
+            t0 = time.perf_counter()
+            try:
+                return original(*a, **kw)
+            finally:
+                t1 = time.perf_counter()
+                depth[0] -= 1
+                sink.sink[name] = sink.sink.get(name, 0.0) + (t1 - t0)
+                if record_calls is not None:
+                    record_calls.append((t0, t1))
+
+        setattr(owner, attr, timed)
+        self.undo.append((owner, attr, original, attr in vars(owner)))
+
+    def take(self) -> dict[str, float]:
+        out, self.sink = self.sink, {}
+        return out
+
+    def restore(self) -> None:
+        for owner, attr, original, _ in reversed(self.undo):
+            setattr(owner, attr, original)
+        self.undo.clear()
+
+
+class Ours(Method):
+    name, key = "ckpt CheckpointManager (double_buffer)", "ours"
+    note = "ours; save() + optimizer pre-hook wait"
+    mode = "double_buffer"
+
+    def setup(self) -> None:
+        self.manager = ckpt.CheckpointManager(self.work / self.key, interval=1, async_mode=self.mode)
+        self.manager.attach(self.trainer.opt)
+        self.state = {"model": self.trainer.model, "optim": self.trainer.opt}
+        self.copies: list[tuple[float, float]] = []  # background snapshot copies (start, end)
+        self.timers = Timers()
+        # Instrumentation only (the engine is not modified): where the training thread spends save().
+        self.timers.wrap(ckpt.manager, "export_state", "export_state")
+        if self.manager._stager is not None:
+            stager = self.manager._stager
+            self.timers.wrap(stager, "stage", "stage()")
+            self.timers.wrap(ckpt.staging, "_capture", "stage: _capture (deepcopy of values)")
+            self.timers.wrap(stager, "_ensure_buffers", "stage: buffers")
+            self.timers.wrap(ckpt.staging, "_copy_all", "bg copy", record_calls=self.copies)
+            self.timers.wrap(self.manager, "_persist", "bg write")
+        self._before = 0.0
+
+    def save(self, step: int, rec: SaveRecord) -> None:
+        self.timers.take()
+        self.manager.save(step, self.state, force=True)
+        self._after_save = self.manager.stats.stall_s
+        parts = self.timers.take()
+        order = ["export_state", "stage()", "stage: _capture (deepcopy of values)", "stage: buffers"]
+        rec.parts = {k: parts[k] for k in order if k in parts}
+        self._pending = rec
+        if self.mode == "sync":
+            rec.durable = None  # committed inside save()
+        else:
+            future = self.manager._inflight.get(step)
+            if future is not None:
+                future.add_done_callback(lambda _f, rec=rec: setattr(rec, "durable", time.perf_counter() - rec.start))
+
+    def after_step(self, rec: SaveRecord | None) -> None:
+        if rec is not None:
+            rec.pre_step_wait = self.manager.stats.stall_s - self._after_save
+            rec.parts["manager stats.last_stall_s"] = self.manager.stats.last_stall_s
+
+    def drain(self) -> None:
+        self.manager.wait()
+
+    def close(self) -> None:
+        self.timers.restore()
+        self.extra["steps committed"] = self.manager.steps()
+        self.extra["host_buffer_bytes"] = self.manager.stats.host_buffer_bytes
+        self.extra["skipped"] = self.manager.stats.skipped
+        self.manager.close()
+
+    def host_buffer_bytes(self) -> int | None:
+        return self.manager.stats.host_buffer_bytes if self.mode != "sync" else None
+
+
+class OursSync(Ours):
+    name, key, mode = "ckpt CheckpointManager (sync)", "ours-sync", "sync"
+    note = "ours; write + commit inside save()"
+
+
+class DCPAsync(Method):
+    name, key = "DCP async_save (default stager)", "dcp-default"
+    note = "async_stager=None: FileSystemWriter stages (fresh copy, in the call)"
+
+    def make_stager(self):
+        return None
+
+    def setup(self) -> None:
+        self.stager = self.make_stager()
+        self.upload: Future | None = None
+        self.staging: Future | None = None
+        self.dirs: list[Path] = []
+        self.returned: set[str] = set()
+
+    def save(self, step: int, rec: SaveRecord) -> None:
+        t0 = time.perf_counter()
+        if self.upload is not None:
+            self.upload.result()  # DCP's contract: the previous save must be finished
+        t1 = time.perf_counter()
+        model_sd, optim_sd = get_state_dict(self.trainer.model, self.trainer.opt)
+        sd = {"model": model_sd, "optim": optim_sd}
+        t2 = time.perf_counter()
+        path = self.work / self.key / f"step-{step:08d}"
+        self.dirs.append(path)
+        resp = dcp.async_save(sd, storage_writer=dcp.FileSystemWriter(path), async_stager=self.stager, no_dist=True)
+        t3 = time.perf_counter()
+        if isinstance(resp, AsyncSaveResponse):
+            self.returned.add("AsyncSaveResponse")
+            self.staging, self.upload = resp.staging_completion, resp.upload_completion
+        else:
+            self.returned.add(type(resp).__name__)
+            self.staging, self.upload = None, resp
+        self.upload.add_done_callback(lambda _f, rec=rec: setattr(rec, "durable", time.perf_counter() - rec.start))
+        rec.parts = {"wait previous upload": t1 - t0, "get_state_dict": t2 - t1, "async_save()": t3 - t2}
+
+    def before_step(self, rec: SaveRecord | None) -> None:
+        if self.staging is not None:
+            self.staging.result()
+            self.staging = None
+
+    def drain(self) -> None:
+        if self.staging is not None:
+            self.staging.result()
+        if self.upload is not None:
+            self.upload.result()
+
+    def close(self) -> None:
+        self.extra["async_save returned"] = sorted(self.returned)
+        if self.stager is not None:
+            self.stager.close()
+
+
+class DCPCaching(DCPAsync):
+    name, key = "DCP async_save (caching DefaultStager)", "dcp-caching"
+    note = "DefaultStager, cached storages, async staging thread"
+
+    def make_stager(self):
+        return DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
+                                            use_async_staging=True, use_non_blocking_copy=False))
+
+
+class TorchSave(Method):
+    name, key = "torch.save + fsync", "torch-save"
+    note = "synchronous"
+
+    def save(self, step: int, rec: SaveRecord) -> None:
+        (self.work / self.key).mkdir(parents=True, exist_ok=True)
+        path = self.work / self.key / f"step-{step:08d}.pt"
+        torch.save({"model": self.trainer.model.state_dict(), "optim": self.trainer.opt.state_dict()}, path)
+        fsync_path(path)
+
+
+METHODS = {m.key: m for m in (BareCopy, Ours, OursSync, DCPAsync, DCPCaching, TorchSave)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Phase:
+    name: str
+    key: str
+    note: str
+    steps: int = 0
+    window_s: float = 0.0
+    drain_s: float = 0.0
+    fb: list[float] = field(default_factory=list)  # forward/backward times, every step
+    opt: list[float] = field(default_factory=list)  # optimizer.step times, every step (incl. hook)
+    fb_after_save: list[float] = field(default_factory=list)  # forward/backward of the step after a save
+    records: list[SaveRecord] = field(default_factory=list)
+    warmup: SaveRecord | None = None
+    rss_before: int = 0
+    rss_after_warmup: int = 0
+    peak_window: int | None = None
+    rss_end: int = 0
+    host_buffer_bytes: int | None = None
+    extra: dict = field(default_factory=dict)
+    copies: list[tuple[float, float]] = field(default_factory=list)
+
+
+def train_step(trainer: Trainer, method: Method, pending: SaveRecord | None, phase: Phase | None) -> None:
+    t0 = time.perf_counter()
+    trainer.forward_backward()
+    t1 = time.perf_counter()
+    method.before_step(pending)
+    t2 = time.perf_counter()
+    trainer.optimizer_step()
+    t3 = time.perf_counter()
+    if pending is not None:
+        pending.pre_step_wait += t2 - t1
+    method.after_step(pending)
+    if phase is not None:
+        phase.fb.append(t1 - t0)
+        phase.opt.append(t3 - t2)
+        if pending is not None:
+            phase.fb_after_save.append(t1 - t0)
+
+
+def do_save(method: Method, step: int) -> SaveRecord:
+    rec = SaveRecord(start=time.perf_counter())
+    method.save(step, rec)
+    rec.in_save = time.perf_counter() - rec.start
+    return rec
+
+
+def run_phase(cls: type[Method], trainer: Trainer, work: Path, saves: int, every: int, label: str = "") -> Phase:
+    method = cls(trainer, work)
+    phase = Phase(cls.name + label, cls.key, cls.note)
+    gc.collect()
+    phase.rss_before = rss()
+    method.setup()
+    try:
+        if method.saves:  # untimed warm-up save: buffers, first-call costs; drained before the window
+            train_step(trainer, method, None, None)
+            rec = do_save(method, 0)
+            train_step(trainer, method, rec, None)
+            method.drain()
+            phase.warmup = rec
+        gc.collect()
+        phase.rss_after_warmup = rss()
+        phase.peak_window = phase.rss_after_warmup if reset_peak() else None
+        steps = saves * every
+        start = time.perf_counter()
+        pending: SaveRecord | None = None
+        for j in range(1, steps + 1):
+            train_step(trainer, method, pending, phase)
+            pending = None
+            if method.saves and (j - 1) % every == 0:
+                pending = do_save(method, j)
+                phase.records.append(pending)
+        phase.window_s = time.perf_counter() - start
+        phase.steps = steps
+        if phase.peak_window is not None:
+            phase.peak_window = peak_rss()
+        t = time.perf_counter()
+        method.drain()
+        phase.drain_s = time.perf_counter() - t
+        phase.host_buffer_bytes = method.host_buffer_bytes()
+        phase.copies = list(getattr(method, "copies", []))
+    finally:
+        method.close()
+    phase.extra = method.extra
+    gc.collect()
+    phase.rss_end = rss()
+    shutil.rmtree(work / cls.key, ignore_errors=True)
+    return phase
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def print_phase(p: Phase) -> None:
+    line = (f"{p.name:42s} step {median([a + b for a, b in zip(p.fb, p.opt)]):.3f}s "
+            f"({p.steps / p.window_s:.2f} steps/s)")
+    if p.records:
+        stalls = [r.stall for r in p.records]
+        line += (f" | stall median {median(stalls):.3f}s [" + " ".join(f"{s:.3f}" for s in stalls) + "]"
+                 f" in save {median([r.in_save for r in p.records]):.3f}s, pre-step wait "
+                 f"{median([r.pre_step_wait for r in p.records]):.3f}s | drain {p.drain_s:.2f}s")
+    print(line, flush=True)
+    for i, r in enumerate(p.records):
+        if r.parts:
+            print("    save %d: " % i + ", ".join(f"{k} {v:.4f}" for k, v in r.parts.items())
+                  + (f", durable after {r.durable:.2f}s" if r.durable is not None else ""), flush=True)
+
+
+def run(args: argparse.Namespace) -> tuple[list[Phase], dict]:
+    base = Path(args.dir) if args.dir else REPO / "benchmarks" / "_work"
+    base.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="stall-", dir=base))
+    info: dict = {"work": work}
+    try:
+        t0 = time.perf_counter()
+        trainer = Trainer(args.gib, args.batch, args.hidden)
+        for _ in range(3):  # untimed: AdamW creates its state at the first step; fault everything in
+            trainer.forward_backward()
+            trainer.optimizer_step()
+        info["nbytes"] = trainer.state_bytes()
+        info["state"] = trainer.describe()
+        info["machine"] = machine_description(work)
+        print(f"state: {info['state']} (built in {time.perf_counter() - t0:.1f}s)", flush=True)
+        print(f"work dir: {work}", flush=True)
+
+        keys = args.methods or list(METHODS)
+        order = [NoSave]
+        for k in keys:  # a no-save phase before and after every method: its own throughput baseline
+            order += [METHODS[k], NoSave]
+        psi_start, run_start, load_start = pressure_totals(), time.monotonic(), os.getloadavg()[0]
+        phases = []
+        for i, cls in enumerate(order):
+            label = "" if cls is not NoSave else f" #{i // 2 + 1}"
+            phase = run_phase(cls, trainer, work, args.saves, args.every, label)
+            print_phase(phase)
+            phases.append(phase)
+        elapsed = time.monotonic() - run_start
+        psi_end = pressure_totals()
+        psi = ", ".join(f"{k} {100 * (psi_end[k] - v) / 1e6 / elapsed:.0f}%" for k, v in psi_start.items() if k in psi_end)
+        info["contention"] = (f"load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end"
+                              + (f"; time some task stalled (PSI) during the run: {psi}" if psi else ""))
+        return phases, info
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+            try:
+                base.rmdir()  # only if empty (ours was the only thing in it)
+            except OSError:
+                pass
+
+
+def machine_description(work: Path) -> list[str]:
+    return [
+        f"CPU: {cpu_model()}, nproc={os.cpu_count()} (affinity {len(os.sched_getaffinity(0))})",
+        f"Memory: {meminfo()}",
+        f"Work dir filesystem: {filesystem_of(work)}",
+        f"Kernel: {platform.system()} {platform.release()}; Python {platform.python_version()}; "
+        f"torch {torch.__version__}; torch threads {torch.get_num_threads()}",
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Reporting
+# ---------------------------------------------------------------------------------------------
+def gib(n: float) -> str:
+    return f"{n / 2**30:+.2f}"
+
+
+def report(phases: list[Phase], info: dict, args: argparse.Namespace, command: str) -> str:
+    nbytes = info["nbytes"]
+    base = [p for p in phases if p.key == "none"]
+    base_rates = [p.steps / p.window_s for p in base]
+    base_fb = median([x for p in base for x in p.fb])
+    base_opt = median([x for p in base for x in p.opt])
+    copy = next((p for p in phases if p.key == "copy"), None)
+    copy_stall = median([r.stall for r in copy.records]) if copy else None
+
+    def neighbours(p: Phase) -> list[Phase]:
+        i = phases.index(p)
+        return [q for q in phases[max(i - 1, 0) : i + 2] if q.key == "none" and q is not p]
+
+    def base_rate_of(p: Phase) -> float:
+        """steps/s of the no-save phases right before and after ``p`` (the machine drifts)."""
+        near = neighbours(p)
+        return sum(q.steps for q in near) / sum(q.window_s for q in near)
+
+    def base_fb_of(p: Phase) -> float:
+        return median([x for q in neighbours(p) for x in q.fb])
+
+    lines = [
+        "| Method | Stall s, median (min–max) | × bare copy | in save() | wait before next opt.step "
+        "| Steps/s (× no save) | Next fwd/bwd − baseline s | Durable after s | Resident after warm-up | Peak growth in phase | Notes |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"| no save (baseline; {len(base)} phases) | – | – | – | – | {median(base_rates):.3f} "
+        f"({min(base_rates):.3f}–{max(base_rates):.3f}) | – | – "
+        f"| {gib(max(p.rss_after_warmup - p.rss_before for p in base))} GiB "
+        f"| {gib(max(p.peak_window - p.rss_after_warmup for p in base)) + ' GiB' if base[0].peak_window is not None else 'n/a'} "
+        f"| median step {base_fb + base_opt:.3f} s (fwd/bwd {base_fb:.3f} + AdamW {base_opt:.3f}) |",
+    ]
+    for p in phases:
+        if p.key == "none":
+            continue
+        rate = p.steps / p.window_s
+        mem_resident = gib(p.rss_after_warmup - p.rss_before) + " GiB"
+        mem_peak = (gib(p.peak_window - p.rss_after_warmup) + " GiB") if p.peak_window is not None else "n/a"
+        stalls = [r.stall for r in p.records]
+        s = median(stalls)
+        durable = [r.durable for r in p.records if r.durable is not None]
+        ratio = f"{s / copy_stall:.2f}" if copy_stall else "–"
+        next_fb = median(p.fb_after_save) - base_fb_of(p)
+        note = p.note
+        if p.host_buffer_bytes is not None:
+            note += f"; host_buffer_bytes {p.host_buffer_bytes / nbytes:.2f}× state"
+        durable_cell = f"{median(durable):.2f} (drain {p.drain_s:.2f})" if durable else ("–" if p.key == "copy" else "in save")
+        lines.append(
+            f"| {p.name} | {s:.3f} ({min(stalls):.3f}–{max(stalls):.3f}) | {ratio} "
+            f"| {median([r.in_save for r in p.records]):.3f} | {median([r.pre_step_wait for r in p.records]):.3f} "
+            f"| {rate:.3f} ({rate / base_rate_of(p):.2f}) | {next_fb:+.3f} "
+            f"| {durable_cell} | {mem_resident} | {mem_peak} | {note} |"
+        )
+
+    notes = []
+    ours = next((p for p in phases if p.key == "ours"), None)
+    if ours is not None and ours.records:
+        s = median([r.stall for r in ours.records])
+        goals = []
+        if copy_stall:
+            goals.append(f"stall ≤ {GOAL_COPY_RATIO}× bare copy: "
+                         f"{'**met**' if s <= GOAL_COPY_RATIO * copy_stall else '**missed**'} "
+                         f"({s:.3f} s vs {copy_stall:.3f} s, {s / copy_stall:.2f}×)")
+        peers = [p for p in phases if p.records and p.key not in ("ours", "copy")]
+        if peers:
+            worst = [p.name for p in peers if median([r.stall for r in p.records]) <= s]
+            best_peer = min(peers, key=lambda p: median([r.stall for r in p.records]))
+            goals.append(f"below every peer: {'**met**' if not worst else '**missed**'} "
+                         f"(best peer {best_peer.name}: {median([r.stall for r in best_peer.records]):.3f} s"
+                         + (f"; not below: {', '.join(worst)}" if worst else "") + ")")
+        rate = ours.steps / ours.window_s
+        goals.append(f"throughput with a save every {args.every} steps: {rate / base_rate_of(ours):.2f}× the "
+                     f"adjacent no-save phases ({rate:.3f} vs {base_rate_of(ours):.3f} steps/s)")
+        if ours.host_buffer_bytes:
+            goals.append(f"host buffers {ours.host_buffer_bytes / 2**30:.2f} GiB = "
+                         f"{ours.host_buffer_bytes / nbytes:.2f}× the state (bound: ≤ 2×): "
+                         f"{'**met**' if ours.host_buffer_bytes <= 2 * nbytes + (1 << 20) else '**missed**'}")
+        notes.append("- Goals (medians), ckpt CheckpointManager (double_buffer): " + "; ".join(goals) + ".")
+        # Where the training thread spent save(), and the background copy vs the overlapped step
+        parts: dict[str, list[float]] = {}
+        for r in ours.records:
+            for k, v in r.parts.items():
+                if k != "manager stats.last_stall_s":
+                    parts.setdefault(k, []).append(v)
+        if parts:
+            top = ("export_state", "stage()")  # the stage: ... parts are inside stage()
+            notes.append("- Ours, training thread inside save() (medians): "
+                         + ", ".join(f"{k} {median(v) * 1e3:.1f} ms" for k, v in parts.items())
+                         + f"; rest of save() {median([r.in_save - sum(r.parts.get(k, 0.0) for k in top) for r in ours.records]) * 1e3:.1f} ms"
+                         " (stage() includes the stage: parts, its wait for a free buffer set and the copy's submission). "
+                         f"Manager's own stats.last_stall_s (median) {median([r.parts.get('manager stats.last_stall_s', float('nan')) for r in ours.records]):.3f} s.")
+        if ours.copies:
+            durations = [b - a for a, b in ours.copies]
+            notes.append(f"- Ours, background snapshot copy (`_copy_all` on the ckpt-snapshot thread): median "
+                         f"{median(durations):.3f} s ({nbytes / median(durations) / 1e9:.2f} GB/s) while the next "
+                         f"forward/backward took {median(ours.fb_after_save):.3f} s (adjacent baseline {base_fb_of(ours):.3f} s).")
+    for p in phases:
+        if p.key.startswith("dcp") and p.records:
+            parts = {}
+            for r in p.records:
+                for k, v in r.parts.items():
+                    parts.setdefault(k, []).append(v)
+            notes.append(f"- {p.name}, inside the save (medians): "
+                         + ", ".join(f"{k} {median(v):.3f} s" for k, v in parts.items())
+                         + f"; async_save returned {', '.join(p.extra.get('async_save returned', []))}.")
+    body = [
+        SECTION,
+        "",
+        f"Job: {info['state']}. One phase per method, {args.saves} saves per phase, one save every {args.every} "
+        f"steps ({args.saves * args.every} steps per phase) after one untimed, drained warm-up save; phases run "
+        f"one after another on the same model in the same process, with a no-save phase before and after every method "
+        f"(its throughput baseline is the mean rate of those two; median step {base_fb + base_opt:.3f} s = "
+        f"forward/backward {base_fb:.3f} s + AdamW step {base_opt:.3f} s). **Stall** = time on the training thread inside the save call + time "
+        f"waited before the next `optimizer.step()`; the table gives the median over the saves of a phase.",
+        "",
+        *lines,
+        "",
+        "Notes:",
+        *notes,
+        "- Columns: *in save()* and *wait before next opt.step* are the two parts of the stall. For ours the wait is "
+        "what the `attach()` pre-hook waited (the increase of `manager.stats.stall_s` across the next "
+        "`optimizer.step()`); for DCP with the caching stager it is `response.staging_completion.result()` called right "
+        "before `optimizer.step()`; DCP's wait for the previous upload is inside *in save()*. *Steps/s* is over the "
+        "whole phase, saves included; (× no save) divides it by the rate of the no-save phases right before and after. *Next fwd/bwd − baseline*: how much longer the "
+        "forward/backward right after a save took than the median of the adjacent no-save phases (the cost of a background copy competing "
+        "for the cores; not counted as stall). *Durable after*: seconds from the save call until its bytes were "
+        "committed (drain: waiting at the phase end for the last one). *Resident after warm-up*: RSS after the drained "
+        "warm-up save minus before the method's set-up; *Peak growth in phase*: peak RSS (VmHWM, reset at the phase "
+        "start) minus the RSS after the warm-up.",
+        "- DCP's state dict is `get_state_dict(model, optimizer)` (torch.distributed.checkpoint.state_dict), made at every "
+        "save and counted in its stall, as ours counts its `export_state`. With `async_stager=None` DCP stages with the "
+        "`FileSystemWriter` itself (a `BlockingAsyncStager`, no cache: a fresh copy per save, inside `async_save`). "
+        "The caching `DefaultStager` runs on CPU only with `use_pinned_memory=False` (ignored without CUDA) and "
+        "`use_non_blocking_copy=False` (refused without an accelerator).",
+        "",
+        "Machine:",
+        *[f"- {line}" for line in info["machine"]],
+        f"- Other load on the machine: {info['contention']}",
+        f"- Date: {info['date']}",
+        "",
+        "Command:",
+        "",
+        "```",
+        command,
+        "```",
+        "",
+    ]
+    return "\n".join(body)
+
+
+def write_section(out: Path, section: str) -> None:
+    text = out.read_text() if out.exists() else "# Benchmark results\n\n"
+    start = text.find(SECTION)
+    if start < 0:
+        new = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = text.find("\n## ", start + len(SECTION))
+        tail = text[end + 1 :] if end >= 0 else ""
+        new = text[:start] + section + ("\n" + tail if tail else "")
+    out.write_text(new.rstrip("\n") + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gib", type=float, default=1.0, help="weights + AdamW state in GiB (default 1.0)")
+    parser.add_argument("--saves", type=int, default=4, help="timed saves per method (default 4)")
+    parser.add_argument("--every", type=int, default=5, help="save every K steps (default 5; >= 2)")
+    parser.add_argument("--batch", type=int, default=32, help="rows per batch (default 32)")
+    parser.add_argument("--hidden", type=int, default=HIDDEN, help=f"layer width (default {HIDDEN})")
+    parser.add_argument("--dir", help="parent of the work dir (default benchmarks/_work)")
+    parser.add_argument("--out", help="Markdown file in which to add/replace the results section")
+    parser.add_argument("--methods", nargs="+", choices=list(METHODS),
+                        help="subset to run (the no-save baseline always runs)")
+    parser.add_argument("--keep", action="store_true", help="keep the work dir (debugging)")
+    args = parser.parse_args(argv)
+    if args.saves < 1 or args.every < 2 or args.gib <= 0 or args.batch < 1:
+        parser.error("--saves must be >= 1, --every >= 2, --gib > 0, --batch >= 1")
+
+    command = "python " + shlex.join([os.path.relpath(sys.argv[0], REPO) if argv is None else "benchmarks/bench_stall.py",
+                                      *(sys.argv[1:] if argv is None else argv)])
+    phases, info = run(args)
+    info["date"] = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    section = report(phases, info, args, command)
+    print()
+    print(section)
+    if args.out:
+        write_section(Path(args.out), section)
+        print(f"wrote section to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
