@@ -76,8 +76,23 @@ def test_resume_on_another_data_parallel_degree(tmp_path):
 def test_seed_checkpoint_and_load_step(tmp_path):
     _run(_args(str(tmp_path), steps=20, checkpoint__create_seed_checkpoint="true"))
     assert (tmp_path / "checkpoints" / "step-00000000" / "manifest.json").is_file()
-    losses, _, loader = _run(_args(str(tmp_path), steps=2, checkpoint__create_seed_checkpoint="false"))
-    assert len(losses) == 2 and loader["position"] == 16
+    losses, _, loader = _run(_args(str(tmp_path), steps=4, checkpoint__interval=2))
+    assert len(losses) == 4 and loader["position"] == 32  # started from the seed checkpoint (step 0)
+    losses, _, loader = _run(_args(str(tmp_path), steps=3, checkpoint__load_step=2))
+    assert len(losses) == 1 and loader["position"] == 24  # step 3 only, from step 2's checkpoint
+    assert not torch.distributed.is_initialized()  # the trainer closed the group it started
+
+
+@pytest.mark.parametrize("variant", [
+    {"optimization__zero_stage": 0, "training__gradient_accumulation_steps": 2,
+     "optimization__gradient_checkpointing": "true"},
+    {"optimization__zero_stage": 2, "optimization__precision": "bf16", "training__micro_batch_size": 2},
+])
+def test_ddp_fsdp_bf16_accumulation_and_activation_checkpointing(tmp_path, variant):
+    losses, state, _ = _run(_args(str(tmp_path), steps=6, checkpoint__enable="false", **variant))
+    assert len(losses) == 6 and all(l == l and l < 10 for l in losses)
+    assert sum(losses[-2:]) < sum(losses[:2])
+    assert all(t.dtype == torch.float32 for t in state["model"].values())  # fp32 master weights
 
 
 def test_cli_errors_are_one_line(tmp_path):

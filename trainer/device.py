@@ -24,10 +24,12 @@ __all__ = [
 ]
 
 
-def init_distributed(device_type: str) -> tuple[int, int, torch.device]:
+def init_distributed(device_type: str) -> tuple[int, int, torch.device, bool]:
     """Start the default process group (``torchrun`` env vars, or a 1-rank group for a plain
-    ``python -m``); return ``(rank, world_size, device)`` with this rank's device selected."""
-    if not dist.is_initialized():
+    ``python -m``) unless one exists; return ``(rank, world_size, device, started)`` with this
+    rank's device selected (``started``: this call created the group)."""
+    started = not dist.is_initialized()
+    if started:
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             dist.init_process_group(backend=process_group_backend(device_type))
         else:
@@ -40,9 +42,9 @@ def init_distributed(device_type: str) -> tuple[int, int, torch.device]:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     accel = accelerator_module(device_type)
     if accel is None:
-        return rank, world, torch.device("cpu")
+        return rank, world, torch.device("cpu"), started
     accel.set_device(local_rank)
-    return rank, world, torch.device(device_type, local_rank)
+    return rank, world, torch.device(device_type, local_rank), started
 
 
 def device_name(device_type: str) -> str:

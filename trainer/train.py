@@ -63,7 +63,7 @@ class Trainer:
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.device_type = resolve_device_type(cfg.training.device)
-        self.rank, self.world, self.device = init_distributed(self.device_type)
+        self.rank, self.world, self.device, self._owns_process_group = init_distributed(self.device_type)
         p = cfg.parallelism
         self.dims = ParallelDims.resolve(p.dp_replicate, p.dp_shard, p.tp, p.pp, self.world)
         self.mesh = self.dims.build_mesh(self.device_type)
@@ -181,9 +181,13 @@ class Trainer:
         return losses
 
     def close(self) -> None:
-        if self.manager is not None:
-            self.manager.close()
-        self.metrics.close()
+        try:
+            if self.manager is not None:
+                self.manager.close()
+        finally:
+            self.metrics.close()
+            if self._owns_process_group and dist.is_initialized():
+                dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,8 +211,6 @@ def main(argv: list[str] | None = None) -> int:
         trainer.fit()
     finally:
         trainer.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
     return 0
 
 
