@@ -15,7 +15,7 @@ DCP users plug in ``ckpt.dcp.Writer`` / ``ckpt.dcp.Reader`` instead. Every error
 
 from . import dcp
 from .api import load, save
-from .dcp import read_manifest
+from .chain import read_manifest
 from .errors import (
     CheckpointError,
     CheckpointExistsError,

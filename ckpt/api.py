@@ -17,7 +17,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from .dcp import Reader, Writer, read_manifest
+from .chain import read_manifest
+from .dcp import Reader, Writer
 from .errors import CheckpointError, CheckpointWriteError
 from .format import Manifest
 from .planner import SafeLoadPlanner

@@ -32,6 +32,7 @@ _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 class Encoded:
     codec: str
     data: bytes | memoryview
+    raw_length: int
     planes: tuple[tuple[str, int], ...] | None = None
 
 
@@ -51,7 +52,7 @@ def encode_delta(raw: np.ndarray, base: np.ndarray, itemsize: int, level: int = 
     current, previous = raw.view(kind), base.view(kind)
     diff = current - previous  # unsigned arithmetic wraps exactly like signed two's complement
     if not diff.any():
-        return Encoded(UNCHANGED, b"")
+        return Encoded(UNCHANGED, b"", raw.nbytes)
     signed = diff.view(np.dtype(f"i{width}"))
     zigzag = ((signed << 1) ^ (signed >> (8 * width - 1))).view(kind)
     return _planes(DELTA, zigzag.view(np.uint8), width, level)
@@ -70,7 +71,7 @@ def _planes(codec: str, raw: np.ndarray, width: int, level: int) -> Encoded:
         else:
             parts.append(plane.tobytes())
             table.append(("raw", plane.nbytes))
-    return Encoded(codec, b"".join(parts), tuple(table))
+    return Encoded(codec, b"".join(parts), raw.nbytes, tuple(table))
 
 
 def decode(codec: str, stored, *, raw_length: int, itemsize: int, planes=None, base: np.ndarray | None = None,

@@ -10,6 +10,7 @@ file access is confined to the checkpoint directory.
 from __future__ import annotations
 
 import os
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
+from .codec import Encoded
 from .errors import CorruptCheckpointError, InvalidManifestError
 from .fileio import Writeback, aligned, checksum, pread_into, write_all
 from .format import Blob
@@ -34,24 +36,44 @@ def tensor_bytes(tensor: torch.Tensor) -> np.ndarray:
 
 @dataclass
 class Payload:
-    """One thing to store: ``produce()`` returns its bytes when it is written."""
+    """One thing to store: ``produce()`` returns its bytes (or an :class:`~ckpt.codec.Encoded`)
+    when it is written."""
 
     key: object  # handed back with the resulting Blob
-    produce: Callable[[], np.ndarray | bytes]
+    produce: Callable[[], np.ndarray | bytes | Encoded]
     nbytes: int  # estimate, for balancing work across files
 
 
-def write_file(path: Path, rel_name: str, payloads: Iterable[Payload]) -> list[tuple[object, Blob]]:
+def _in_order(payloads: Iterable[Payload], pool: ThreadPoolExecutor | None, window: int):
+    """``(payload, produced)`` in order; with a pool, up to ``window`` payloads are produced ahead
+    (encoding in parallel while earlier ones are written)."""
+    if pool is None:
+        for payload in payloads:
+            yield payload, payload.produce()
+        return
+    pending: deque = deque()
+    for payload in payloads:
+        pending.append((payload, pool.submit(payload.produce)))
+        if len(pending) >= window:
+            done, future = pending.popleft()
+            yield done, future.result()
+    while pending:
+        done, future = pending.popleft()
+        yield done, future.result()
+
+
+def write_file(path: Path, rel_name: str, payloads: Iterable[Payload], *,
+               encoders: ThreadPoolExecutor | None = None, window: int = 4) -> list[tuple[object, Blob]]:
     """Write ``payloads`` into a new file at ``path``; fsync it; return where each one went."""
-    placed: list[tuple[object, int, int, Future]] = []
+    placed: list[tuple[object, int, int, Future, Encoded | None]] = []
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         writeback = Writeback(fd)
         with ThreadPoolExecutor(1, thread_name_prefix="ckpt-hash") as hasher:
             end = 0
-            for payload in payloads:
-                data = payload.produce()
-                view = memoryview(data).cast("B")
+            for payload, data in _in_order(payloads, encoders, window):
+                encoded = data if isinstance(data, Encoded) else None
+                view = memoryview(encoded.data if encoded else data).cast("B")
                 start = aligned(end, len(view))
                 if start > end:
                     write_all(fd, memoryview(bytes(start - end)))
@@ -59,13 +81,14 @@ def write_file(path: Path, rel_name: str, payloads: Iterable[Payload]) -> list[t
                 write_all(fd, view)
                 end = start + len(view)
                 writeback.advance(end)
-                placed.append((payload.key, start, len(view), digest))
+                placed.append((payload.key, start, len(view), digest, encoded))
         os.fsync(fd)
     finally:
         os.close(fd)
     return [
-        (key, Blob(file=rel_name, offset=start, length=length, checksum=digest.result()))
-        for key, start, length, digest in placed
+        (key, Blob(file=rel_name, offset=start, length=length, checksum=digest.result(),
+                   **({} if enc is None else {"codec": enc.codec, "raw_length": enc.raw_length, "planes": enc.planes})))
+        for key, start, length, digest, enc in placed
     ]
 
 

@@ -36,15 +36,17 @@ from torch.distributed.checkpoint.planner import (
     WriteItemType,
 )
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+from torch.distributed.checkpoint.utils import find_state_dict_object
 from torch.futures import Future
 
-from . import commit, values
-from .datafile import DataFiles, Payload, tensor_bytes, write_file
-from .errors import CheckpointNotFoundError, InvalidManifestError, UnsafeCheckpointError, UnsupportedFormatError
+from . import codec, commit, values
+from .chain import ChunkSource, read_manifest
+from .datafile import Payload, tensor_bytes, write_file
+from .errors import InvalidManifestError, UnsafeCheckpointError
 from .fileio import checksum
-from .format import MANIFEST_NAME, Chunk, Manifest, TensorEntry, ValueEntry, data_file_name
+from .format import Chunk, Manifest, TensorEntry, ValueEntry, data_file_name
 
-MAX_MANIFEST_BYTES = 1 << 30
 
 
 def _done(value: Any) -> Future:
@@ -72,6 +74,12 @@ class Writer(StorageWriter):
         path: the checkpoint directory to create (``dcp.save(checkpoint_id=...)`` may set it instead).
         overwrite: replace an existing committed checkpoint at ``path`` (atomically) instead of failing.
         files_per_rank: data files each rank writes in parallel threads (more helps fast NVMe).
+        compress: "zstd" stores chunks as zstd-compressed byte planes (codec "planes"); None: raw.
+        base: the previous snapshot's state dict (same structure as the saved one); each chunk is
+            then stored as a lossless delta against the same chunk in it, and ``base_name`` (the
+            base checkpoint's directory, a sibling of ``path``) is recorded. Chunks without a
+            matching base chunk are stored whole.
+        zstd_level, encode_threads: codec level and encoder threads (default: one per core).
         step, kind, base_step, user_metadata: recorded in the manifest.
     """
 
@@ -85,12 +93,24 @@ class Writer(StorageWriter):
         kind: str = "full",
         base_step: int | None = None,
         user_metadata: dict | None = None,
+        compress: str | None = None,
+        base: dict | None = None,
+        base_name: str | None = None,
+        zstd_level: int = 3,
+        encode_threads: int | None = None,
     ):
         super().__init__()
+        if compress not in (None, "zstd"):
+            raise ValueError(f"compress must be None or 'zstd', not {compress!r}")
+        if (base is None) != (base_name is None):
+            raise ValueError("a delta needs both base (the previous snapshot) and base_name")
         self.path = Path(path) if path is not None else None
+        self.compress, self.base, self.base_name, self.zstd_level = compress, base, base_name, zstd_level
+        self.encode_threads = encode_threads or os.cpu_count() or 1
         self.overwrite = overwrite
         self.files_per_rank = max(1, int(files_per_rank))
-        self.step, self.kind, self.base_step = step, kind, base_step
+        self.step, self.base_step = step, base_step
+        self.kind = "delta" if base is not None else kind
         self.user_metadata = dict(user_metadata or {})
         self.tmp_dir: Path | None = None
         self.rank = 0
@@ -120,12 +140,20 @@ class Writer(StorageWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
         target: _RankTarget = plan.storage_data
-        results = write_rank(Path(target.tmp_dir), target.rank, plan.items, planner, self.files_per_rank)
+        encoder = ChunkEncoder(self.compress, self.base, self.zstd_level)
+        pool = ThreadPoolExecutor(self.encode_threads, thread_name_prefix="ckpt-encode") if encoder.active else None
+        try:
+            results = write_rank(Path(target.tmp_dir), target.rank, plan.items, planner, self.files_per_rank,
+                                 encoder if encoder.active else None, pool, window=2 * self.encode_threads)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True)
         return _done(results)
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         manifest = build_manifest(metadata, results)
         manifest.step, manifest.kind, manifest.base_step = self.step, self.kind, self.base_step
+        manifest.base = self.base_name
         manifest.user = self.user_metadata
         commit.finish(self.tmp_dir, self.path, manifest.to_json(), overwrite=self.overwrite)
         self.last_manifest = manifest
@@ -143,8 +171,40 @@ class Writer(StorageWriter):
         return StorageMeta(checkpoint_id=str(self.path))
 
 
+class ChunkEncoder:
+    """Turns a chunk's raw bytes into what is stored: a delta against the base snapshot's same
+    chunk when there is one, zstd byte planes when compression is on, else the raw bytes."""
+
+    def __init__(self, compress: str | None, base: dict | None, level: int):
+        self.compress, self.level = compress, level
+        self.base = flatten_state_dict(base)[0] if base is not None else None
+        self.active = compress is not None or base is not None
+
+    def __call__(self, item: WriteItem, raw):
+        itemsize = item.tensor_data.properties.dtype.itemsize
+        previous = self._base_chunk(item)
+        if previous is not None:
+            return codec.encode_delta(raw, tensor_bytes(previous), itemsize, self.level)
+        if self.compress:
+            return codec.encode_planes(raw, itemsize, self.level)
+        return raw
+
+    def _base_chunk(self, item: WriteItem) -> torch.Tensor | None:
+        if self.base is None:
+            return None
+        try:
+            previous = find_state_dict_object(self.base, item.index)
+        except (ValueError, KeyError, IndexError, RuntimeError):
+            return None
+        if not isinstance(previous, torch.Tensor) or previous.dtype != item.tensor_data.properties.dtype or \
+                tuple(previous.shape) != tuple(item.tensor_data.chunk.sizes):
+            return None
+        return previous
+
+
 def write_rank(
-    tmp_dir: Path, rank: int, items: list[WriteItem], planner: SavePlanner, files: int
+    tmp_dir: Path, rank: int, items: list[WriteItem], planner: SavePlanner, files: int,
+    encoder: ChunkEncoder | None = None, encoders: ThreadPoolExecutor | None = None, window: int = 4,
 ) -> list[WriteResult]:
     """Write this rank's share: non-tensor values inline as JSON, everything else to data files."""
     results: list[WriteResult] = []
@@ -157,13 +217,16 @@ def write_rank(
                 continue
             payloads.append(Payload(item, lambda item=item: planner.resolve_data(item).getbuffer(), 0))
         else:
-            payloads.append(
-                Payload(item, lambda item=item: tensor_bytes(planner.resolve_data(item)), item.tensor_storage_size() or 0)
-            )
+            if encoder is None:
+                produce = lambda item=item: tensor_bytes(planner.resolve_data(item))  # noqa: E731
+            else:
+                produce = lambda item=item: encoder(item, tensor_bytes(planner.resolve_data(item)))  # noqa: E731
+            payloads.append(Payload(item, produce, item.tensor_storage_size() or 0))
     buckets = _balance(payloads, files)
-    with ThreadPoolExecutor(len(buckets), thread_name_prefix="ckpt-write") as pool:
+    with ThreadPoolExecutor(len(buckets), thread_name_prefix="ckpt-write") as writers:
         futures = [
-            pool.submit(write_file, tmp_dir / data_file_name(rank, part), data_file_name(rank, part), bucket)
+            writers.submit(write_file, tmp_dir / data_file_name(rank, part), data_file_name(rank, part), bucket,
+                           encoders=encoders, window=window)
             for part, bucket in enumerate(buckets)
         ]
         for future in futures:
@@ -230,21 +293,6 @@ def build_manifest(metadata: Metadata, results: list[list[WriteResult]]) -> Mani
     return manifest
 
 
-def read_manifest(path: str | os.PathLike) -> Manifest:
-    """Parse and validate the manifest of the committed checkpoint at ``path``."""
-    path = Path(path)
-    if commit.TMP_MARK in path.name or commit.OLD_MARK in path.name:
-        raise CheckpointNotFoundError(f"{path} is the leftover of an unfinished save, not a checkpoint")
-    if not path.is_dir():
-        raise CheckpointNotFoundError(f"no checkpoint at {path}")
-    manifest_path = path / MANIFEST_NAME
-    if not manifest_path.is_file():
-        raise CheckpointNotFoundError(f"{path} is not a committed checkpoint (no {MANIFEST_NAME})")
-    if manifest_path.stat().st_size > MAX_MANIFEST_BYTES:
-        raise InvalidManifestError(f"{manifest_path} is absurdly large", file=MANIFEST_NAME)
-    return Manifest.from_json(manifest_path.read_bytes(), source=str(manifest_path))
-
-
 class Reader(StorageReader):
     """Reads a checkpoint written by :class:`Writer`, for any current layout (DCP reshards).
 
@@ -283,49 +331,52 @@ class Reader(StorageReader):
         by_record: dict[MetadataIndex, list] = defaultdict(list)
         for item in plan.items:
             by_record[item.storage_index].append(item)
-        with DataFiles(self.path) as files:
+        with ChunkSource(self.path, self.manifest) as source:
             for index, items in by_record.items():
                 record = self.storage[index]
                 if isinstance(record, ValueEntry):
-                    value = self._decode_value(index.fqn, record, files)
+                    value = self._decode_value(index.fqn, record, source.files)
                     for item in items:
                         _deliver_value(planner, item, value)
             chunks = [(index, items) for index, items in by_record.items() if isinstance(self.storage[index], Chunk)]
             chunks.sort(key=lambda c: (self.storage[c[0]].blob.file, self.storage[c[0]].blob.offset))
-            self._read_chunks(chunks, planner, files)
+            self._read_chunks(chunks, planner, source)
         return _done(None)
 
-    def _read_chunks(self, chunks, planner: LoadPlanner, files: DataFiles) -> None:
+    def _read_chunks(self, chunks, planner: LoadPlanner, source: ChunkSource) -> None:
+        files = source.files
         deferred = []  # (item, target, blob, digest future): hashed while the next chunk is read
         with ThreadPoolExecutor(1, thread_name_prefix="ckpt-verify") as hasher:
             for index, items in chunks:
                 chunk: Chunk = self.storage[index]
                 entry = self.manifest.tensors[index.fqn]
-                if chunk.blob.codec != "raw":
-                    raise UnsupportedFormatError(f"{index.fqn}: unknown codec {chunk.blob.codec!r}")
-                direct = _direct_target(planner, items, chunk, entry.dtype)
-                if direct is not None:
-                    view = direct.reshape(-1).view(torch.uint8).numpy()
+                if chunk.blob.codec != codec.RAW:  # compressed or delta: decode (replaying the chain)
+                    raw = source.raw(index.fqn, chunk, entry.dtype.itemsize)
+                    stored = torch.from_numpy(raw).view(entry.dtype).reshape(chunk.sizes)
+                else:
+                    direct = _direct_target(planner, items, chunk, entry.dtype)
+                    if direct is not None:
+                        view = direct.reshape(-1).view(torch.uint8).numpy()
+                        files.read_into(chunk.blob, memoryview(view), what=index.fqn)
+                        deferred.append((items[0], direct, chunk.blob, hasher.submit(checksum, view)))
+                        continue
+                    files.check(chunk.blob, what=index.fqn)
+                    stored = torch.empty(chunk.sizes, dtype=entry.dtype)
+                    view = stored.reshape(-1).view(torch.uint8).numpy()
                     files.read_into(chunk.blob, memoryview(view), what=index.fqn)
-                    deferred.append((items[0], direct, chunk.blob, hasher.submit(checksum, view)))
-                    continue
-                files.check(chunk.blob, what=index.fqn)
-                stored = torch.empty(chunk.sizes, dtype=entry.dtype)
-                view = stored.reshape(-1).view(torch.uint8).numpy()
-                files.read_into(chunk.blob, memoryview(view), what=index.fqn)
-                files.verify(chunk.blob, checksum(view), what=index.fqn)
+                    files.verify(chunk.blob, checksum(view), what=index.fqn)
                 for item in items:
-                    source = stored
+                    piece = stored
                     for dim, (start, length) in enumerate(zip(item.storage_offsets, item.lengths)):
-                        source = source.narrow(dim, start, length)
+                        piece = piece.narrow(dim, start, length)
                     target = planner.resolve_tensor(item)
-                    target.copy_(source)
+                    target.copy_(piece)
                     planner.commit_tensor(item, target)
             for item, target, blob, digest in deferred:
                 files.verify(blob, digest.result(), what=item.dest_index.fqn)
                 planner.commit_tensor(item, target)
 
-    def _decode_value(self, key: str, record: ValueEntry, files: DataFiles) -> Any:
+    def _decode_value(self, key: str, record: ValueEntry, files) -> Any:
         if record.encoding == "json":
             return values.decode(record.value)
         raw = files.read(record.blob, what=key)

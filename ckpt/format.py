@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
+from .codec import CODECS, DELTA, PLANE_CODECS, PLANES, UNCHANGED
 from .errors import InvalidManifestError, UnsupportedFormatError
 
 FORMAT_NAME = "ckpt"
@@ -39,6 +40,7 @@ MAX_DIMS = 64
 
 _DATA_FILE = re.compile(r"^data/[A-Za-z0-9][A-Za-z0-9._-]{0,127}\.bin$")
 _CHECKSUM = re.compile(r"^[0-9a-f]{16}$")
+_SIBLING = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # one path component, no "..", no "/"
 
 DTYPES: dict[str, torch.dtype] = {
     name: getattr(torch, name)
@@ -74,6 +76,7 @@ class Blob:
     checksum: str  # xxh3-64 of the stored bytes, 16 hex digits
     codec: str = "raw"
     raw_length: int | None = None  # bytes after decoding; equals length for "raw"
+    planes: tuple[tuple[str, int], ...] | None = None  # codecs "planes"/"delta": [plane codec, length]
 
     @property
     def decoded_length(self) -> int:
@@ -114,6 +117,7 @@ class Manifest:
     step: int | None = None
     kind: str = "full"
     base_step: int | None = None
+    base: str | None = None  # a delta's base checkpoint: a sibling directory name
     world_size: int = 1
     created: float = 0.0
     dcp_version: str | None = None
@@ -128,6 +132,7 @@ class Manifest:
             "kind": self.kind,
             "step": self.step,
             "base_step": self.base_step,
+            "base": self.base,
             "world_size": self.world_size,
             "created": self.created,
             "dcp_version": self.dcp_version,
@@ -200,6 +205,8 @@ def _blob_doc(blob: Blob) -> dict:
            "checksum": blob.checksum}
     if blob.raw_length is not None:
         doc["raw_length"] = blob.raw_length
+    if blob.planes is not None:
+        doc["planes"] = [list(p) for p in blob.planes]
     return doc
 
 
@@ -225,16 +232,28 @@ def _blob(doc: dict, where: str) -> Blob:
     if not isinstance(checksum, str) or not _CHECKSUM.match(checksum):
         raise InvalidManifestError(f"{where}: malformed checksum {checksum!r}")
     codec = doc.get("codec", "raw")
-    if not isinstance(codec, str):
-        raise InvalidManifestError(f"{where}: codec must be a string")
+    if codec not in CODECS:
+        raise UnsupportedFormatError(f"{where}: unknown codec {codec!r}")
     raw_length = doc.get("raw_length")
+    length = _int(doc["length"], f"{where}: length")
+    planes = None
+    if codec in (PLANES, DELTA):
+        table = doc["planes"]
+        if not isinstance(table, list) or not 1 <= len(table) <= 8:
+            raise InvalidManifestError(f"{where}: a plane table of 1 to 8 planes is required")
+        planes = tuple((str(c), _int(n, f"{where}: plane length")) for c, n in table)
+        if any(c not in PLANE_CODECS for c, _ in planes) or sum(n for _, n in planes) != length:
+            raise InvalidManifestError(f"{where}: plane table does not match the stored length")
+    elif codec == UNCHANGED and length != 0:
+        raise InvalidManifestError(f"{where}: an unchanged chunk stores no bytes")
     return Blob(
         file=name,
         offset=_int(doc["offset"], f"{where}: offset"),
-        length=_int(doc["length"], f"{where}: length"),
+        length=length,
         checksum=checksum,
         codec=codec,
         raw_length=None if raw_length is None else _int(raw_length, f"{where}: raw_length"),
+        planes=planes,
     )
 
 
@@ -289,6 +308,8 @@ def _parse(doc: Any) -> Manifest:
                 )
             blob = _blob(doc_chunk, f"tensor {key!r}")
             expected = math.prod(sizes) * dtype.itemsize
+            if blob.codec != "raw" and blob.raw_length is None:
+                raise InvalidManifestError(f"tensor {key!r}: codec {blob.codec} needs raw_length")
             if blob.decoded_length != expected or (blob.codec == "raw" and blob.length != expected):
                 raise InvalidManifestError(
                     f"tensor {key!r}: chunk at {list(offsets)} claims {blob.decoded_length} bytes, "
@@ -317,6 +338,11 @@ def _parse(doc: Any) -> Manifest:
         paths[key] = tuple(path)
 
     step, base = doc.get("step"), doc.get("base_step")
+    base_dir = doc.get("base")
+    if base_dir is not None and (not isinstance(base_dir, str) or not _SIBLING.fullmatch(base_dir)):
+        raise InvalidManifestError(f"illegal base checkpoint name {base_dir!r}")
+    if kind == "delta" and base_dir is None:
+        raise InvalidManifestError("a delta checkpoint must name its base")
     return Manifest(
         tensors=tensors,
         values=values,
@@ -325,6 +351,7 @@ def _parse(doc: Any) -> Manifest:
         step=None if step is None else _int(step, "step", hi=1 << 62),
         kind=kind,
         base_step=None if base is None else _int(base, "base_step", hi=1 << 62),
+        base=base_dir,
         world_size=_int(doc.get("world_size", 1), "world_size", lo=1, hi=1 << 24),
         created=float(doc.get("created", 0.0)),
         dcp_version=doc.get("dcp_version") if isinstance(doc.get("dcp_version"), str) else None,
