@@ -45,7 +45,8 @@ from .errors import (
     CorruptCheckpointError,
 )
 from .format import MANIFEST_NAME
-from .staging import DoubleBufferStager
+from .chain import read_manifest
+from .staging import DoubleBufferStager, tensor_signature
 from .state import export_state
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,11 @@ class CheckpointManager:
         interval: ``save(step, ...)`` writes when ``step % interval == 0`` (or ``force=True``).
         keep: newest committed steps to keep; ``keep_every``: also keep multiples of it.
         async_mode: "double_buffer" (default) or "sync".
+        full_every: K > 1 writes a full checkpoint, then up to K-1 deltas, each against the previous
+            snapshot (kept in the other staging buffer set: no extra copy); a change of layout or
+            dtype, or a failed write, starts a new full. Needs async_mode "double_buffer".
+        compress: "zstd" stores full checkpoints as zstd byte planes (deltas always are); None: raw.
+        zstd_level: zstd level for deltas and compressed fulls.
         policy: when both staging buffer sets are busy: "block" (default) or "skip" the save.
         device_type: "cuda"/"npu"/"cpu" for staging (default: the accelerator in use, else cpu).
         files_per_rank, user_metadata: passed to the writer.
@@ -110,15 +116,27 @@ class CheckpointManager:
         device_type: str | None = None,
         files_per_rank: int = 1,
         user_metadata: dict | None = None,
+        full_every: int = 1,
+        compress: str | None = None,
+        zstd_level: int = 3,
     ):
-        if interval < 1 or keep < 1 or (keep_every is not None and keep_every < 1):
-            raise ValueError("interval, keep and keep_every must be positive")
+        if interval < 1 or keep < 1 or full_every < 1 or (keep_every is not None and keep_every < 1):
+            raise ValueError("interval, keep, keep_every and full_every must be positive")
+        if full_every > 1 and async_mode != "double_buffer":
+            raise ValueError("delta checkpoints (full_every > 1) need async_mode='double_buffer'")
+        if compress not in (None, "zstd"):
+            raise ValueError(f"compress must be None or 'zstd', not {compress!r}")
         if async_mode not in ASYNC_MODES:
             raise ValueError(f"async_mode must be one of {ASYNC_MODES}, not {async_mode!r}")
         self.root = Path(root)
         self.interval, self.keep, self.keep_every = interval, keep, keep_every
         self.async_mode, self.policy = async_mode, policy
         self.files_per_rank, self.user_metadata = files_per_rank, dict(user_metadata or {})
+        self.full_every, self.compress, self.zstd_level = full_every, compress, zstd_level
+        self._previous: tuple[int, Future, tuple] | None = None  # (step, staged snapshot, signature)
+        self._deltas_in_chain = 0
+        self._chain_broken = False
+        self._bases: dict[int, int | None] = {}  # step -> base step, for retention
         self.stats = SaveStats()
         self._distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self._distributed else 0
@@ -173,9 +191,14 @@ class CheckpointManager:
             warnings.warn(f"checkpoint of step {step} skipped: both staging buffers are still being written",
                           stacklevel=2)
             return False
-        snapshot = self._stager.stage(tree)
-        future = self._writer.submit(self._persist, step, snapshot)
+        signature = tensor_signature(tree)
+        base = self._delta_base(signature)
+        snapshot = self._stager.stage(tree, keep_previous=base is not None)
+        future = self._writer.submit(self._persist, step, snapshot, base)
         self._stager.track(future)
+        self._previous = (step, snapshot, signature)
+        self._deltas_in_chain = 0 if base is None else self._deltas_in_chain + 1
+        self._bases[step] = None if base is None else base[0]
         self._inflight[step] = future
         future.add_done_callback(lambda f, step=step: self._finished(step, f))
         self.stats.host_buffer_bytes = self._stager.host_bytes
@@ -289,21 +312,43 @@ class CheckpointManager:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._control_pg)
         return bool(tensor.item())
 
-    def _write(self, step: int, tree: dict) -> None:
+    def _delta_base(self, signature: tuple) -> tuple[int, Future] | None:
+        """(base step, its staged snapshot) when this save may be a delta; agreed by every rank."""
+        eligible = (
+            self.full_every > 1 and self._previous is not None and not self._chain_broken
+            and self._deltas_in_chain < self.full_every - 1 and self._previous[2] == signature
+        )
+        if self._agree_any(not eligible):
+            self._chain_broken = False  # this save starts a new chain
+            return None
+        return self._previous[0], self._previous[1]
+
+    def _write(self, step: int, tree: dict, base: tuple[int, dict] | None = None) -> None:
         writer = Writer(step_path(self.root, step), overwrite=True, files_per_rank=self.files_per_rank,
-                        step=step, user_metadata=self.user_metadata)
+                        step=step, user_metadata=self.user_metadata, compress=self.compress,
+                        zstd_level=self.zstd_level,
+                        base=None if base is None else base[1],
+                        base_name=None if base is None else step_path(self.root, base[0]).name,
+                        base_step=None if base is None else base[0])
         write_tree(tree, writer, process_group=self._write_pg, no_dist=not self._distributed)
 
-    def _persist(self, step: int, snapshot: Future) -> None:
-        self._write(step, snapshot.result())
+    def _persist(self, step: int, snapshot: Future, base: tuple[int, Future] | None) -> None:
+        self._write(step, snapshot.result(), None if base is None else (base[0], base[1].result()))
         self._after_commit(step)
 
     def _after_commit(self, step: int) -> None:
         if self.rank != 0:
             return
         in_flight = {s for s, f in self._inflight.items() if not f.done()} - {step}
-        for old in retention.steps_to_delete(self.steps(), keep=self.keep, keep_every=self.keep_every,
-                                             protected=in_flight):
+        committed = self.steps()
+        for known in committed:
+            if known not in self._bases:  # written by an earlier run: ask its manifest
+                try:
+                    self._bases[known] = read_manifest(step_path(self.root, known)).base_step
+                except CheckpointError:
+                    self._bases[known] = None
+        for old in retention.steps_to_delete(committed, keep=self.keep, keep_every=self.keep_every,
+                                             protected=in_flight, bases=self._bases):
             log.info("retention: deleting step %d", old)
             commit.delete(step_path(self.root, old))
 
@@ -312,6 +357,7 @@ class CheckpointManager:
         error = future.exception()
         if error is not None:
             self._errors.append(error)
+            self._chain_broken = True  # a delta must never build on a write that failed
 
     def _raise_background_error(self) -> None:
         if self._errors:

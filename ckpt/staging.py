@@ -79,6 +79,7 @@ class DoubleBufferStager(AsyncStager):
         self.skipped = 0
         self._lock = threading.Condition()
         self._last: _BufferSet | None = None  # the set most recently staged into
+        self._held: _BufferSet | None = None  # kept unchanged as the base of the next write
         self._pending: Future | None = None  # the snapshot copy in progress
         self._event = None  # accelerator: event recorded after the side-stream copies
         self._copier = ThreadPoolExecutor(1, thread_name_prefix="ckpt-snapshot")
@@ -86,11 +87,17 @@ class DoubleBufferStager(AsyncStager):
         self._closed = False
 
     # -- AsyncStager ---------------------------------------------------------------------------
-    def stage(self, state_dict: dict) -> Future:
+    def stage(self, state_dict: dict, *, keep_previous: bool = False) -> Future:
+        """Start a snapshot of ``state_dict``; returns a Future of the staged copy.
+
+        ``keep_previous``: the set staged last is not overwritten and stays busy until the next
+        :meth:`track`'ed write completes (a delta checkpoint reads it as its base)."""
         if self._closed:
             raise RuntimeError("stager is closed")
         self.wait_snapshot()  # one snapshot at a time: the previous copy must be complete
-        target = self._acquire()
+        previous = self._last if keep_previous else None
+        target = self._acquire(exclude=previous)
+        self._held = previous
         sources: list[torch.Tensor] = []
         skeleton = _capture(state_dict, sources)
         self._ensure_buffers(target, sources)
@@ -132,11 +139,13 @@ class DoubleBufferStager(AsyncStager):
         pending.result()
 
     def track(self, write: Future) -> None:
-        """Release the set staged last when ``write`` (the save reading it) completes."""
-        buffers = self._last
+        """Release the set staged last (and a set kept as its base) when ``write`` completes."""
+        sets = [b for b in (self._last, self._held) if b is not None]
+        self._held = None
         with self._lock:
-            buffers.writer = write
-        write.add_done_callback(lambda _: self._release(buffers))
+            for buffers in sets:
+                buffers.writer = write
+        write.add_done_callback(lambda done: [self._release(b, done) for b in sets])
 
     def has_free_set(self) -> bool:
         """Whether a ``stage`` now would find a free buffer set without waiting."""
@@ -148,16 +157,20 @@ class DoubleBufferStager(AsyncStager):
         return sum(b.nbytes for b in self.sets)
 
     # -- internals -----------------------------------------------------------------------------
-    def _release(self, buffers: _BufferSet) -> None:
+    def _release(self, buffers: _BufferSet, write: Future) -> None:
         with self._lock:
+            if buffers.writer is not write:  # since claimed by a later write (held as its base)
+                return
             buffers.busy, buffers.writer = False, None
             self._lock.notify_all()
 
-    def _acquire(self) -> _BufferSet:
+    def _acquire(self, exclude: _BufferSet | None = None) -> _BufferSet:
         with self._lock:
             for buffers in self.sets:  # an untracked set is free once another set has been staged
                 if buffers.busy and buffers.writer is None and buffers is not self._last:
                     buffers.busy = False
+            if exclude is not None:
+                exclude.busy = True  # held as a base; released with the next tracked write
             while True:
                 free = [b for b in self.sets if not b.busy]
                 # Prefer a set that already has buffers, so a second set is allocated only if needed.
@@ -247,3 +260,22 @@ def _fill(node: Any, views) -> Any:
     if isinstance(node, tuple):
         return tuple(_fill(value, views) for value in node)
     return node
+
+
+def tensor_signature(state_dict: Any) -> tuple:
+    """Shapes and dtypes of the (local) tensors in a state tree, in traversal order: two snapshots
+    with equal signatures have the same chunk layout."""
+    sources: list[torch.Tensor] = []
+    _walk_tensors(state_dict, sources)
+    return tuple((tuple(t.shape), t.dtype) for t in sources)
+
+
+def _walk_tensors(node: Any, out: list) -> None:
+    if isinstance(node, torch.Tensor):
+        out.append(_local(node))
+    elif isinstance(node, Mapping):
+        for value in node.values():
+            _walk_tensors(value, out)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            _walk_tensors(value, out)

@@ -128,9 +128,9 @@ class _Gate:
         self.open = threading.Event()
         original = CheckpointManager._persist
 
-        def gated(manager, step, snapshot):
+        def gated(manager, *args):
             assert self.open.wait(timeout=60), "gate never opened"
-            return original(manager, step, snapshot)
+            return original(manager, *args)
 
         monkeypatch.setattr(CheckpointManager, "_persist", gated)
 

@@ -1,0 +1,71 @@
+"""Materialise a checkpoint of a delta chain as an equivalent full checkpoint.
+
+Every chunk is decoded through its chain (all links verified) and stored raw in a data file of the
+same name as before, so the layout (ranks, chunks) is unchanged; values are copied. The result is
+committed with the usual protocol, at a new path or in place of the source (atomically; deltas
+that use the source as their base stay valid because the raw bytes are identical).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable
+
+from . import commit
+from .chain import ChunkSource
+from .datafile import Payload, write_file
+from .format import Chunk, Manifest, TensorEntry, ValueEntry
+
+
+def materialize(source_path: str | os.PathLike, out: str | os.PathLike | None = None, *,
+                overwrite: bool = False, progress: Callable[[int], None] | None = None) -> Manifest:
+    """Write ``source_path`` (any checkpoint) as a full checkpoint at ``out`` (default: in place).
+
+    ``progress(n)`` is called with the raw bytes of each chunk as it is written."""
+    source_path = Path(source_path)
+    out = source_path if out is None else Path(out)
+    in_place = out.resolve() == source_path.resolve()
+    with ChunkSource(source_path) as source:
+        old = source.manifest
+        tmp = commit.begin(out, overwrite=overwrite or in_place)
+        try:
+            by_file: dict[str, list[Payload]] = defaultdict(list)
+            for key, entry in old.tensors.items():
+                for chunk in entry.chunks:
+                    by_file[chunk.blob.file].append(
+                        Payload((key, chunk), _decoder(source, key, chunk, entry.dtype.itemsize, progress),
+                                chunk.blob.decoded_length))
+            for key, value in old.values.items():
+                if value.blob is not None:
+                    by_file[value.blob.file].append(
+                        Payload((key, None), lambda value=value, key=key: source.files.read(value.blob, what=key), 0))
+            manifest = Manifest(paths=dict(old.paths), step=old.step, kind="full", world_size=old.world_size,
+                                created=old.created, dcp_version=old.dcp_version, user=dict(old.user))
+            manifest.tensors = {key: TensorEntry(e.dtype, e.shape, []) for key, e in old.tensors.items()}
+            manifest.values = {key: v for key, v in old.values.items() if v.blob is None}
+            for name, payloads in sorted(by_file.items()):
+                for (key, chunk), blob in write_file(tmp / name, name, payloads):
+                    if chunk is None:
+                        manifest.values[key] = ValueEntry(old.values[key].encoding, blob=blob)
+                    else:
+                        manifest.tensors[key].chunks.append(Chunk(chunk.offsets, chunk.sizes, blob))
+                    manifest.files[name] = max(manifest.files.get(name, 0), blob.offset + blob.length)
+            for entry in manifest.tensors.values():
+                entry.chunks.sort(key=lambda c: c.offsets)
+            commit.finish(tmp, out, manifest.to_json(), overwrite=overwrite or in_place)
+        except BaseException:
+            commit.abort(tmp)
+            raise
+    return manifest
+
+
+def _decoder(source: ChunkSource, key: str, chunk: Chunk, itemsize: int, progress):
+    def produce():
+        raw = source.raw(key, chunk, itemsize)
+        if progress is not None:
+            progress(raw.nbytes)
+        return raw
+
+    return produce
