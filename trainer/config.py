@@ -173,6 +173,12 @@ class CheckpointConfig:
     """Number of newest committed checkpoints to keep."""
     keep_every: int | None = None
     """Also keep every checkpoint whose step is a multiple of this; none: only the newest `keep`."""
+    full_every: int = 1
+    """Incremental checkpoints: a full checkpoint, then up to full_every-1 lossless deltas (1: always full)."""
+    compress: str = "none"
+    """none: store full checkpoints raw; zstd: as zstd-compressed byte planes (deltas always are)."""
+    zstd_level: int = 3
+    """zstd level for deltas and compressed fulls."""
     load_step: int | None = None
     """Step to resume from; none: the latest committed step, if any."""
     create_seed_checkpoint: bool = False
@@ -207,6 +213,7 @@ _CHOICES: dict[tuple[str, str], tuple[Any, ...]] = {
     ("optimization", "precision"): ("fp32", "bf16"),
     ("optimization", "zero_stage"): (0, 1, 2, 3),
     ("checkpoint", "async_mode"): ("double_buffer", "sync"),
+    ("checkpoint", "compress"): ("none", "zstd"),
 }
 
 # Seed-style keys inside native sections: (section, alias) -> native key.
@@ -652,9 +659,11 @@ def _validate(cfg: Config) -> None:
 
     if not c.folder:
         _fail("checkpoint", "folder", c.folder, "must not be empty")
-    for key in ("interval", "keep"):
+    for key in ("interval", "keep", "full_every", "zstd_level"):
         if getattr(c, key) < 1:
             _fail("checkpoint", key, getattr(c, key), "must be >= 1")
+    if c.full_every > 1 and c.async_mode != "double_buffer":
+        _fail("checkpoint", "full_every", c.full_every, "deltas need async_mode double_buffer")
     if c.keep_every is not None and c.keep_every < 1:
         _fail("checkpoint", "keep_every", c.keep_every, "must be >= 1 (or none)")
     if c.load_step is not None and c.load_step < 0:
