@@ -96,7 +96,7 @@ class Writer(StorageWriter):
         compress: str | None = None,
         base: dict | None = None,
         base_name: str | None = None,
-        zstd_level: int = 3,
+        zstd_level: int = 1,
         encode_threads: int | None = None,
     ):
         super().__init__()

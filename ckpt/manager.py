@@ -118,7 +118,7 @@ class CheckpointManager:
         user_metadata: dict | None = None,
         full_every: int = 1,
         compress: str | None = None,
-        zstd_level: int = 3,
+        zstd_level: int = 1,
     ):
         if interval < 1 or keep < 1 or full_every < 1 or (keep_every is not None and keep_every < 1):
             raise ValueError("interval, keep, keep_every and full_every must be positive")

@@ -177,7 +177,7 @@ class CheckpointConfig:
     """Incremental checkpoints: a full checkpoint, then up to full_every-1 lossless deltas (1: always full)."""
     compress: str = "none"
     """none: store full checkpoints raw; zstd: as zstd-compressed byte planes (deltas always are)."""
-    zstd_level: int = 3
+    zstd_level: int = 1
     """zstd level for deltas and compressed fulls."""
     load_step: int | None = None
     """Step to resume from; none: the latest committed step, if any."""
