@@ -37,6 +37,7 @@ from .errors import CheckpointError
 from .values import Leaf
 
 ALIGN = 64  # bytes between tensors inside one buffer set
+_HELD = Future()  # marks a set kept as a base until the next track(): earlier writes must not free it
 
 
 class SnapshotSkipped(CheckpointError):
@@ -169,8 +170,8 @@ class DoubleBufferStager(AsyncStager):
             for buffers in self.sets:  # an untracked set is free once another set has been staged
                 if buffers.busy and buffers.writer is None and buffers is not self._last:
                     buffers.busy = False
-            if exclude is not None:
-                exclude.busy = True  # held as a base; released with the next tracked write
+            if exclude is not None:  # held as a base: only the next tracked write may release it
+                exclude.busy, exclude.writer = True, _HELD
             while True:
                 free = [b for b in self.sets if not b.busy]
                 # Prefer a set that already has buffers, so a second set is allocated only if needed.

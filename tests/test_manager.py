@@ -232,3 +232,31 @@ def _fsdp_manager_run(rank: int, world: int, root: str):
 
 def test_manager_on_two_fsdp_ranks(tmp_path):
     assert run_ranks(2, _fsdp_manager_run, str(tmp_path)) == [[1, 2, 3]] * 2
+
+
+def test_a_base_buffer_set_stays_held_until_the_delta_write_ends():
+    """Sets: A <- step 1; B <- step 2 (delta on A, holds A); step 3 (delta on B) waits for step 2's
+    write, takes A and must keep holding B until step 3's write ends, even though step 2's write,
+    which B was released by before, has finished."""
+    from concurrent.futures import Future
+
+    stager = DoubleBufferStager()
+    state = {"w": torch.zeros(8)}
+    writes = [Future() for _ in range(3)]
+    stager.stage(state).result()
+    stager.track(writes[0])
+    stager.stage(state, keep_previous=True).result()
+    stager.track(writes[1])
+    writes[0].set_result(None)
+    assert not stager.has_free_set()  # A is step 2's base, B its source
+    staged = []
+    third = threading.Thread(target=lambda: staged.append(stager.stage(state, keep_previous=True)))
+    third.start()
+    writes[1].set_result(None)  # frees A (and would have freed B)
+    third.join(timeout=30)
+    assert staged, "step 3 never got a buffer set"
+    stager.track(writes[2])
+    assert not stager.has_free_set()  # B is held as step 3's base until writes[2] ends
+    writes[2].set_result(None)
+    assert stager.has_free_set()
+    stager.close()
