@@ -43,16 +43,20 @@ DCP async_save   the same with ``async_stager=DefaultStager(StagingOptions(use_p
 torch.save       ``torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, file)`` + fsync
                  of the file, synchronously. Stall = all of it.
 
-Steps/s is measured over the whole phase (saves included); the upload of the last save may still run at
-the phase's end, and the time to drain it is reported separately. Host memory: ``VmRSS`` of the process
-after the drained warm-up save minus before the method's set-up (what the method keeps resident), and the
-peak ``VmHWM`` during the phase (reset through ``/proc/self/clear_refs`` at its start) minus the RSS after
-the warm-up (transient growth). For the manager, ``stats.host_buffer_bytes`` is compared with the state.
+Steps/s and process CPU time (every thread) per step are measured over the whole phase (saves
+included); the upload of the last save may still run at the phase's end, and the time to drain it is
+reported separately. Host memory (RSS read after ``gc.collect()`` and glibc ``malloc_trim(0)``):
+``VmRSS`` after the drained warm-up save minus before the method's set-up (what the method keeps
+resident), and the peak ``VmHWM`` during the phase (reset through ``/proc/self/clear_refs`` at its
+start) minus the RSS after the warm-up, minus the same growth of the adjacent no-save phases (gradients,
+activations). For the manager, ``stats.host_buffer_bytes`` is compared with the state. The notes break
+our ``save()`` down by wrapping engine functions from here (the engine itself is not modified).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import gc
 import os
@@ -109,6 +113,20 @@ def _status(field_name: str) -> int:
 
 def rss() -> int:
     return _status("VmRSS")
+
+
+try:
+    _LIBC = ctypes.CDLL("libc.so.6")
+except OSError:
+    _LIBC = None
+
+
+def settle() -> None:
+    """Collect garbage and let glibc hand free heap pages back (``malloc_trim``), so that RSS shows
+    live memory rather than what an earlier phase freed but the allocator still holds."""
+    gc.collect()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
 
 
 def reset_peak() -> bool:
@@ -285,6 +303,8 @@ class Ours(Method):
         self.timers = Timers()
         # Instrumentation only (the engine is not modified): where the training thread spends save().
         self.timers.wrap(ckpt.manager, "export_state", "export_state")
+        if hasattr(ckpt.manager, "tensor_signature"):
+            self.timers.wrap(ckpt.manager, "tensor_signature", "tensor_signature")
         if self.manager._stager is not None:
             stager = self.manager._stager
             self.timers.wrap(stager, "stage", "stage()")
@@ -299,7 +319,7 @@ class Ours(Method):
         self.manager.save(step, self.state, force=True)
         self._after_save = self.manager.stats.stall_s
         parts = self.timers.take()
-        order = ["export_state", "stage()", "stage: _capture (deepcopy of values)", "stage: buffers"]
+        order = ["export_state", "tensor_signature", "stage()", "stage: _capture (deepcopy of values)", "stage: buffers"]
         rec.parts = {k: parts[k] for k in order if k in parts}
         self._pending = rec
         if self.mode == "sync":
@@ -418,10 +438,12 @@ class Phase:
     note: str
     steps: int = 0
     window_s: float = 0.0
+    cpu_s: float = 0.0
     drain_s: float = 0.0
     fb: list[float] = field(default_factory=list)  # forward/backward times, every step
     opt: list[float] = field(default_factory=list)  # optimizer.step times, every step (incl. hook)
     fb_after_save: list[float] = field(default_factory=list)  # forward/backward of the step after a save
+    fb_other: list[float] = field(default_factory=list)  # forward/backward of the other steps
     records: list[SaveRecord] = field(default_factory=list)
     warmup: SaveRecord | None = None
     rss_before: int = 0
@@ -449,6 +471,8 @@ def train_step(trainer: Trainer, method: Method, pending: SaveRecord | None, pha
         phase.opt.append(t3 - t2)
         if pending is not None:
             phase.fb_after_save.append(t1 - t0)
+        else:
+            phase.fb_other.append(t1 - t0)
 
 
 def do_save(method: Method, step: int) -> SaveRecord:
@@ -461,7 +485,7 @@ def do_save(method: Method, step: int) -> SaveRecord:
 def run_phase(cls: type[Method], trainer: Trainer, work: Path, saves: int, every: int, label: str = "") -> Phase:
     method = cls(trainer, work)
     phase = Phase(cls.name + label, cls.key, cls.note)
-    gc.collect()
+    settle()
     phase.rss_before = rss()
     method.setup()
     try:
@@ -471,11 +495,11 @@ def run_phase(cls: type[Method], trainer: Trainer, work: Path, saves: int, every
             train_step(trainer, method, rec, None)
             method.drain()
             phase.warmup = rec
-        gc.collect()
+        settle()
         phase.rss_after_warmup = rss()
         phase.peak_window = phase.rss_after_warmup if reset_peak() else None
         steps = saves * every
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         pending: SaveRecord | None = None
         for j in range(1, steps + 1):
             train_step(trainer, method, pending, phase)
@@ -484,6 +508,7 @@ def run_phase(cls: type[Method], trainer: Trainer, work: Path, saves: int, every
                 pending = do_save(method, j)
                 phase.records.append(pending)
         phase.window_s = time.perf_counter() - start
+        phase.cpu_s = time.process_time() - cpu_start  # every thread of the process
         phase.steps = steps
         if phase.peak_window is not None:
             phase.peak_window = peak_rss()
@@ -495,7 +520,7 @@ def run_phase(cls: type[Method], trainer: Trainer, work: Path, saves: int, every
     finally:
         method.close()
     phase.extra = method.extra
-    gc.collect()
+    settle()
     phase.rss_end = rss()
     shutil.rmtree(work / cls.key, ignore_errors=True)
     return phase
@@ -601,14 +626,26 @@ def report(phases: list[Phase], info: dict, args: argparse.Namespace, command: s
     def base_fb_of(p: Phase) -> float:
         return median([x for q in neighbours(p) for x in q.fb])
 
+    def cpu_cell(p: Phase) -> str:
+        near = neighbours(p)
+        per_step = p.cpu_s / p.steps
+        ref = sum(q.cpu_s for q in near) / sum(q.steps for q in near)
+        return f"{per_step:.2f} ({per_step / ref:.2f})"
+
+    def peak_cell(p: Phase) -> str:
+        """Peak RSS growth in the phase beyond that of the adjacent no-save phases (gradients, activations)."""
+        if p.peak_window is None:
+            return "n/a"
+        base_growth = median([q.peak_window - q.rss_after_warmup for q in neighbours(p)])
+        return gib(p.peak_window - p.rss_after_warmup - base_growth) + " GiB"
+
     lines = [
         "| Method | Stall s, median (min–max) | × bare copy | in save() | wait before next opt.step "
-        "| Steps/s (× no save) | Next fwd/bwd − baseline s | Durable after s | Resident after warm-up | Peak growth in phase | Notes |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| Steps/s (× no save) | CPU s per step (× no save) | Next fwd/bwd − other steps s | Durable after s | Resident after warm-up | Peak growth beyond no save | Notes |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         f"| no save (baseline; {len(base)} phases) | – | – | – | – | {median(base_rates):.3f} "
-        f"({min(base_rates):.3f}–{max(base_rates):.3f}) | – | – "
-        f"| {gib(max(p.rss_after_warmup - p.rss_before for p in base))} GiB "
-        f"| {gib(max(p.peak_window - p.rss_after_warmup for p in base)) + ' GiB' if base[0].peak_window is not None else 'n/a'} "
+        f"({min(base_rates):.3f}–{max(base_rates):.3f}) | {median([q.cpu_s / q.steps for q in base]):.2f} | – | – "
+        f"| – | {gib(median([p.peak_window - p.rss_after_warmup for p in base])) + ' GiB (grads etc.)' if base[0].peak_window is not None else 'n/a'} "
         f"| median step {base_fb + base_opt:.3f} s (fwd/bwd {base_fb:.3f} + AdamW {base_opt:.3f}) |",
     ]
     for p in phases:
@@ -616,12 +653,12 @@ def report(phases: list[Phase], info: dict, args: argparse.Namespace, command: s
             continue
         rate = p.steps / p.window_s
         mem_resident = gib(p.rss_after_warmup - p.rss_before) + " GiB"
-        mem_peak = (gib(p.peak_window - p.rss_after_warmup) + " GiB") if p.peak_window is not None else "n/a"
+        mem_peak = peak_cell(p)
         stalls = [r.stall for r in p.records]
         s = median(stalls)
         durable = [r.durable for r in p.records if r.durable is not None]
         ratio = f"{s / copy_stall:.2f}" if copy_stall else "–"
-        next_fb = median(p.fb_after_save) - base_fb_of(p)
+        next_fb = median(p.fb_after_save) - median(p.fb_other)
         note = p.note
         if p.host_buffer_bytes is not None:
             note += f"; host_buffer_bytes {p.host_buffer_bytes / nbytes:.2f}× state"
@@ -629,7 +666,7 @@ def report(phases: list[Phase], info: dict, args: argparse.Namespace, command: s
         lines.append(
             f"| {p.name} | {s:.3f} ({min(stalls):.3f}–{max(stalls):.3f}) | {ratio} "
             f"| {median([r.in_save for r in p.records]):.3f} | {median([r.pre_step_wait for r in p.records]):.3f} "
-            f"| {rate:.3f} ({rate / base_rate_of(p):.2f}) | {next_fb:+.3f} "
+            f"| {rate:.3f} ({rate / base_rate_of(p):.2f}) | {cpu_cell(p)} | {next_fb:+.3f} "
             f"| {durable_cell} | {mem_resident} | {mem_peak} | {note} |"
         )
 
@@ -650,8 +687,10 @@ def report(phases: list[Phase], info: dict, args: argparse.Namespace, command: s
                          f"(best peer {best_peer.name}: {median([r.stall for r in best_peer.records]):.3f} s"
                          + (f"; not below: {', '.join(worst)}" if worst else "") + ")")
         rate = ours.steps / ours.window_s
+        step = median([a + b for q in neighbours(ours) for a, b in zip(q.fb, q.opt)])
         goals.append(f"throughput with a save every {args.every} steps: {rate / base_rate_of(ours):.2f}× the "
-                     f"adjacent no-save phases ({rate:.3f} vs {base_rate_of(ours):.3f} steps/s)")
+                     f"adjacent no-save phases ({rate:.3f} vs {base_rate_of(ours):.3f} steps/s; the stall alone costs "
+                     f"{100 * s / (args.every * step):.2f} % of {args.every} steps of {step:.3f} s)")
         if ours.host_buffer_bytes:
             goals.append(f"host buffers {ours.host_buffer_bytes / 2**30:.2f} GiB = "
                          f"{ours.host_buffer_bytes / nbytes:.2f}× the state (bound: ≤ 2×): "
@@ -664,7 +703,7 @@ def report(phases: list[Phase], info: dict, args: argparse.Namespace, command: s
                 if k != "manager stats.last_stall_s":
                     parts.setdefault(k, []).append(v)
         if parts:
-            top = ("export_state", "stage()")  # the stage: ... parts are inside stage()
+            top = ("export_state", "tensor_signature", "stage()")  # the stage: ... parts are inside stage()
             notes.append("- Ours, training thread inside save() (medians): "
                          + ", ".join(f"{k} {median(v) * 1e3:.1f} ms" for k, v in parts.items())
                          + f"; rest of save() {median([r.in_save - sum(r.parts.get(k, 0.0) for k in top) for r in ours.records]) * 1e3:.1f} ms"
@@ -674,16 +713,22 @@ def report(phases: list[Phase], info: dict, args: argparse.Namespace, command: s
             durations = [b - a for a, b in ours.copies]
             notes.append(f"- Ours, background snapshot copy (`_copy_all` on the ckpt-snapshot thread): median "
                          f"{median(durations):.3f} s ({nbytes / median(durations) / 1e9:.2f} GB/s) while the next "
-                         f"forward/backward took {median(ours.fb_after_save):.3f} s (adjacent baseline {base_fb_of(ours):.3f} s).")
+                         f"forward/backward took {median(ours.fb_after_save):.3f} s (the phase's other steps: {median(ours.fb_other):.3f} s; "
+                         f"adjacent no-save phases: {base_fb_of(ours):.3f} s).")
+    notes.append(f"- Drift: the {len(base)} no-save phases ran at {min(base_rates):.3f}–{max(base_rates):.3f} steps/s "
+                 f"(×{max(base_rates) / min(base_rates):.2f} spread) because of the machine's other load; a throughput "
+                 f"ratio inside that spread says nothing about the method.")
     for p in phases:
         if p.key.startswith("dcp") and p.records:
             parts = {}
             for r in p.records:
                 for k, v in r.parts.items():
                     parts.setdefault(k, []).append(v)
+            no_wait = median([r.stall - r.parts.get("wait previous upload", 0.0) for r in p.records])
             notes.append(f"- {p.name}, inside the save (medians): "
                          + ", ".join(f"{k} {median(v):.3f} s" for k, v in parts.items())
-                         + f"; async_save returned {', '.join(p.extra.get('async_save returned', []))}.")
+                         + f"; stall without the wait for the previous upload {no_wait:.3f} s"
+                         f"; async_save returned {', '.join(p.extra.get('async_save returned', []))}.")
     body = [
         SECTION,
         "",
@@ -702,12 +747,16 @@ def report(phases: list[Phase], info: dict, args: argparse.Namespace, command: s
         "what the `attach()` pre-hook waited (the increase of `manager.stats.stall_s` across the next "
         "`optimizer.step()`); for DCP with the caching stager it is `response.staging_completion.result()` called right "
         "before `optimizer.step()`; DCP's wait for the previous upload is inside *in save()*. *Steps/s* is over the "
-        "whole phase, saves included; (× no save) divides it by the rate of the no-save phases right before and after. *Next fwd/bwd − baseline*: how much longer the "
-        "forward/backward right after a save took than the median of the adjacent no-save phases (the cost of a background copy competing "
-        "for the cores; not counted as stall). *Durable after*: seconds from the save call until its bytes were "
+        "whole phase, saves included; (× no save) divides it by the rate of the no-save phases right before and after. *CPU s per step*: CPU time of the whole process (every thread: training, "
+        "staging, writing) per step over the phase, against the adjacent no-save phases: the work a method adds, less "
+        "sensitive to the machine's other load than wall time. *Next fwd/bwd − other steps*: how much longer the "
+        "forward/backward right after a save took than the median of the phase's other forward/backwards (the cost of a "
+        "background copy competing for the cores; not counted as stall). *Durable after*: seconds from the save call until its bytes were "
         "committed (drain: waiting at the phase end for the last one). *Resident after warm-up*: RSS after the drained "
-        "warm-up save minus before the method's set-up; *Peak growth in phase*: peak RSS (VmHWM, reset at the phase "
-        "start) minus the RSS after the warm-up.",
+        "warm-up save minus before the method's set-up; *Peak growth beyond no save*: peak RSS (VmHWM, reset at the phase "
+        "start) minus the RSS after the warm-up, minus the same growth of the adjacent no-save phases (gradients and "
+        "activations, shown in the baseline row). RSS figures move with what the allocator keeps or returns, "
+        "to about ±0.1–0.4 GiB.",
         "- DCP's state dict is `get_state_dict(model, optimizer)` (torch.distributed.checkpoint.state_dict), made at every "
         "save and counted in its stall, as ours counts its `export_state`. With `async_stager=None` DCP stages with the "
         "`FileSystemWriter` itself (a `BlockingAsyncStager`, no cache: a fresh copy per save, inside `async_save`). "
