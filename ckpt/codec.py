@@ -115,6 +115,10 @@ def decode(codec: str, stored, *, raw_length: int, itemsize: int, planes=None, b
     if codec == PLANES:
         return flat
     kind = _UINT[width]
-    zigzag = flat.view(kind)
-    diff = (zigzag >> kind(1)) ^ np.negative(zigzag & kind(1))
-    return (base.view(kind) + diff).view(np.uint8)
+    zigzag = flat.view(kind)  # undone in place: fresh full-size temporaries cost page faults
+    sign = np.bitwise_and(zigzag, kind(1))
+    np.negative(sign, out=sign)
+    np.right_shift(zigzag, kind(1), out=zigzag)
+    np.bitwise_xor(zigzag, sign, out=zigzag)
+    np.add(zigzag, base.view(kind), out=zigzag)
+    return flat
