@@ -161,6 +161,7 @@ def test_block_policy_waits_for_a_free_buffer(tmp_path, monkeypatch):
     assert committed_steps(tmp_path) == [1, 2, 3]
 
 
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 def test_background_error_surfaces_and_leaves_nothing(tmp_path):
     manager = CheckpointManager(tmp_path)
     manager.save(1, {"ok": torch.ones(2)})
