@@ -55,6 +55,16 @@ def assert_state_equal(actual: dict, expected: dict) -> None:
 def assert_untouched(live: dict) -> None:
     assert_state_equal(live, blank_state())
 
+def assert_refused(path, error) -> None:
+    """Both reading the manifest and loading fail with ``error``, and the live state is untouched."""
+    with pytest.raises(error):
+        ckpt.read_manifest(path)
+    live = blank_state()
+    with pytest.raises(error):
+        ckpt.load(live, path)
+    assert_untouched(live)
+
+
 
 def save_fresh(path: Path, seed: int = 0) -> dict:
     state = make_state(seed)
@@ -154,12 +164,7 @@ def test_missing_data_file(saved):
 def test_missing_manifest_is_not_found(saved):
     path, _ = saved
     (path / "manifest.json").unlink()
-    with pytest.raises(ckpt.CheckpointNotFoundError):
-        ckpt.read_manifest(path)
-    live = blank_state()
-    with pytest.raises(ckpt.CheckpointNotFoundError):
-        ckpt.load(live, path)
-    assert_untouched(live)
+    assert_refused(path, ckpt.CheckpointNotFoundError)
 
 
 def test_nonexistent_path_is_not_found(run_dir):
@@ -196,12 +201,7 @@ def test_hostile_file_name_is_refused(saved, case):
     before = [file_fingerprint(s) for s in sentinels]
     edit_manifest(path, _set_file(HOSTILE_NAMES[case]))
 
-    with pytest.raises(ckpt.InvalidManifestError):
-        ckpt.read_manifest(path)
-    live = blank_state()
-    with pytest.raises(ckpt.InvalidManifestError):
-        ckpt.load(live, path)
-    assert_untouched(live)
+    assert_refused(path, ckpt.InvalidManifestError)
     assert [file_fingerprint(s) for s in sentinels] == before
     assert sorted(p.name for p in run_dir.iterdir()) == ["step-1", "x.bin"]
 
@@ -266,12 +266,7 @@ HOSTILE_DOCS = {
 def test_hostile_manifest_values_are_refused(saved, case):
     path, _ = saved
     edit_manifest(path, HOSTILE_DOCS[case])
-    with pytest.raises(ckpt.InvalidManifestError):
-        ckpt.read_manifest(path)
-    live = blank_state()
-    with pytest.raises(ckpt.InvalidManifestError):
-        ckpt.load(live, path)
-    assert_untouched(live)
+    assert_refused(path, ckpt.InvalidManifestError)
 
 
 @pytest.mark.parametrize("content", [b"\x00\xffnot json at all{", b'{"format": "ckpt", "format_ver'],
@@ -280,12 +275,7 @@ def test_manifest_that_is_not_json(saved, content):
     path, _ = saved
     (path / "manifest.json").write_bytes(content)
     assert issubclass(ckpt.InvalidManifestError, ckpt.CorruptCheckpointError)
-    with pytest.raises(ckpt.InvalidManifestError):
-        ckpt.read_manifest(path)
-    live = blank_state()
-    with pytest.raises(ckpt.InvalidManifestError):
-        ckpt.load(live, path)
-    assert_untouched(live)
+    assert_refused(path, ckpt.InvalidManifestError)
 
 
 def test_newer_format_version_is_unsupported(saved):
