@@ -74,7 +74,7 @@ import torch  # noqa: E402
 import zstandard  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
-from bench_save_load import cpu_model, meminfo, pressure_totals  # noqa: E402
+from bench_save_load import cpu_model, meminfo, pressure_totals, write_section  # noqa: E402
 from ckpt import codec  # noqa: E402
 from trainer import model as model_mod  # noqa: E402
 from trainer.config import load_config  # noqa: E402
@@ -733,18 +733,6 @@ def machine_description(load_start: float, psi_run: str) -> list[str]:
         f"Other load on the machine over the whole run: load average {load_start:.1f} at start, "
         f"{os.getloadavg()[0]:.1f} at end" + (f"; time some task stalled (PSI): {psi_run}" if psi_run else ""),
     ]
-
-
-def write_section(out: Path, section: str) -> None:
-    text = out.read_text() if out.exists() else "# Benchmark results\n\n"  # re-read right before writing
-    start = text.find(SECTION)
-    if start < 0:
-        new = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + len(SECTION))
-        tail = text[end + 1:] if end >= 0 else ""
-        new = text[:start] + section + ("\n" + tail if tail else "")
-    out.write_text(new.rstrip("\n") + "\n")
 
 
 DEFAULT_RUN = {"debug": (300, 8, 128), "small": (200, 4, 64)}  # steps, batch, seq_len: a few minutes on 1 core

@@ -532,12 +532,15 @@ def report(methods: list[Method], info: dict, args: argparse.Namespace, command:
 
 
 def write_section(out: Path, section: str) -> None:
+    """Add or replace ``section`` (its first line is its ``## `` heading) in the results file,
+    re-read right before writing so other benchmarks' sections are kept."""
+    heading = section.split("\n", 1)[0]
     text = out.read_text() if out.exists() else "# Benchmark results\n\n"
-    start = text.find(SECTION)
+    start = text.find(heading)
     if start < 0:
         new = text.rstrip("\n") + "\n\n" + section
     else:
-        end = text.find("\n## ", start + len(SECTION))
+        end = text.find("\n## ", start + len(heading))
         tail = text[end + 1 :] if end >= 0 else ""
         new = text[:start] + section + ("\n" + tail if tail else "")
     out.write_text(new.rstrip("\n") + "\n")

@@ -88,7 +88,9 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  
 import ckpt  # noqa: E402
 import ckpt.manager  # noqa: E402
 import ckpt.staging  # noqa: E402
-from bench_save_load import cpu_model, filesystem_of, fsync_path, meminfo, pressure_totals  # noqa: E402
+from bench_save_load import (  # noqa: E402
+    cpu_model, filesystem_of, fsync_path, meminfo, pressure_totals, write_section,
+)
 
 SECTION = "## Checkpoint stall in a training loop (issue 3)"
 GOAL_COPY_RATIO = 0.25
@@ -776,18 +778,6 @@ def report(phases: list[Phase], info: dict, args: argparse.Namespace, command: s
         "",
     ]
     return "\n".join(body)
-
-
-def write_section(out: Path, section: str) -> None:
-    text = out.read_text() if out.exists() else "# Benchmark results\n\n"
-    start = text.find(SECTION)
-    if start < 0:
-        new = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + len(SECTION))
-        tail = text[end + 1 :] if end >= 0 else ""
-        new = text[:start] + section + ("\n" + tail if tail else "")
-    out.write_text(new.rstrip("\n") + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
