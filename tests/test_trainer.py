@@ -55,6 +55,7 @@ def test_resume_is_bitwise_on_two_fsdp_ranks(tmp_path):
     assert sum(straight[-5:]) < sum(straight[:5])  # it learns
     lines = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [5, 10, 15, 20]
+    assert json.loads((tmp_path / "straight" / "config.json").read_text())["training"]["steps"] == 20
     assert all({"step", "loss", "tokens_per_sec", "ckpt_stall_ms"} <= r.keys() for r in lines)
     steps = sorted(p.name for p in (tmp_path / "resumed" / "checkpoints").iterdir() if p.name.startswith("step-"))
     assert steps == ["step-00000010", "step-00000020"]

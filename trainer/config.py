@@ -70,7 +70,7 @@ class JobConfig:
     seed: int = 0
     """Random seed for model initialisation and data order (same seed, same run)."""
     description: str = ""
-    """Free-form description of the run, recorded with the config in metrics and checkpoints."""
+    """Free-form description of the run, recorded with the config in <dump_folder>/config.json and in every checkpoint's manifest."""
 
 
 @dataclass

@@ -13,6 +13,7 @@ have seen, also with another data-parallel degree.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -97,6 +98,8 @@ class Trainer:
         self.flops_per_token = model_mod.flops_per_token(self.model_args, t.seq_len)
         self.peak = peak_flops(device_name(self.device_type))
         self.metrics = MetricsLogger(cfg.job.dump_folder, enabled=self.rank == 0, tensorboard=cfg.metrics.tensorboard)
+        if self.rank == 0:
+            (Path(cfg.job.dump_folder) / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
         self.manager = None
         c = cfg.checkpoint
         if c.enable or c.create_seed_checkpoint:
