@@ -46,7 +46,7 @@ from .errors import (
 )
 from .format import MANIFEST_NAME
 from .chain import read_manifest
-from .staging import DoubleBufferStager, tensor_signature
+from .staging import DoubleBufferStager, single_threaded_aten, tensor_signature
 from .state import export_state
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ class CheckpointManager:
         self._lock_fd: int | None = None
         self._agree_or_raise(self._take_root)
         self._stager = DoubleBufferStager(device_type, policy=policy) if async_mode == "double_buffer" else None
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="ckpt-persist")
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="ckpt-persist", initializer=single_threaded_aten)
         self._inflight: dict[int, Future] = {}
         self._errors: list[BaseException] = []
         self._hooks: list[Any] = []

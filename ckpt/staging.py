@@ -83,7 +83,7 @@ class DoubleBufferStager(AsyncStager):
         self._held: _BufferSet | None = None  # kept unchanged as the base of the next write
         self._pending: Future | None = None  # the snapshot copy in progress
         self._event = None  # accelerator: event recorded after the side-stream copies
-        self._copier = ThreadPoolExecutor(1, thread_name_prefix="ckpt-snapshot")
+        self._copier = ThreadPoolExecutor(1, thread_name_prefix="ckpt-snapshot", initializer=single_threaded_aten)
         self._stream = self.accel.Stream() if self.accel is not None else None
         self._closed = False
 
@@ -209,6 +209,16 @@ class DoubleBufferStager(AsyncStager):
             self._event.record(stream)
         event = self._event
         return self._copier.submit(lambda: (event.synchronize(), staged)[1])
+
+
+def single_threaded_aten() -> None:
+    """Initializer of the engine's long-lived worker threads: one ATen intra-op thread.
+
+    With ATen's OpenMP backend, a parallel op on another long-lived thread gives that thread its own
+    OpenMP team; libgomp then has more threads than cores and stops letting idle workers spin, so
+    every parallel region of the *training* thread pays a sleep/wake-up from then on (measured in
+    benchmarks/bench_trainer.py). The setting is per thread; training keeps its own."""
+    torch.set_num_threads(1)
 
 
 def _copy_all(sources, views, staged):
