@@ -1,11 +1,12 @@
 #!/usr/bin/env python
 """Trainer throughput: checkpointing cost and framework overhead, in one run (issue 4).
 
-    python benchmarks/bench_trainer.py --out benchmarks/RESULTS.md
+    python benchmarks/bench_trainer.py --threads 2 1 --out benchmarks/RESULTS.md
 
-Single process on CPU, ``torch.set_num_threads(--threads)`` set explicitly. For each model flavor
-(``--flavors``, default ``debug`` and ``small``) these variants run, interleaved: every repeat runs
-each variant once, in an order rotated per repeat, and the table shows the median over repeats.
+Single process on CPU, ``torch.set_num_threads`` set explicitly (``--threads``; one set of tables
+per value). For each model flavor (``--flavors``, default ``debug`` and ``small``) these variants
+run, interleaved: every repeat runs each variant once, in an order rotated per repeat, and the
+table shows the median over repeats.
 
 trainer fsdp2            ``Trainer(load_config(argv))`` with ``--config configs/debug.toml`` and
                          ``--checkpoint.enable false``: FSDP2 (``zero_stage 3``, the config's) over
@@ -24,20 +25,36 @@ minimal loop             the same model (``trainer.model.build`` with the same a
                          wrapper.
 
 What is timed: the wall time (``time.perf_counter``) at the start of every step, recorded by a thin
-wrapper around ``Trainer.train_step`` (the minimal loop records the same mark). A run has
-``--warmup`` steps (excluded), then a **window** of ``--window`` steps, then one final step.
-tokens/s = window steps x batch_size x seq_len / (start of the final step - start of the first
-window step). The window thus contains everything the loop does per step: compute, ``save()``
-calls, the optimizer-step wait for a snapshot, the loss all-reduce, bookkeeping. ``--warmup`` and
-``--window`` must be multiples of the checkpoint interval (10), so the window holds exactly
-``window / 10`` saves, and the background write of the save at the end of the warm-up overlaps its
-start just as the write of its last save overlaps the final step. The final step (``step ==
-training.steps``) force-saves and ``close()`` waits for all writes; that tail (the final step plus
-``close()``) is reported separately, as it is a once-per-run cost, not steady-state throughput.
+wrapper around ``Trainer.train_step`` (the minimal loop records the same mark), plus the time inside
+``CheckpointManager.save`` (a wrapper) and ``manager.stats.stall_s`` (``save()`` + the wait for the
+snapshot before the next optimizer step). A run has ``--warmup`` steps (excluded), then a
+**window** of ``--window`` steps, then one final step. tokens/s = window steps x batch_size x
+seq_len / (start of the final step - start of the first window step). The window thus contains
+everything the loop does per step: compute, ``save()`` calls, the snapshot wait, the loss
+all-reduce, bookkeeping. ``--warmup`` and ``--window`` are multiples of the checkpoint interval
+(10), so the window holds exactly ``window / 10`` saves, and the background write of the save at
+the end of the warm-up overlaps its start just as the write of its last save overlaps the final
+step. The final step (``step == training.steps``) force-saves and ``close()`` waits for all writes;
+that tail (the final step plus ``close()``) is reported separately: it is a once-per-run cost, not
+steady-state throughput.
 
-Checks: the per-step losses of ``trainer ddp`` and ``minimal loop`` are compared (same init, data
-and hyper-parameters: they should agree to float rounding), as are those of ``trainer fsdp2`` with
-and without checkpointing (the save must not change training).
+Then, per flavor, a per-phase breakdown (``--breakdown`` steps): data, forward + loss, backward,
+``clip_grad_norm_``, optimizer step + ``zero_grad``, timed with ``perf_counter`` between phases
+(CPU ops are synchronous), for the minimal loop and for the trainer variants without checkpointing
+(driving the trainer's own wrapped model, optimizer, scheduler and loader, as ``train_step`` does).
+
+Found with this benchmark (fixed in 8878995): with ATen's OpenMP backend, the first parallel op
+(e.g. a large ``copy_``) on another long-lived thread gives that thread its own OpenMP team;
+libgomp then manages more threads than there are cores and stops letting idle workers spin between
+parallel regions, so every later parallel region of the training thread pays a sleep/wake-up for
+as long as that thread lives. The manager's snapshot-copier and writer threads did that, and with 2
+intra-op threads every training step got slower, also between saves: 0.62x (debug) and 0.85x
+(small) tokens/s with a save every 10 steps. The engine's worker threads now start with
+``torch.set_num_threads(1)``.
+
+Checks: the per-step losses of the trainer variants and the minimal loop are compared (same init,
+data and hyper-parameters: they should agree to float rounding), as are those of ``trainer fsdp2``
+with and without checkpointing (the save must not change training).
 """
 
 from __future__ import annotations
@@ -66,7 +83,7 @@ for p in (REPO, REPO / "benchmarks"):
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench_save_load import cpu_model, filesystem_of, meminfo, pressure_totals  # noqa: E402
+from bench_save_load import cpu_model, filesystem_of, meminfo, pressure_totals, write_section  # noqa: E402
 from trainer import data as data_mod  # noqa: E402
 from trainer import model as model_mod  # noqa: E402
 from trainer.config import load_config  # noqa: E402
@@ -93,6 +110,7 @@ class Variant:
     window_s: list[float] = field(default_factory=list)
     compute_s: list[float] = field(default_factory=list)  # inside train_step, window steps
     stall_s: list[float] = field(default_factory=list)  # manager.stats.stall_s over the window
+    save_s: list[float] = field(default_factory=list)  # inside manager.save() over the window
     tail_s: list[float] = field(default_factory=list)  # final step + close()
     close_s: list[float] = field(default_factory=list)  # close() alone
     saves: list[int] = field(default_factory=list)
@@ -125,19 +143,33 @@ def run_trainer(argv: list[str], warmup: int, window: int) -> dict:
     cfg = load_config(argv)
     os.makedirs(cfg.job.dump_folder, exist_ok=True)
     tr = Trainer(cfg)
-    marks: list[float] = []
-    ends: list[float] = []
-    stalls: list[float] = []
-    inner = tr.train_step
+    marks: list[float] = []  # wall time at the start of each step
+    ends: list[float] = []  # ... and when its train_step returned
+    stalls: list[float] = []  # manager.stats.stall_s at the start of each step
+    saves_in: list[float] = []  # cumulative seconds inside manager.save() at the start of each step
+    in_save = [0.0]
+    inner_step = tr.train_step
 
     def marked_step():
         marks.append(time.perf_counter())
         stalls.append(tr.manager.stats.stall_s if tr.manager is not None else 0.0)
-        out = inner()
+        saves_in.append(in_save[0])
+        out = inner_step()
         ends.append(time.perf_counter())
         return out
 
     tr.train_step = marked_step
+    if tr.manager is not None:
+        inner_save = tr.manager.save
+
+        def timed_save(*a, **kw):
+            start = time.perf_counter()
+            try:
+                return inner_save(*a, **kw)
+            finally:
+                in_save[0] += time.perf_counter() - start
+
+        tr.manager.save = timed_save
     gc.collect()
     try:
         losses = tr.fit()
@@ -152,6 +184,7 @@ def run_trainer(argv: list[str], warmup: int, window: int) -> dict:
         "window_s": marks[b] - marks[a],
         "compute_s": sum(ends[i] - marks[i] for i in range(a, b)),
         "stall_s": stalls[b] - stalls[a],
+        "save_s": saves_in[b] - saves_in[a],
         "tail_s": close_end - marks[b],
         "close_s": close_end - close_start,
         "final_step_s": fit_end - marks[b],
@@ -160,8 +193,9 @@ def run_trainer(argv: list[str], warmup: int, window: int) -> dict:
     }
 
 
-def run_minimal(flavor: str, steps: int, warmup: int, window: int, tokens) -> dict:
-    """The hand-written loop with the trainer's model, data and hyper-parameters."""
+def build_minimal(flavor: str, steps: int, tokens):
+    """Model, AdamW, LR schedule, loader and config of the hand-written loop: the trainer's model
+    args, seed, data and hyper-parameters, no process group, no wrapper."""
     cfg = load_config(trainer_argv(flavor, steps, Path("unused"), NO_CKPT))
     t = cfg.training
     torch.manual_seed(cfg.job.seed)
@@ -172,6 +206,12 @@ def run_minimal(flavor: str, steps: int, warmup: int, window: int, tokens) -> di
     opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(0.9, 0.95), weight_decay=t.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(t.warmup_steps, t.steps, t.min_lr_ratio))
     loader = data_mod.DataLoader(tokens, t.seq_len, t.batch_size, 0, 1, cfg.job.seed)
+    return model, opt, sched, loader, t
+
+
+def run_minimal(flavor: str, steps: int, warmup: int, window: int, tokens) -> dict:
+    """The hand-written loop with the trainer's model, data and hyper-parameters."""
+    model, opt, sched, loader, t = build_minimal(flavor, steps, tokens)
     marks: list[float] = []
     losses: list[float] = []
     gc.collect()
@@ -188,9 +228,53 @@ def run_minimal(flavor: str, steps: int, warmup: int, window: int, tokens) -> di
         losses.append(loss.item())
     end = time.perf_counter()
     a, b = warmup, warmup + window
-    return {"window_s": marks[b] - marks[a], "compute_s": marks[b] - marks[a], "stall_s": 0.0,
+    return {"window_s": marks[b] - marks[a], "compute_s": marks[b] - marks[a], "stall_s": 0.0, "save_s": 0.0,
             "tail_s": end - marks[b], "close_s": 0.0, "final_step_s": end - marks[b], "saves": 0,
             "losses": losses}
+
+
+PHASES = ("data", "forward + loss", "backward", "clip_grad_norm_", "optimizer step + zero_grad")
+
+
+def phase_breakdown(flavor: str, key: str, steps: int, skip: int, tokens, base: Path) -> dict[str, float]:
+    """Median seconds per phase of one step (over ``steps - skip`` steps), for the minimal loop or
+    for a trainer variant (its own model/optimizer/loader driven by the same code as
+    ``Trainer.train_step`` with accumulation 1, timed between phases; CPU ops are synchronous)."""
+    tr = None
+    if ALL_VARIANTS[key][1] is None:
+        model, opt, sched, loader, t = build_minimal(flavor, steps, tokens)
+        foreach = None
+    else:
+        dump = Path(tempfile.mkdtemp(prefix=f"breakdown-{key}-", dir=base))
+        tr = Trainer(load_config(trainer_argv(flavor, steps, dump, ALL_VARIANTS[key][1])))
+        model, opt, sched, loader, t = tr.model, tr.optimizer, tr.scheduler, tr.loader, tr.cfg.training
+        foreach = True
+    times: dict[str, list[float]] = {p: [] for p in PHASES}
+    try:
+        for i in range(steps):
+            marks = [time.perf_counter()]
+            inputs, labels = loader.next_batch()
+            marks.append(time.perf_counter())
+            logits = model(inputs)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+            marks.append(time.perf_counter())
+            loss.backward()
+            marks.append(time.perf_counter())
+            torch.nn.utils.clip_grad_norm_(model.parameters(), t.max_norm, foreach=foreach)
+            marks.append(time.perf_counter())
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            loss.item()
+            marks.append(time.perf_counter())
+            if i >= skip:
+                for name, x, y in zip(PHASES, marks, marks[1:]):
+                    times[name].append(y - x)
+    finally:
+        if tr is not None:
+            tr.close()
+            shutil.rmtree(dump, ignore_errors=True)
+    return {name: statistics.median(xs) for name, xs in times.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,15 +287,15 @@ def flavor_params(flavor: str) -> int:
 
 
 def run_flavor(flavor: str, fargs: dict, variants: list[Variant], repeats: int, base: Path, tokens,
-               untimed_warmup: bool) -> None:
+               untimed_warmup: bool, tag: str) -> None:
     warmup, window = fargs["warmup"], fargs["window"]
     steps = warmup + window + 1
     work = Path(tempfile.mkdtemp(prefix=f"{flavor}-", dir=base))
 
-    def one(v: Variant, tag: str) -> dict:
+    def one(v: Variant, run: str) -> dict:
         if v.overrides is None:
             return run_minimal(flavor, steps, warmup, window, tokens)
-        dump = work / f"{v.key}-{tag}"
+        dump = work / f"{v.key}-{run}"
         try:
             return run_trainer(trainer_argv(flavor, steps, dump, v.overrides), warmup, window)
         finally:
@@ -222,22 +306,18 @@ def run_flavor(flavor: str, fargs: dict, variants: list[Variant], repeats: int, 
             for v in variants:
                 t0 = time.perf_counter()
                 one(v, "warmup")
-                print(f"[{flavor}] untimed warm-up {v.name}: {time.perf_counter() - t0:.1f}s", flush=True)
+                print(f"[{tag}] untimed warm-up {v.name}: {time.perf_counter() - t0:.1f}s", flush=True)
         tokens_per_window = window * fargs["batch"] * fargs["seq_len"]
         for rep in range(repeats):
             shift = rep % len(variants)
             for v in variants[shift:] + variants[:shift]:
                 r = one(v, f"r{rep}")
-                v.window_s.append(r["window_s"])
-                v.compute_s.append(r["compute_s"])
-                v.stall_s.append(r["stall_s"])
-                v.tail_s.append(r["tail_s"])
-                v.close_s.append(r["close_s"])
-                v.saves.append(r["saves"])
-                v.losses.append(r["losses"])
-                print(f"[{flavor} {rep + 1}/{repeats}] {v.name:40s} {tokens_per_window / r['window_s']:9.0f} tok/s"
+                for name in ("window_s", "compute_s", "stall_s", "save_s", "tail_s", "close_s", "saves", "losses"):
+                    getattr(v, name).append(r[name])
+                print(f"[{tag} {rep + 1}/{repeats}] {v.name:40s} {tokens_per_window / r['window_s']:9.0f} tok/s"
                       f"  window {r['window_s']:7.2f}s  in train_step {r['compute_s']:7.2f}s"
-                      f"  ckpt stall {r['stall_s'] * 1e3:7.1f}ms  final step+close {r['tail_s']:6.2f}s", flush=True)
+                      f"  save() {r['save_s'] * 1e3:7.1f}ms  stall {r['stall_s'] * 1e3:7.1f}ms"
+                      f"  final step+close {r['tail_s']:6.2f}s  load {os.getloadavg()[0]:.1f}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -287,78 +367,114 @@ def verdict(ok: bool) -> str:
     return "**met**" if ok else "**missed**"
 
 
-def flavor_report(flavor: str, fargs: dict, variants: list[Variant], repeats: int) -> list[str]:
+def flavor_report(title: str, fargs: dict, variants: list[Variant],
+                  breakdown: dict[str, dict[str, float]] | None) -> list[str]:
     by = {v.key: v for v in variants}
-    tokens = fargs["window"] * fargs["batch"] * fargs["seq_len"]
-    ref = by.get("minimal") or by.get("fsdp")
+    window = fargs["window"]
+    tokens = window * fargs["batch"] * fargs["seq_len"]
     lines = [
-        f"### {flavor} ({fargs['params'] / 1e6:.2f}M parameters; fp32 weights + AdamW state "
-        f"{fargs['params'] * 12 / 1e6:.0f} MB; batch {fargs['batch']} x seq_len {fargs['seq_len']} = "
-        f"{fargs['batch'] * fargs['seq_len']} tokens/step; {fargs['warmup']} warm-up steps, window of "
-        f"{fargs['window']} steps, 1 final step; median of {repeats})",
+        f"### {title}",
         "",
-        "| Variant | tokens/s | × minimal | × fsdp2 no ckpt | window s (min–max) | s/step | in train_step s/step "
-        "| other s/step | ckpt stall ms/save | saves in window | final step + close s (close) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"{fargs['params'] / 1e6:.2f}M parameters (fp32 weights + AdamW state: {fargs['params'] * 12 / 1e6:.0f} MB "
+        f"per checkpoint); batch {fargs['batch']} x seq_len {fargs['seq_len']} = {fargs['batch'] * fargs['seq_len']} "
+        f"tokens/step; per run {fargs['warmup']} warm-up steps, a window of {window} steps, 1 final step; "
+        f"median of {fargs['repeats']} repeats.",
+        "",
+        "| Variant | tokens/s | × minimal | × fsdp2 no ckpt | window s (min–max) | ms/step | train_step ms/step "
+        "(excl. snapshot wait) | save() ms/save | snapshot wait ms/save | other ms/step | final step + close s (close) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for v in variants:
-        w = med(v.window_s)
-        c = med(v.compute_s)
-        nsave = fargs["window"] // INTERVAL if "ckpt" in v.key else 0
-        stall = f"{med(v.stall_s) * 1e3 / nsave:.1f}" if nsave else "–"
+        w, c = med(v.window_s), med(v.compute_s)
+        nsave = window // INTERVAL if "ckpt" in v.key else 0
+        save = med(v.save_s)
+        wait = med([st - sv for st, sv in zip(v.stall_s, v.save_s)])
         rel_min = f"{med(by['minimal'].window_s) / w:.3f}" if "minimal" in by else "–"
         rel_fsdp = f"{med(by['fsdp'].window_s) / w:.3f}" if "fsdp" in by else "–"
         lines.append(
             f"| {v.name} | {tokens / w:,.0f} | {rel_min} | {rel_fsdp} "
-            f"| {w:.2f} ({min(v.window_s):.2f}–{max(v.window_s):.2f}) | {w / fargs['window']:.4f} "
-            f"| {c / fargs['window']:.4f} | {(w - c) / fargs['window']:.4f} | {stall} | {nsave if nsave else '–'} "
+            f"| {w:.2f} ({min(v.window_s):.2f}–{max(v.window_s):.2f}) | {1e3 * w / window:.1f} "
+            f"| {1e3 * (c - wait) / window:.1f} | {f'{1e3 * save / nsave:.1f}' if nsave else '–'} "
+            f"| {f'{1e3 * wait / nsave:.1f}' if nsave else '–'} | {1e3 * (w - c - save) / window:.2f} "
             f"| {med(v.tail_s):.2f} ({med(v.close_s):.2f}) |")
     notes = []
-    if "fsdp" in by and "fsdp_ckpt" in by:
-        per_rep = [a / b for a, b in zip(by["fsdp"].window_s, by["fsdp_ckpt"].window_s)]
-        ratio = med(by["fsdp"].window_s) / med(by["fsdp_ckpt"].window_s)
+    for base_key, ck_key, label in (
+        ("fsdp", "fsdp_ckpt", f"Goal tokens/s with a save every {INTERVAL} steps ≥ {GOAL_CKPT_RATIO}× without"),
+        ("ddp", "ddp_ckpt", "The same ratio under DDP"),
+    ):
+        if base_key not in by or ck_key not in by:
+            continue
+        base, ck = by[base_key], by[ck_key]
+        per_rep = [a / b for a, b in zip(base.window_s, ck.window_s)]
+        ratio = med(base.window_s) / med(ck.window_s)
+        extra = med(ck.window_s) - med(base.window_s)
+        save, stall = med(ck.save_s), med(ck.stall_s)
+        slowdown = (med(ck.compute_s) - (stall - save)) - med(base.compute_s)
         notes.append(
-            f"- Goal tokens/s with a save every {INTERVAL} steps ≥ {GOAL_CKPT_RATIO}× without: {verdict(ratio >= GOAL_CKPT_RATIO)} "
-            f"({ratio:.3f}× on medians; per repeat {', '.join(f'{x:.3f}' for x in per_rep)}). Once per run, the final "
-            f"forced save + `close()` take {med(by['fsdp_ckpt'].tail_s):.2f}s vs {med(by['fsdp'].tail_s):.2f}s "
-            f"for the final step without checkpointing (not in the ratio).")
-        d = max_loss_diff(by["fsdp"].losses, by["fsdp_ckpt"].losses)
-        notes.append(f"- Losses with and without checkpointing: max |difference| {d:.2g} over all steps and repeats.")
-    if "ddp_ckpt" in by and "ddp" in by:
-        ratio = med(by["ddp"].window_s) / med(by["ddp_ckpt"].window_s)
-        notes.append(f"- Same ratio under DDP: {ratio:.3f}×.")
+            f"- {label}: {verdict(ratio >= GOAL_CKPT_RATIO)} ({ratio:.3f}× on medians; per repeat "
+            f"{', '.join(f'{x:.3f}' for x in per_rep)}; best repeat vs best repeat "
+            f"{min(base.window_s) / min(ck.window_s):.3f}×). The window took {extra * 1e3:+.0f} ms longer "
+            f"({window // INTERVAL} save{'s' if window // INTERVAL > 1 else ''}): inside `save()` {save * 1e3:.0f} ms, snapshot wait before the optimizer "
+            f"step {(stall - save) * 1e3:.0f} ms, the rest of the steps {slowdown * 1e3:+.0f} ms. Once per run, the "
+            f"final forced save + `close()` take {med(ck.tail_s):.2f} s vs {med(base.tail_s):.2f} s for the final "
+            f"step without checkpointing (not in the ratio).")
+        d = max_loss_diff(base.losses, ck.losses)
+        notes.append(f"  Losses with and without checkpointing: max |difference| {d:.2g} over all steps and repeats.")
     if "minimal" in by:
         m = med(by["minimal"].window_s)
         for key in ("fsdp", "fsdp_z2", "ddp"):
             if key in by:
                 over = med(by[key].window_s) / m - 1
+                best = min(by[key].window_s) / min(by["minimal"].window_s) - 1
                 notes.append(f"- Goal trainer overhead ≤ {GOAL_OVERHEAD:.0%} vs the minimal loop, {by[key].name}: "
-                             f"{verdict(over <= GOAL_OVERHEAD)} ({over:+.1%} time per step).")
+                             f"{verdict(over <= GOAL_OVERHEAD)} ({over:+.1%} time per step; best repeat vs best "
+                             f"repeat {best:+.1%}).")
         if "ddp" in by:
             d = max_loss_diff(by["ddp"].losses, by["minimal"].losses)
             notes.append(f"- Losses of trainer ddp and the minimal loop: max |difference| {d:.2g} (same init, data, "
                          "hyper-parameters).")
-    return lines + [""] + notes + [""]
+        if "fsdp" in by:
+            d = max_loss_diff(by["fsdp"].losses, by["minimal"].losses)
+            notes.append(f"- Losses of trainer fsdp2 and the minimal loop: max |difference| {d:.2g}.")
+    out = lines + [""] + notes + [""]
+    if breakdown:
+        names = {k: ALL_VARIANTS[k][0] for k in breakdown}
+        out += [
+            f"Where the time goes: ms per phase of one step, median over {fargs['breakdown_steps']} steps after "
+            f"{fargs['breakdown_skip']} skipped, same phases timed in the same way for each (the trainer rows drive "
+            f"the trainer's own wrapped model, optimizer, scheduler and loader; no checkpointing):",
+            "",
+            "| Variant | " + " | ".join(PHASES) + " | total |",
+            "|---|" + "---:|" * (len(PHASES) + 1),
+        ]
+        for key, phases in breakdown.items():
+            out.append(f"| {names[key]} | " + " | ".join(f"{1e3 * phases[p]:.1f}" for p in PHASES)
+                       + f" | {1e3 * sum(phases.values()):.1f} |")
+        out.append("")
+    return out
 
 
-def report(results: list[tuple[str, dict, list[Variant]]], info: dict, args, command: str) -> str:
+def report(results: list[tuple[str, dict, list[Variant], dict | None]], info: dict, args, command: str) -> str:
     body = [
         SECTION,
         "",
-        f"Single process on CPU, `torch.set_num_threads({args.threads})`; trainer runs are `Trainer(load_config(argv))` "
-        f"with `--config {BASE_CONFIG} --model.flavor F --training.steps N --training.device cpu --metrics.log_freq "
-        f"1000000000 --job.dump_folder <tmp>` plus the variant's overrides (FSDP2/DDP over the 1-rank gloo group the "
-        f"trainer starts); ckpt = `{' '.join(CKPT)}` (keep 3, local disk). Variants interleaved, order rotated per "
+        f"Single process on CPU, torch intra-op threads set explicitly per table (`torch.set_num_threads`). Trainer "
+        f"runs are `Trainer(load_config(argv))` with `--config {BASE_CONFIG} --model.flavor F --training.steps N "
+        f"--training.device cpu --metrics.log_freq 1000000000 --job.dump_folder <tmp>` plus the variant's overrides "
+        f"(FSDP2/DDP over the 1-rank gloo group the trainer starts itself); ckpt = `{' '.join(CKPT)}` (keep 3, local "
+        f"disk, full checkpoints). The minimal loop: the same model args and seed, the same loader, AdamW (same "
+        f"hyper-parameters, same LR schedule), `model(inputs)`, `cross_entropy`, `backward`, `clip_grad_norm_`, "
+        f"`step`, `zero_grad`, `loss.item()`; no process group, no wrapper. Variants interleaved, order rotated per "
         f"repeat; medians. tokens/s over a window of steady-state steps that starts after the warm-up steps and ends "
-        f"at the start of the final step, so it holds window/{INTERVAL} saves, their `save()` calls and snapshot waits, "
-        f"and overlaps their background writes; the final step (forced save) + `close()` (waits for the writes) is "
-        f"reported separately. 'in train_step' = forward/backward/clip/optimizer (incl. the optimizer pre-hook's "
-        f"snapshot wait); 'other' = `save()`, loss all-reduce, bookkeeping. "
-        f"{'An untimed warm-up run of every variant came first.' if not args.no_warmup else ''}",
+        f"at the start of the final step: it holds window/{INTERVAL} saves (their `save()` calls and the snapshot "
+        f"waits before the next optimizer step) and overlaps as many background writes; the final step (forced save) "
+        f"+ `close()` (waits for the writes) is reported separately. 'train_step' = forward/backward/clip/optimizer; "
+        f"'other' = loss all-reduce, bookkeeping and the benchmark's marks. "
+        f"{'An untimed warm-up run of every variant came first (once, before the first table).' if not args.no_warmup else ''}",
         "",
     ]
-    for flavor, fargs, variants in results:
-        body += flavor_report(flavor, fargs, variants, args.repeats)
+    for title, fargs, variants, breakdown in results:
+        body += flavor_report(title, fargs, variants, breakdown)
     body += [
         "Machine:",
         *[f"- {line}" for line in info["machine"]],
@@ -376,30 +492,22 @@ def report(results: list[tuple[str, dict, list[Variant]]], info: dict, args, com
     return "\n".join(body)
 
 
-def write_section(out: Path, section: str) -> None:
-    text = out.read_text() if out.exists() else "# Benchmark results\n\n"
-    start = text.find(SECTION)
-    if start < 0:
-        new = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + len(SECTION))
-        tail = text[end + 1 :] if end >= 0 else ""
-        new = text[:start] + section + ("\n" + tail if tail else "")
-    out.write_text(new.rstrip("\n") + "\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--flavors", nargs="+", default=["debug", "small"], choices=["debug", "small"])
-    parser.add_argument("--threads", type=int, default=os.cpu_count(),
-                        help="torch.set_num_threads (default: os.cpu_count())")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1],
+                        help="torch.set_num_threads values, one set of tables each (default 1: the other core "
+                             "is left to the checkpoint writer and the OS)")
+    parser.add_argument("--repeats", type=int, nargs=2, default=[5, 3], metavar=("DEBUG", "SMALL"),
+                        help="repeats per flavor (default 5 3)")
     parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=list(ALL_VARIANTS))
     parser.add_argument("--warmup", type=int, nargs=2, default=[10, 10], metavar=("DEBUG", "SMALL"),
                         help="warm-up steps excluded from the window, per flavor (multiples of 10; default 10 10)")
-    parser.add_argument("--window", type=int, nargs=2, default=[100, 20], metavar=("DEBUG", "SMALL"),
-                        help="timed steps per run, per flavor (multiples of 10; default 100 20)")
+    parser.add_argument("--window", type=int, nargs=2, default=[60, 20], metavar=("DEBUG", "SMALL"),
+                        help="timed steps per run, per flavor (multiples of 10; default 60 20)")
+    parser.add_argument("--breakdown", type=int, nargs=2, default=[30, 8], metavar=("DEBUG", "SMALL"),
+                        help="steps of the per-phase breakdown per flavor (0: skip it; default 30 8)")
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of every variant")
     parser.add_argument("--dir", help="parent of the work dir (default benchmarks/_work)")
     parser.add_argument("--out", help="Markdown file in which to add/replace the results section")
@@ -407,7 +515,6 @@ def main(argv: list[str] | None = None) -> int:
     for n in (*args.warmup, *args.window):
         if n < INTERVAL or n % INTERVAL:
             parser.error(f"--warmup and --window must be positive multiples of {INTERVAL}")
-    torch.set_num_threads(args.threads)
     os.chdir(REPO)  # BASE_CONFIG and the shipped corpus are relative to the repository
 
     command = "python " + shlex.join([os.path.relpath(sys.argv[0], REPO) if argv is None else "benchmarks/bench_trainer.py",
@@ -421,14 +528,28 @@ def main(argv: list[str] | None = None) -> int:
     psi_start, run_start, load_start = pressure_totals(), time.monotonic(), os.getloadavg()[0]
     others_start = top_other_processes()
     try:
-        for i, flavor in enumerate(["debug", "small"]):
-            if flavor not in args.flavors:
-                continue
-            fargs = {"warmup": args.warmup[i], "window": args.window[i], "batch": cfg.training.batch_size,
-                     "seq_len": cfg.training.seq_len, "params": flavor_params(flavor)}
-            variants = [Variant(k, ALL_VARIANTS[k][0], ALL_VARIANTS[k][1]) for k in args.variants]
-            run_flavor(flavor, fargs, variants, args.repeats, base, tokens, not args.no_warmup)
-            results.append((flavor, fargs, variants))
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            for i, flavor in enumerate(["debug", "small"]):
+                if flavor not in args.flavors:
+                    continue
+                tag = f"{flavor}, {threads} thread{'s' if threads > 1 else ''}"
+                fargs = {"warmup": args.warmup[i], "window": args.window[i], "batch": cfg.training.batch_size,
+                         "seq_len": cfg.training.seq_len, "params": flavor_params(flavor),
+                         "repeats": args.repeats[i]}
+                variants = [Variant(k, ALL_VARIANTS[k][0], ALL_VARIANTS[k][1]) for k in args.variants]
+                run_flavor(flavor, fargs, variants, args.repeats[i], base, tokens,
+                           not args.no_warmup and not results, tag)
+                breakdown = None
+                if args.breakdown[i]:
+                    skip = min(5, args.breakdown[i] // 3)
+                    fargs["breakdown_steps"], fargs["breakdown_skip"] = args.breakdown[i] - skip, skip
+                    breakdown = {}
+                    for key in [k for k in args.variants if "ckpt" not in k]:
+                        breakdown[key] = phase_breakdown(flavor, key, args.breakdown[i], skip, tokens, base)
+                        print(f"[{tag}] breakdown {ALL_VARIANTS[key][0]}: "
+                              + ", ".join(f"{k} {1e3 * v:.1f}ms" for k, v in breakdown[key].items()), flush=True)
+                results.append((tag, fargs, variants, breakdown))
     finally:
         try:
             base.rmdir()  # only if empty
@@ -439,13 +560,13 @@ def main(argv: list[str] | None = None) -> int:
     psi = ", ".join(f"{k} {100 * (psi_end[k] - v) / 1e6 / elapsed:.0f}%" for k, v in psi_start.items() if k in psi_end)
     others = top_other_processes()
     info["contention"] = (f"load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end (this benchmark "
-                          f"itself keeps about {args.threads} busy)"
+                          f"itself keeps 1-2 busy)"
                           + (f"; time some task stalled (PSI) during the run: {psi}" if psi else "")
                           + f"; other busy processes at start: {'; '.join(others_start) or 'none'}, at end: "
-                          + ("; ".join(others) or "none") + f"; run took {elapsed / 60:.1f} min")
+                          + ("; ".join(others) or "none") + f"; the run took {elapsed / 60:.1f} min")
     info["machine"] = [
-        f"CPU: {cpu_model()}, nproc={os.cpu_count()} (affinity {len(os.sched_getaffinity(0))}); "
-        f"torch threads {torch.get_num_threads()} (intra-op), {torch.get_num_interop_threads()} (inter-op)",
+        f"CPU: {cpu_model()}, nproc={os.cpu_count()} (affinity {len(os.sched_getaffinity(0))}); torch intra-op "
+        f"threads {', '.join(map(str, args.threads))} (one set of tables each), inter-op {torch.get_num_interop_threads()}",
         f"Memory: {meminfo()}",
         f"Work dir filesystem: {filesystem_of(base)}",
         f"Kernel: {platform.system()} {platform.release()}; Python {platform.python_version()}; torch {torch.__version__}",
