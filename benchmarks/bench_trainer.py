@@ -8,14 +8,13 @@ per value). For each model flavor (``--flavors``, default ``debug`` and ``small`
 run, interleaved: every repeat runs each variant once, in an order rotated per repeat, and the
 table shows the median over repeats.
 
-trainer fsdp2            ``Trainer(load_config(argv))`` with ``--config configs/debug.toml`` and
-                         ``--checkpoint.enable false``: FSDP2 (``zero_stage 3``, the config's) over
-                         the 1-rank gloo group the trainer starts itself.
-trainer fsdp2 + ckpt     the same with ``--checkpoint.enable true --checkpoint.interval 10
+trainer                  ``Trainer(load_config(argv))`` with ``--config configs/debug.toml`` and
+                         ``--checkpoint.enable false``, in one process: the trainer starts a 1-rank
+                         gloo group itself and, with one data-parallel rank, trains the model
+                         unwrapped (no FSDP2/DDP), as a user's ``python -m trainer.train`` does.
+trainer + ckpt           the same with ``--checkpoint.enable true --checkpoint.interval 10
                          --checkpoint.async_mode double_buffer`` (a save every 10 steps, async).
-trainer ddp              ``--optimization.zero_stage 0``: DDP over the same 1-rank group.
-trainer fsdp2 zero2      (optional) ``--optimization.zero_stage 2``: FSDP2 without resharding.
-trainer ddp + ckpt       (optional) DDP with the checkpointing of ``trainer fsdp2 + ckpt``.
+trainer + sync ckpt      (optional) the same with ``--checkpoint.async_mode sync``.
 minimal loop             the same model (``trainer.model.build`` with the same args and seed), the
                          same data (``trainer.data.DataLoader``, same seed, batch, seq_len), AdamW
                          with the trainer's hyper-parameters and LR schedule, and per step:
@@ -41,7 +40,7 @@ steady-state throughput.
 Then, per flavor, a per-phase breakdown (``--breakdown`` steps): data, forward + loss, backward,
 ``clip_grad_norm_``, optimizer step + ``zero_grad``, timed with ``perf_counter`` between phases
 (CPU ops are synchronous), for the minimal loop and for the trainer variants without checkpointing
-(driving the trainer's own wrapped model, optimizer, scheduler and loader, as ``train_step`` does).
+(driving the trainer's own model, optimizer, scheduler and loader, as ``train_step`` does).
 
 Found with this benchmark (fixed in 8878995): with ATen's OpenMP backend, the first parallel op
 (e.g. a large ``copy_``) on another long-lived thread gives that thread its own OpenMP team;
@@ -52,8 +51,12 @@ intra-op threads every training step got slower, also between saves: 0.62x (debu
 (small) tokens/s with a save every 10 steps. The engine's worker threads now start with
 ``torch.set_num_threads(1)``.
 
+Also found with it (fa87724, 2 threads): FSDP2 over a 1-rank mesh cost +10% (small) to +30%
+(debug) time per step against the minimal loop (parameter copy-in/out, optimizer on DTensors),
+DDP +2%; so the trainer no longer wraps the model when there is one data-parallel rank.
+
 Checks: the per-step losses of the trainer variants and the minimal loop are compared (same init,
-data and hyper-parameters: they should agree to float rounding), as are those of ``trainer fsdp2``
+data and hyper-parameters: they should agree to float rounding), as are those of ``trainer``
 with and without checkpointing (the save must not change training).
 """
 
@@ -122,14 +125,13 @@ CKPT = ["--checkpoint.enable", "true", "--checkpoint.interval", str(INTERVAL),
 NO_CKPT = ["--checkpoint.enable", "false"]
 
 ALL_VARIANTS = {
-    "fsdp": ("trainer fsdp2 (zero 3), no ckpt", NO_CKPT),
-    "fsdp_ckpt": ("trainer fsdp2 (zero 3) + ckpt every 10", CKPT),
-    "ddp": ("trainer ddp (zero 0), no ckpt", NO_CKPT + ["--optimization.zero_stage", "0"]),
-    "minimal": ("minimal loop (no wrapper)", None),
-    "fsdp_z2": ("trainer fsdp2 (zero 2), no ckpt", NO_CKPT + ["--optimization.zero_stage", "2"]),
-    "ddp_ckpt": ("trainer ddp (zero 0) + ckpt every 10", CKPT + ["--optimization.zero_stage", "0"]),
+    "trainer": ("trainer, no ckpt", NO_CKPT),
+    "trainer_ckpt": (f"trainer + async ckpt every {INTERVAL}", CKPT),
+    "minimal": ("minimal loop", None),
+    "trainer_sync_ckpt": (f"trainer + sync ckpt every {INTERVAL}",
+                          CKPT[:-1] + ["sync"]),
 }
-DEFAULT_VARIANTS = ["fsdp", "fsdp_ckpt", "ddp", "minimal"]
+DEFAULT_VARIANTS = ["trainer", "trainer_ckpt", "minimal"]
 
 
 def trainer_argv(flavor: str, steps: int, dump: Path, overrides: list[str]) -> list[str]:
@@ -380,7 +382,7 @@ def flavor_report(title: str, fargs: dict, variants: list[Variant],
         f"tokens/step; per run {fargs['warmup']} warm-up steps, a window of {window} steps, 1 final step; "
         f"median of {fargs['repeats']} repeats.",
         "",
-        "| Variant | tokens/s | × minimal | × fsdp2 no ckpt | window s (min–max) | ms/step | train_step ms/step "
+        "| Variant | tokens/s | × minimal | × trainer no ckpt | window s (min–max) | ms/step | train_step ms/step "
         "(excl. snapshot wait) | save() ms/save | snapshot wait ms/save | other ms/step | final step + close s (close) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -390,17 +392,17 @@ def flavor_report(title: str, fargs: dict, variants: list[Variant],
         save = med(v.save_s)
         wait = med([st - sv for st, sv in zip(v.stall_s, v.save_s)])
         rel_min = f"{med(by['minimal'].window_s) / w:.3f}" if "minimal" in by else "–"
-        rel_fsdp = f"{med(by['fsdp'].window_s) / w:.3f}" if "fsdp" in by else "–"
+        rel_trainer = f"{med(by['trainer'].window_s) / w:.3f}" if "trainer" in by else "–"
         lines.append(
-            f"| {v.name} | {tokens / w:,.0f} | {rel_min} | {rel_fsdp} "
+            f"| {v.name} | {tokens / w:,.0f} | {rel_min} | {rel_trainer} "
             f"| {w:.2f} ({min(v.window_s):.2f}–{max(v.window_s):.2f}) | {1e3 * w / window:.1f} "
             f"| {1e3 * (c - wait) / window:.1f} | {f'{1e3 * save / nsave:.1f}' if nsave else '–'} "
             f"| {f'{1e3 * wait / nsave:.1f}' if nsave else '–'} | {1e3 * (w - c - save) / window:.2f} "
             f"| {med(v.tail_s):.2f} ({med(v.close_s):.2f}) |")
     notes = []
     for base_key, ck_key, label in (
-        ("fsdp", "fsdp_ckpt", f"Goal tokens/s with a save every {INTERVAL} steps ≥ {GOAL_CKPT_RATIO}× without"),
-        ("ddp", "ddp_ckpt", "The same ratio under DDP"),
+        ("trainer", "trainer_ckpt", f"Goal tokens/s with a save every {INTERVAL} steps ≥ {GOAL_CKPT_RATIO}× without"),
+        ("trainer", "trainer_sync_ckpt", "The same ratio with synchronous saves (for comparison)"),
     ):
         if base_key not in by or ck_key not in by:
             continue
@@ -420,29 +422,21 @@ def flavor_report(title: str, fargs: dict, variants: list[Variant],
             f"step without checkpointing (not in the ratio).")
         d = max_loss_diff(base.losses, ck.losses)
         notes.append(f"  Losses with and without checkpointing: max |difference| {d:.2g} over all steps and repeats.")
-    if "minimal" in by:
-        m = med(by["minimal"].window_s)
-        for key in ("fsdp", "fsdp_z2", "ddp"):
-            if key in by:
-                over = med(by[key].window_s) / m - 1
-                best = min(by[key].window_s) / min(by["minimal"].window_s) - 1
-                notes.append(f"- Goal trainer overhead ≤ {GOAL_OVERHEAD:.0%} vs the minimal loop, {by[key].name}: "
-                             f"{verdict(over <= GOAL_OVERHEAD)} ({over:+.1%} time per step; best repeat vs best "
-                             f"repeat {best:+.1%}).")
-        if "ddp" in by:
-            d = max_loss_diff(by["ddp"].losses, by["minimal"].losses)
-            notes.append(f"- Losses of trainer ddp and the minimal loop: max |difference| {d:.2g} (same init, data, "
-                         "hyper-parameters).")
-        if "fsdp" in by:
-            d = max_loss_diff(by["fsdp"].losses, by["minimal"].losses)
-            notes.append(f"- Losses of trainer fsdp2 and the minimal loop: max |difference| {d:.2g}.")
+    if "minimal" in by and "trainer" in by:
+        m, t = by["minimal"], by["trainer"]
+        over = med(t.window_s) / med(m.window_s) - 1
+        best = min(t.window_s) / min(m.window_s) - 1
+        notes.append(f"- Goal trainer overhead ≤ {GOAL_OVERHEAD:.0%} vs the minimal loop: {verdict(over <= GOAL_OVERHEAD)} "
+                     f"({over:+.1%} time per step on medians; best repeat vs best repeat {best:+.1%}).")
+        notes.append(f"- Losses of the trainer and the minimal loop: max |difference| {max_loss_diff(t.losses, m.losses):.2g} "
+                     "(same init, data, hyper-parameters).")
     out = lines + [""] + notes + [""]
     if breakdown:
         names = {k: ALL_VARIANTS[k][0] for k in breakdown}
         out += [
             f"Where the time goes: ms per phase of one step, median over {fargs['breakdown_steps']} steps after "
             f"{fargs['breakdown_skip']} skipped, same phases timed in the same way for each (the trainer rows drive "
-            f"the trainer's own wrapped model, optimizer, scheduler and loader; no checkpointing):",
+            f"the trainer's own model, optimizer, scheduler and loader; no checkpointing):",
             "",
             "| Variant | " + " | ".join(PHASES) + " | total |",
             "|---|" + "---:|" * (len(PHASES) + 1),
@@ -461,7 +455,9 @@ def report(results: list[tuple[str, dict, list[Variant], dict | None]], info: di
         f"Single process on CPU, torch intra-op threads set explicitly per table (`torch.set_num_threads`). Trainer "
         f"runs are `Trainer(load_config(argv))` with `--config {BASE_CONFIG} --model.flavor F --training.steps N "
         f"--training.device cpu --metrics.log_freq 1000000000 --job.dump_folder <tmp>` plus the variant's overrides "
-        f"(FSDP2/DDP over the 1-rank gloo group the trainer starts itself); ckpt = `{' '.join(CKPT)}` (keep 3, local "
+        f"(one data-parallel rank: the trainer trains the model unwrapped, in the 1-rank gloo group it starts "
+        f"itself; Python's automatic garbage collection is off, generations 0-1 collected every 50 steps, "
+        f"`training.gc_freq`); ckpt = `{' '.join(CKPT)}` (keep 3, local "
         f"disk, full checkpoints). The minimal loop: the same model args and seed, the same loader, AdamW (same "
         f"hyper-parameters, same LR schedule), `model(inputs)`, `cross_entropy`, `backward`, `clip_grad_norm_`, "
         f"`step`, `zero_grad`, `loss.item()`; no process group, no wrapper. Variants interleaved, order rotated per "

@@ -84,16 +84,40 @@ def test_seed_checkpoint_and_load_step(tmp_path):
     assert not torch.distributed.is_initialized()  # the trainer closed the group it started
 
 
-@pytest.mark.parametrize("variant", [
-    {"optimization__zero_stage": 0, "training__gradient_accumulation_steps": 2,
-     "optimization__gradient_checkpointing": "true"},
-    {"optimization__zero_stage": 2, "optimization__precision": "bf16", "training__micro_batch_size": 2},
+def _train_variant(rank: int, world: int, root: str, variant: dict):
+    from trainer.config import load_config
+    from trainer.train import Trainer
+
+    trainer = Trainer(load_config(_args(root, steps=6, checkpoint__enable="false", **variant)))
+    try:
+        losses = trainer.fit()
+        full = models.full_state(trainer.model, trainer.optimizer)
+        return losses, {k: v.dtype for k, v in full["model"].items()}, type(trainer.model).__name__
+    finally:
+        trainer.close()
+
+
+@pytest.mark.parametrize("variant, wrapper", [
+    ({"optimization__zero_stage": 0, "training__gradient_accumulation_steps": 2,
+      "optimization__gradient_checkpointing": "true"}, "DistributedDataParallel"),
+    ({"optimization__zero_stage": 2, "optimization__precision": "bf16", "training__micro_batch_size": 2},
+     "FSDPTransformer"),
 ])
-def test_ddp_fsdp_bf16_accumulation_and_activation_checkpointing(tmp_path, variant):
-    losses, state, _ = _run(_args(str(tmp_path), steps=6, checkpoint__enable="false", **variant))
+def test_ddp_fsdp_bf16_accumulation_and_activation_checkpointing(tmp_path, variant, wrapper):
+    losses, dtypes, model_type = run_ranks(2, _train_variant, str(tmp_path), variant)[0]
+    assert model_type == wrapper
     assert len(losses) == 6 and all(l == l and l < 10 for l in losses)
     assert sum(losses[-2:]) < sum(losses[:2])
-    assert all(t.dtype == torch.float32 for t in state["model"].values())  # fp32 master weights
+    assert set(dtypes.values()) == {torch.float32}  # fp32 master weights
+
+
+def test_one_process_trains_the_model_unwrapped_in_bf16(tmp_path):
+    # One data-parallel rank: nothing to shard, so no FSDP2/DDP wrapper (torchtitan does the same);
+    # bf16 then runs through autocast over fp32 weights.
+    losses, dtypes, model_type = _train_variant(0, 1, str(tmp_path), {"optimization__precision": "bf16"})
+    assert model_type == "Transformer"
+    assert len(losses) == 6 and sum(losses[-2:]) < sum(losses[:2])
+    assert set(dtypes.values()) == {torch.float32}
 
 
 def test_cli_errors_are_one_line(tmp_path):
@@ -104,3 +128,22 @@ def test_cli_errors_are_one_line(tmp_path):
     result = subprocess.run([sys.executable, "-m", "trainer.train", *_args(str(tmp_path)), "--parallelism.tp", "2"],
                             cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "part 2" in result.stderr
+
+
+def test_scheduled_garbage_collection_restores_the_interpreter_setting(monkeypatch):
+    import gc
+
+    from trainer.train import scheduled_garbage_collection
+
+    collected = []
+    monkeypatch.setattr(gc, "collect", lambda generation=2: collected.append(generation) or 0)
+    assert gc.isenabled()
+    with scheduled_garbage_collection(3) as collect:
+        assert not gc.isenabled()
+        for step in range(1, 8):
+            collect(step)
+    assert gc.isenabled() and collected == [1, 1, 1]  # on entry, then at steps 3 and 6
+    with scheduled_garbage_collection(0) as collect:
+        assert gc.isenabled()
+        collect(3)
+    assert collected == [1, 1, 1]

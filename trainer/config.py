@@ -120,6 +120,10 @@ class TrainingConfig:
     """AdamW weight decay."""
     max_norm: float = 1.0
     """Gradient clipping by global norm; 0 disables clipping."""
+    gc_freq: int = 50
+    """Python garbage collection: automatic collection is off during training and generations 0-1
+    are collected every gc_freq steps on every rank at once (as torchtitan does), so a collection
+    never pauses one rank, or the checkpoint writer, at a random moment; 0 leaves it automatic."""
     dataset: str = "shipped"
     """Training text: "shipped" (the small corpus in the project), or a path to a .txt/.jsonl
     file or to a directory of them."""
@@ -648,6 +652,8 @@ def _validate(cfg: Config) -> None:
         _fail("training", "weight_decay", t.weight_decay, "must be >= 0")
     if t.max_norm < 0:
         _fail("training", "max_norm", t.max_norm, "must be >= 0 (0 disables clipping)")
+    if t.gc_freq < 0:
+        _fail("training", "gc_freq", t.gc_freq, "must be >= 0 (0 leaves collection automatic)")
     if not t.dataset:
         _fail("training", "dataset", t.dataset, 'must be "shipped" or a path')
 

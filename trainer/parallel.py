@@ -3,8 +3,12 @@
 Order of application (torchtitan's): tensor parallel → activation checkpointing → compile →
 data parallel (FSDP2/HSDP, or DDP for zero_stage 0). ``zero_stage``: 0 → DDP; 1 and 2 → FSDP2
 keeping parameters unsharded after forward (ZeRO-2-like); 3 → FSDP2 resharding after forward.
+With one data-parallel rank there is nothing to shard or replicate, so the model is not wrapped at
+all (as in torchtitan): FSDP2 on a 1-rank mesh still copies every parameter in and out of its flat
+buffers and runs the optimizer on DTensors, +10-30% time per step on CPU (benchmarks/RESULTS.md).
+Checkpoints do not care: plain tensors and DTensor shards load into each other by FQN.
 With ``precision = "bf16"`` FSDP2 computes in bf16 and reduces gradients in fp32 (master weights
-and optimizer state stay fp32); DDP uses autocast. Tensor and pipeline parallelism come in part 2.
+and optimizer state stay fp32); DDP and the unwrapped model use autocast. Tensor and pipeline parallelism come in part 2.
 """
 
 from __future__ import annotations
@@ -100,12 +104,21 @@ def parallelize(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, *, zero_
         apply_activation_checkpointing(model)
     if compile:
         apply_compile(model)
+    if dims.dp == 1:
+        return model
     if zero_stage == 0:
         if dims.dp_replicate > 1:
             raise ParallelismError("zero_stage 0 (DDP) replicates over all dp ranks; set dp_replicate = 1")
         return apply_ddp(model, mesh, device)
     dp_mesh = mesh["dp_shard"] if dims.dp_replicate == 1 else mesh["dp_replicate", "dp_shard"]
     return apply_fsdp(model, dp_mesh, reshard_after_forward=zero_stage == 3, bf16=bf16)
+
+
+def uses_autocast(model: nn.Module) -> bool:
+    """bf16 through autocast (DDP, unwrapped) rather than FSDP2's mixed-precision policy."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return not isinstance(model, FSDPModule)
 
 
 def set_gradient_sync(model: nn.Module, enabled: bool):

@@ -13,6 +13,8 @@ have seen, also with another data-parallel degree.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import math
 import os
@@ -30,7 +32,8 @@ from trainer import model as model_mod
 from trainer.config import Config, ConfigError, help_text, load_config
 from trainer.device import DeviceUnavailableError, device_name, init_distributed, peak_memory_gib, resolve_device_type, synchronize
 from trainer.metrics import MetricsLogger, peak_flops
-from trainer.parallel import ParallelDims, ParallelismError, all_reduce_mean, dp_rank, parallelize, set_gradient_sync
+from trainer.parallel import (ParallelDims, ParallelismError, all_reduce_mean, dp_rank, parallelize, set_gradient_sync,
+                              uses_autocast)
 
 
 def lr_lambda(warmup_steps: int, total_steps: int, min_ratio: float):
@@ -58,6 +61,23 @@ class TrainState:
 
     def load_state_dict(self, sd: dict) -> None:
         self.step, self.tokens_seen = int(sd["step"]), int(sd["tokens_seen"])
+
+
+@contextlib.contextmanager
+def scheduled_garbage_collection(gc_freq: int):
+    """Automatic collection off for the block; ``collect(step)`` runs generations 0-1 every
+    ``gc_freq`` steps. Restores the interpreter's previous setting on exit."""
+    if gc_freq <= 0:
+        yield lambda step: None
+        return
+    was_enabled = gc.isenabled()
+    gc.disable()
+    gc.collect(1)
+    try:
+        yield lambda step: gc.collect(1) if step % gc_freq == 0 else None
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class Trainer:
@@ -126,7 +146,7 @@ class Trainer:
         inputs, labels = inputs.to(self.device), labels.to(self.device)
         total = torch.zeros((), device=self.device)
         autocast = torch.autocast(self.device_type, dtype=torch.bfloat16,
-                                  enabled=self.bf16 and self.cfg.optimization.zero_stage == 0)
+                                  enabled=self.bf16 and uses_autocast(self.model))
         for micro in range(self.accumulation):
             chunk = slice(micro * self.micro_batch, (micro + 1) * self.micro_batch)
             with set_gradient_sync(self.model, micro == self.accumulation - 1), autocast:
@@ -151,10 +171,16 @@ class Trainer:
             self.log(f"seed checkpoint written to {self.manager.root / 'step-00000000'}")
             return []
         self.resume()
-        losses = []
+        losses: list[float] = []
+        last = t.steps if stop_at is None else min(stop_at, t.steps)
+        with scheduled_garbage_collection(t.gc_freq) as collect_garbage:
+            self._loop(last, losses, collect_garbage)
+        return losses
+
+    def _loop(self, last: int, losses: list[float], collect_garbage) -> None:
+        cfg, t = self.cfg, self.cfg.training
         tokens_per_step = t.batch_size * t.seq_len
         window_start, window_steps, stall = time.perf_counter(), 0, 0.0
-        last = t.steps if stop_at is None else min(stop_at, t.steps)
         while self.train_state.step < last:
             self.train_state.step += 1
             step = self.train_state.step
@@ -182,7 +208,7 @@ class Trainer:
                     "ckpt_stall_ms": 1e3 * stall / window_steps,
                 })
                 window_start, window_steps, stall = time.perf_counter(), 0, 0.0
-        return losses
+            collect_garbage(step)
 
     def close(self) -> None:
         try:
