@@ -156,7 +156,8 @@ class OptimizationConfig:
     """Recompute every transformer block's activations in backward (saves memory)."""
     zero_stage: int = 3
     """Data-parallel sharding: 0 DDP; 1 or 2 FSDP2 without resharding after forward;
-    3 FSDP2 resharding parameters after forward."""
+    3 FSDP2 resharding parameters after forward. With one data-parallel rank the model is not
+    wrapped (nothing to shard or replicate)."""
     compile: bool = False
     """Apply torch.compile to the model (per transformer block)."""
 
