@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Trainer throughput: checkpointing cost and framework overhead, in one run (issue 4).
 
-    python benchmarks/bench_trainer.py --threads 2 1 --out benchmarks/RESULTS.md
+    python benchmarks/bench_trainer.py --threads 1 2 --out benchmarks/RESULTS.md
 
 Single process on CPU, ``torch.set_num_threads`` set explicitly (``--threads``; one set of tables
 per value). For each model flavor (``--flavors``, default ``debug`` and ``small``) these variants
