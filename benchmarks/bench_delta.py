@@ -53,7 +53,6 @@ import gc
 import os
 import platform
 import queue
-import shlex
 import shutil
 import statistics
 import sys
@@ -74,7 +73,7 @@ import torch  # noqa: E402
 import zstandard  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
-from bench_save_load import cpu_model, meminfo, pressure_totals, write_section  # noqa: E402
+from bench_save_load import command_line, cpu_model, meminfo, pressure_totals, provenance, publish  # noqa: E402
 from ckpt import codec  # noqa: E402
 from trainer import model as model_mod  # noqa: E402
 from trainer.config import load_config  # noqa: E402
@@ -699,16 +698,7 @@ def report(runs, intervals, methods, speed_info, args, command, machine, date) -
                     "GB/s are the per-core figure.")
     body += [
         "",
-        "Machine:",
-        *[f"- {line}" for line in machine],
-        f"- Date: {date}",
-        "",
-        "Command:",
-        "",
-        "```",
-        command,
-        "```",
-        "",
+        *provenance([*machine, f"Date: {date}"], command),
     ]
     return "\n".join(body)
 
@@ -776,8 +766,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.intervals) < 1 or args.repeats < 0:
         parser.error("--intervals must be >= 1 and --repeats >= 0")
     args.intervals = sorted(set(args.intervals))
-    command = "python " + shlex.join([os.path.relpath(sys.argv[0], REPO) if argv is None else "benchmarks/bench_delta.py",
-                                      *(sys.argv[1:] if argv is None else argv)])
+    command = command_line("bench_delta.py", argv)
     if ZIPNN_NOTE:
         print(f"note: {ZIPNN_NOTE}; its columns will be n/a", flush=True)
 
@@ -816,12 +805,7 @@ def main(argv: list[str] | None = None) -> int:
     psi = ", ".join(f"{k} {100 * (psi1[k] - v) / 1e6 / elapsed:.0f}%" for k, v in psi0.items() if k in psi1)
     machine = machine_description(load_start, psi) + [f"Total run time: {elapsed / 60:.1f} min"]
     date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    section = report(runs, args.intervals, methods, speed_info, args, command, machine, date)
-    print()
-    print(section)
-    if args.out:
-        write_section(Path(args.out), section)
-        print(f"wrote section to {args.out}")
+    publish(report(runs, args.intervals, methods, speed_info, args, command, machine, date), args.out)
     return 0
 
 

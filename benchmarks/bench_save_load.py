@@ -516,19 +516,30 @@ def report(methods: list[Method], info: dict, args: argparse.Namespace, command:
         "- Loads are verified bitwise against the saved state (outside the timing)." if not args.no_verify
         else "- Loads were not verified (`--no-verify`).",
         "",
-        "Machine:",
-        *[f"- {line}" for line in info["machine"]],
-        f"- Other load on the machine: {info['contention']}",
-        f"- Date: {info['date']}",
-        "",
-        "Command:",
-        "",
-        "```",
-        command,
-        "```",
-        "",
+        *provenance([*info["machine"], f"Other load on the machine: {info['contention']}",
+                     f"Date: {info['date']}"], command),
     ]
     return "\n".join(body)
+
+
+def command_line(script: str, argv: list[str] | None) -> str:
+    """The command that reproduces this run, as it goes into the report."""
+    return "python " + shlex.join([os.path.relpath(sys.argv[0], REPO) if argv is None else f"benchmarks/{script}",
+                                   *(sys.argv[1:] if argv is None else argv)])
+
+
+def provenance(machine: list[str], command: str) -> list[str]:
+    """The closing lines of every results section: the machine (and run conditions), then the command."""
+    return ["Machine:", *[f"- {line}" for line in machine], "", "Command:", "", "```", command, "```", ""]
+
+
+def publish(section: str, out: str | None) -> None:
+    """Print the section and, with ``--out``, add or replace it in the results file."""
+    print()
+    print(section)
+    if out:
+        write_section(Path(out), section)
+        print(f"wrote section to {out}")
 
 
 def write_section(out: Path, section: str) -> None:
@@ -563,16 +574,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1 or args.gib <= 0:
         parser.error("--repeats must be >= 1 and --gib > 0")
 
-    command = "python " + shlex.join([os.path.relpath(sys.argv[0], REPO) if argv is None else "benchmarks/bench_save_load.py",
-                                      *(sys.argv[1:] if argv is None else argv)])
+    command = command_line("bench_save_load.py", argv)
     methods, info = run(args)
     info["date"] = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    section = report(methods, info, args, command)
-    print()
-    print(section)
-    if args.out:
-        write_section(Path(args.out), section)
-        print(f"wrote section to {args.out}")
+    publish(report(methods, info, args, command), args.out)
     return 0
 
 

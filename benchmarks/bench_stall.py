@@ -61,7 +61,6 @@ import datetime
 import gc
 import os
 import platform
-import shlex
 import shutil
 import statistics
 import sys
@@ -89,7 +88,7 @@ import ckpt  # noqa: E402
 import ckpt.manager  # noqa: E402
 import ckpt.staging  # noqa: E402
 from bench_save_load import (  # noqa: E402
-    cpu_model, filesystem_of, fsync_path, meminfo, pressure_totals, write_section,
+    command_line, cpu_model, filesystem_of, fsync_path, meminfo, pressure_totals, provenance, publish,
 )
 
 SECTION = "## Checkpoint stall in a training loop (issue 3)"
@@ -765,17 +764,8 @@ def report(phases: list[Phase], info: dict, args: argparse.Namespace, command: s
         "The caching `DefaultStager` runs on CPU only with `use_pinned_memory=False` (ignored without CUDA) and "
         "`use_non_blocking_copy=False` (refused without an accelerator).",
         "",
-        "Machine:",
-        *[f"- {line}" for line in info["machine"]],
-        f"- Other load on the machine: {info['contention']}",
-        f"- Date: {info['date']}",
-        "",
-        "Command:",
-        "",
-        "```",
-        command,
-        "```",
-        "",
+        *provenance([*info["machine"], f"Other load on the machine: {info['contention']}",
+                     f"Date: {info['date']}"], command),
     ]
     return "\n".join(body)
 
@@ -797,16 +787,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.saves < 1 or args.every < 2 or args.gib <= 0 or args.batch < 1:
         parser.error("--saves must be >= 1, --every >= 2, --gib > 0, --batch >= 1")
 
-    command = "python " + shlex.join([os.path.relpath(sys.argv[0], REPO) if argv is None else "benchmarks/bench_stall.py",
-                                      *(sys.argv[1:] if argv is None else argv)])
+    command = command_line("bench_stall.py", argv)
     phases, info = run(args)
     info["date"] = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    section = report(phases, info, args, command)
-    print()
-    print(section)
-    if args.out:
-        write_section(Path(args.out), section)
-        print(f"wrote section to {args.out}")
+    publish(report(phases, info, args, command), args.out)
     return 0
 
 

@@ -67,7 +67,6 @@ import datetime
 import gc
 import os
 import platform
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -86,7 +85,9 @@ for p in (REPO, REPO / "benchmarks"):
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench_save_load import cpu_model, filesystem_of, meminfo, pressure_totals, write_section  # noqa: E402
+from bench_save_load import (  # noqa: E402
+    command_line, cpu_model, filesystem_of, meminfo, pressure_totals, provenance, publish,
+)
 from trainer import data as data_mod  # noqa: E402
 from trainer import model as model_mod  # noqa: E402
 from trainer.config import load_config  # noqa: E402
@@ -472,18 +473,8 @@ def report(results: list[tuple[str, dict, list[Variant], dict | None]], info: di
     for title, fargs, variants, breakdown in results:
         body += flavor_report(title, fargs, variants, breakdown)
     body += [
-        "Machine:",
-        *[f"- {line}" for line in info["machine"]],
-        f"- Other load on the machine: {info['contention']}",
-        f"- Code: {info['git']}",
-        f"- Date: {info['date']}",
-        "",
-        "Command:",
-        "",
-        "```",
-        command,
-        "```",
-        "",
+        *provenance([*info["machine"], f"Other load on the machine: {info['contention']}",
+                     f"Code: {info['git']}", f"Date: {info['date']}"], command),
     ]
     return "\n".join(body)
 
@@ -513,8 +504,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--warmup and --window must be positive multiples of {INTERVAL}")
     os.chdir(REPO)  # BASE_CONFIG and the shipped corpus are relative to the repository
 
-    command = "python " + shlex.join([os.path.relpath(sys.argv[0], REPO) if argv is None else "benchmarks/bench_trainer.py",
-                                      *(sys.argv[1:] if argv is None else argv)])
+    command = command_line("bench_trainer.py", argv)
     base = Path(args.dir) if args.dir else REPO / "benchmarks" / "_work"
     base.mkdir(parents=True, exist_ok=True)
     tokens = data_mod.TokenStream(data_mod.load_documents("shipped"), data_mod.ByteTokenizer()).tokens
@@ -569,12 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     info["git"] = git_state()
     info["date"] = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    section = report(results, info, args, command)
-    print()
-    print(section)
-    if args.out:
-        write_section(Path(args.out), section)
-        print(f"wrote section to {args.out}")
+    publish(report(results, info, args, command), args.out)
     return 0
 
 
