@@ -8,7 +8,8 @@ all (as in torchtitan): FSDP2 on a 1-rank mesh still copies every parameter in a
 buffers and runs the optimizer on DTensors, +10-30% time per step on CPU (benchmarks/RESULTS.md).
 Checkpoints do not care: plain tensors and DTensor shards load into each other by FQN.
 With ``precision = "bf16"`` FSDP2 computes in bf16 and reduces gradients in fp32 (master weights
-and optimizer state stay fp32); DDP and the unwrapped model use autocast. Tensor and pipeline parallelism come in part 2.
+and optimizer state stay fp32); DDP and the unwrapped model use autocast. Tensor and pipeline
+parallelism come in part 2.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 
 class ParallelismError(ValueError):
@@ -116,8 +117,6 @@ def parallelize(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, *, zero_
 
 def uses_autocast(model: nn.Module) -> bool:
     """bf16 through autocast (DDP, unwrapped) rather than FSDP2's mixed-precision policy."""
-    from torch.distributed.fsdp import FSDPModule
-
     return not isinstance(model, FSDPModule)
 
 

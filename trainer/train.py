@@ -105,6 +105,7 @@ class Trainer:
             model, self.dims, self.mesh, zero_stage=cfg.optimization.zero_stage, bf16=self.bf16,
             activation_checkpointing=cfg.optimization.gradient_checkpointing,
             compile=cfg.optimization.compile, device=self.device)
+        self.autocast_bf16 = self.bf16 and uses_autocast(self.model)
         t = cfg.training
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=(0.9, 0.95),
                                            weight_decay=t.weight_decay)
@@ -146,7 +147,7 @@ class Trainer:
         inputs, labels = inputs.to(self.device), labels.to(self.device)
         total = torch.zeros((), device=self.device)
         autocast = torch.autocast(self.device_type, dtype=torch.bfloat16,
-                                  enabled=self.bf16 and uses_autocast(self.model))
+                                  enabled=self.autocast_bf16)
         for micro in range(self.accumulation):
             chunk = slice(micro * self.micro_batch, (micro + 1) * self.micro_batch)
             with set_gradient_sync(self.model, micro == self.accumulation - 1), autocast:
@@ -171,14 +172,13 @@ class Trainer:
             self.log(f"seed checkpoint written to {self.manager.root / 'step-00000000'}")
             return []
         self.resume()
-        losses: list[float] = []
         last = t.steps if stop_at is None else min(stop_at, t.steps)
         with scheduled_garbage_collection(t.gc_freq) as collect_garbage:
-            self._loop(last, losses, collect_garbage)
-        return losses
+            return self._train_until(last, collect_garbage)
 
-    def _loop(self, last: int, losses: list[float], collect_garbage) -> None:
+    def _train_until(self, last: int, collect_garbage) -> list[float]:
         cfg, t = self.cfg, self.cfg.training
+        losses = []
         tokens_per_step = t.batch_size * t.seq_len
         window_start, window_steps, stall = time.perf_counter(), 0, 0.0
         while self.train_state.step < last:
@@ -209,6 +209,7 @@ class Trainer:
                 })
                 window_start, window_steps, stall = time.perf_counter(), 0, 0.0
             collect_garbage(step)
+        return losses
 
     def close(self) -> None:
         try:
