@@ -45,6 +45,7 @@ from .errors import (
     CorruptCheckpointError,
 )
 from .format import MANIFEST_NAME
+from .options import Compression, SaveOptions
 from .chain import read_manifest
 from .staging import DoubleBufferStager, single_threaded_aten, tensor_signature
 from .state import export_state
@@ -104,35 +105,16 @@ class CheckpointManager:
     Collective: every rank constructs it, and calls ``save``/``load``/``close`` in the same order.
     """
 
-    def __init__(
-        self,
-        root: str | os.PathLike,
-        *,
-        interval: int = 1,
-        keep: int = 3,
-        keep_every: int | None = None,
-        async_mode: str = "double_buffer",
-        policy: str = "block",
-        device_type: str | None = None,
-        files_per_rank: int = 1,
-        user_metadata: dict | None = None,
-        full_every: int = 1,
-        compress: str | None = None,
-        zstd_level: int = 1,
-    ):
-        if interval < 1 or keep < 1 or full_every < 1 or (keep_every is not None and keep_every < 1):
-            raise ValueError("interval, keep, keep_every and full_every must be positive")
-        if full_every > 1 and async_mode != "double_buffer":
-            raise ValueError("delta checkpoints (full_every > 1) need async_mode='double_buffer'")
-        if compress not in (None, "zstd"):
-            raise ValueError(f"compress must be None or 'zstd', not {compress!r}")
-        if async_mode not in ASYNC_MODES:
-            raise ValueError(f"async_mode must be one of {ASYNC_MODES}, not {async_mode!r}")
+    def __init__(self, root: str | os.PathLike, options: SaveOptions | None = None, **overrides: Any):
+        options = (options or SaveOptions()).replace(**overrides)
+        self.options = options
         self.root = Path(root)
-        self.interval, self.keep, self.keep_every = interval, keep, keep_every
-        self.async_mode, self.policy = async_mode, policy
-        self.files_per_rank, self.user_metadata = files_per_rank, dict(user_metadata or {})
-        self.full_every, self.compress, self.zstd_level = full_every, compress, zstd_level
+        self.interval, self.keep, self.keep_every = options.interval, options.keep, options.keep_every
+        self.async_mode, self.policy = options.async_mode.value, options.policy.value
+        self.files_per_rank, self.user_metadata = options.files_per_rank, options.user_metadata
+        self.full_every, self.zstd_level = options.full_every, options.zstd_level
+        self.compress = None if options.compress is Compression.NONE else options.compress.value
+        device_type = options.device_type
         self._previous: tuple[int, Future, tuple] | None = None  # (step, staged snapshot, signature)
         self._deltas_in_chain = 0
         self._chain_broken = False
@@ -145,7 +127,7 @@ class CheckpointManager:
         self._write_pg = dist.new_group(backend="gloo") if self._distributed else None
         self._lock_fd: int | None = None
         self._agree_or_raise(self._take_root)
-        self._stager = DoubleBufferStager(device_type, policy=policy) if async_mode == "double_buffer" else None
+        self._stager = DoubleBufferStager(device_type, policy=self.policy) if self.async_mode == "double_buffer" else None
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="ckpt-persist", initializer=single_threaded_aten)
         self._inflight: dict[int, Future] = {}
         self._errors: list[BaseException] = []

@@ -1,0 +1,114 @@
+"""Save options: one typed, validated object for how and when checkpoints are written.
+
+:class:`SaveOptions` is what :class:`~ckpt.manager.CheckpointManager` is configured with, what it
+hands to the writer (:class:`~ckpt.dcp.Writer` reads ``files_per_rank``, ``compress``,
+``zstd_level`` and ``encode_threads``) and what the trainer's ``checkpoint`` section builds. Modes
+and policies are enums whose values are the strings users write (``"double_buffer"``, ``"skip"``,
+``"zstd"``); strings are accepted wherever an enum is, and a bad value fails at construction with
+the valid ones listed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, TypeVar
+
+
+class AsyncMode(str, Enum):
+    """How a save runs: snapshot to host buffers and write in the background, or write inline."""
+
+    DOUBLE_BUFFER = "double_buffer"
+    SYNC = "sync"
+
+
+class BusyPolicy(str, Enum):
+    """What a save does when both staging buffer sets are still being written."""
+
+    BLOCK = "block"
+    SKIP = "skip"
+
+
+class Compression(str, Enum):
+    """How full checkpoints store chunks (deltas are always zstd byte planes)."""
+
+    NONE = "none"
+    ZSTD = "zstd"
+
+
+E = TypeVar("E", bound=Enum)
+
+
+def as_enum(kind: type[E], value: Any, what: str) -> E:
+    """``value`` (an enum member or its string value, any case) as a member of ``kind``."""
+    if isinstance(value, kind):
+        return value
+    if isinstance(value, str):
+        try:
+            return kind(value.strip().lower())
+        except ValueError:
+            pass
+    choices = ", ".join(member.value for member in kind)
+    raise ValueError(f"{what} must be one of {choices}, not {value!r}")
+
+
+def choices(kind: type[Enum]) -> tuple[str, ...]:
+    """The string values of an enum, for CLIs and config validation."""
+    return tuple(member.value for member in kind)
+
+
+@dataclass(frozen=True)
+class SaveOptions:
+    """How and when checkpoints are written.
+
+    Attributes:
+        interval: ``manager.save(step, ...)`` writes when ``step % interval == 0`` (or forced).
+        keep: newest committed steps to keep; ``keep_every``: also keep multiples of it.
+        async_mode: double_buffer (snapshot, write in the background) or sync (write in ``save``).
+        policy: when both staging buffer sets are busy: block (wait) or skip (drop the save).
+        full_every: K > 1 writes a full checkpoint, then up to K-1 deltas, each against the
+            previous snapshot; needs async_mode double_buffer.
+        compress: none, or zstd (full checkpoints as zstd byte planes; deltas always are).
+        zstd_level: zstd level for deltas and compressed fulls.
+        files_per_rank: data files each rank writes in parallel threads (more helps fast NVMe).
+        encode_threads: threads encoding (compressing, delta-coding) chunks; None: one per core.
+        device_type: "cuda"/"npu"/"cpu" for staging; None: the accelerator in use, else cpu.
+        user_metadata: JSON-able dict recorded in every manifest (``Manifest.user``).
+    """
+
+    interval: int = 1
+    keep: int = 3
+    keep_every: int | None = None
+    async_mode: AsyncMode = AsyncMode.DOUBLE_BUFFER
+    policy: BusyPolicy = BusyPolicy.BLOCK
+    full_every: int = 1
+    compress: Compression = Compression.NONE
+    zstd_level: int = 1
+    files_per_rank: int = 1
+    encode_threads: int | None = None
+    device_type: str | None = None
+    user_metadata: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        compress = Compression.NONE if self.compress is None else self.compress
+        object.__setattr__(self, "async_mode", as_enum(AsyncMode, self.async_mode, "async_mode"))
+        object.__setattr__(self, "policy", as_enum(BusyPolicy, self.policy, "policy"))
+        object.__setattr__(self, "compress", as_enum(Compression, compress, "compress"))
+        object.__setattr__(self, "user_metadata", dict(self.user_metadata or {}))
+        for name in ("interval", "keep", "full_every", "zstd_level", "files_per_rank"):
+            _positive(name, getattr(self, name))
+        for name in ("keep_every", "encode_threads"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        if self.full_every > 1 and self.async_mode is not AsyncMode.DOUBLE_BUFFER:
+            raise ValueError("delta checkpoints (full_every > 1) need async_mode='double_buffer'")
+
+    def replace(self, **changes: Any) -> "SaveOptions":
+        """A copy with ``changes`` applied (validated like a new object)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, not {value!r}")
