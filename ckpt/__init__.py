@@ -15,7 +15,7 @@ DCP users plug in ``ckpt.dcp.Writer`` / ``ckpt.dcp.Reader`` instead. Every error
 
 from . import dcp
 from .api import load, save
-from .chain import read_manifest
+from .delta import DeltaBase
 from .errors import (
     CheckpointError,
     CheckpointExistsError,
@@ -23,22 +23,27 @@ from .errors import (
     CheckpointNotFoundError,
     CheckpointWriteError,
     CorruptCheckpointError,
+    DeviceUnavailableError,
     IncompatibleCheckpointError,
     InvalidManifestError,
+    SnapshotSkipped,
     UnsafeCheckpointError,
     UnsupportedFormatError,
 )
 from .format import FORMAT_VERSION, Manifest
 from .manager import CheckpointManager, SaveStats
+from .options import AsyncMode, BusyPolicy, Compression, SaveOptions
 from .planner import SafeLoadPlanner
-from .staging import DoubleBufferStager, SnapshotSkipped
+from .read import read_manifest
+from .root import CheckpointRoot
+from .staging import DoubleBufferStager
 from .state import RNGState
 
 __all__ = [
     "save", "load", "read_manifest", "dcp", "Manifest", "FORMAT_VERSION", "SafeLoadPlanner", "RNGState",
-    "CheckpointManager", "SaveStats", "DoubleBufferStager", "SnapshotSkipped",
+    "CheckpointManager", "SaveStats", "SaveOptions", "AsyncMode", "BusyPolicy", "Compression",
+    "CheckpointRoot", "DeltaBase", "DoubleBufferStager",
     "CheckpointError", "CheckpointExistsError", "CheckpointLockedError", "CheckpointNotFoundError",
-    "CheckpointWriteError",
-    "CorruptCheckpointError", "IncompatibleCheckpointError", "InvalidManifestError",
-    "UnsafeCheckpointError", "UnsupportedFormatError",
+    "CheckpointWriteError", "CorruptCheckpointError", "DeviceUnavailableError", "IncompatibleCheckpointError",
+    "InvalidManifestError", "SnapshotSkipped", "UnsafeCheckpointError", "UnsupportedFormatError",
 ]

@@ -17,11 +17,11 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from .chain import read_manifest
 from .dcp import Reader, Writer
 from .errors import CheckpointError, CheckpointWriteError
 from .format import Manifest
 from .planner import SafeLoadPlanner
+from .read import read_manifest
 from .state import export_state, stored_whole
 
 
@@ -70,7 +70,7 @@ def save(
                     no_dist=no_dist)
         return
     state_dict, _ = export_state(state)
-    writer = Writer(path, overwrite=overwrite, files_per_rank=files_per_rank, step=step, user_metadata=user_metadata)
+    writer = Writer(path, overwrite=overwrite, step=step, files_per_rank=files_per_rank, user_metadata=user_metadata)
     write_tree(state_dict, writer, process_group=process_group, no_dist=no_dist or not _distributed())
 
 

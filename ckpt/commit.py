@@ -14,6 +14,9 @@ died at any point leaves at most a ``.tmp-`` directory, which the next writer of
 it aside to ``<name>.old-<id>`` first and deletes it after the new one is in place; if a crash
 strikes between the two renames, the next writer moves the old copy back, so a committed target is
 never lost.
+
+A single-file checkpoint (:mod:`ckpt.merged`) follows the same steps with a :class:`PendingFile`:
+written and fsync'd under ``<name>.tmp-<id>``, then renamed over the target (atomic for a file).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import uuid
 from pathlib import Path
 
 from .errors import CheckpointExistsError
-from .fileio import fsync_dir, write_file_durably
+from .fileio import fsync_dir, write_all, write_file_durably
 from .format import DATA_DIR, MANIFEST_NAME
 
 log = logging.getLogger(__name__)
@@ -34,8 +37,24 @@ TMP_MARK = ".tmp-"
 OLD_MARK = ".old-"
 
 
+def uncommitted_reason(path: Path) -> str | None:
+    """Why ``path`` is not a committed checkpoint directory (None when it is one)."""
+    path = Path(path)
+    if TMP_MARK in path.name or OLD_MARK in path.name:
+        return f"{path} is the leftover of an unfinished save, not a checkpoint"
+    if not path.is_dir():
+        return f"no checkpoint at {path}"
+    if not (path / MANIFEST_NAME).is_file():
+        return f"{path} is not a committed checkpoint (no {MANIFEST_NAME})"
+    return None
+
+
 def is_committed(path: Path) -> bool:
-    return TMP_MARK not in path.name and OLD_MARK not in path.name and (path / MANIFEST_NAME).is_file()
+    return uncommitted_reason(path) is None
+
+
+def _tmp_name(target: Path) -> Path:
+    return target.parent / f"{target.name}{TMP_MARK}{uuid.uuid4().hex[:12]}"
 
 
 def begin(target: Path, *, overwrite: bool) -> Path:
@@ -45,7 +64,7 @@ def begin(target: Path, *, overwrite: bool) -> Path:
     collect_garbage(target)
     if target.exists() and not overwrite:
         raise CheckpointExistsError(f"{target} already exists; pass overwrite=True to replace it")
-    tmp = target.parent / f"{target.name}{TMP_MARK}{uuid.uuid4().hex[:12]}"
+    tmp = _tmp_name(target)
     (tmp / DATA_DIR).mkdir(parents=True)
     return tmp
 
@@ -55,20 +74,65 @@ def finish(tmp: Path, target: Path, manifest: bytes, *, overwrite: bool) -> None
     fsync_dir(tmp / DATA_DIR)
     write_file_durably(tmp / MANIFEST_NAME, manifest)
     fsync_dir(tmp)
+    _publish(tmp, target, overwrite=overwrite)
+
+
+def _publish(tmp: Path, target: Path, *, overwrite: bool) -> None:
+    """The commit point: rename ``tmp`` to ``target``; a directory already there is moved aside
+    first (it cannot be replaced atomically) and deleted once the new one is in place."""
     old = None
     if target.exists():
         if not overwrite:
             raise CheckpointExistsError(f"{target} appeared while saving; not replaced")
-        old = target.parent / f"{target.name}{OLD_MARK}{uuid.uuid4().hex[:12]}"
-        os.rename(target, old)
-    os.rename(tmp, target)
+        if target.is_dir():
+            old = target.parent / f"{target.name}{OLD_MARK}{uuid.uuid4().hex[:12]}"
+            os.rename(target, old)
+    os.replace(tmp, target)
     fsync_dir(target.parent)
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        _remove(old)
 
 
 def abort(tmp: Path) -> None:
-    shutil.rmtree(tmp, ignore_errors=True)
+    _remove(tmp)
+
+
+def _remove(path: Path) -> None:
+    if Path(path).is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        Path(path).unlink(missing_ok=True)
+
+
+class PendingFile:
+    """A single-file checkpoint being written: a fresh tmp file beside ``target``, published whole
+    by :meth:`publish` (fsync, close, rename, fsync the parent) or removed by :meth:`abort`."""
+
+    def __init__(self, target: str | os.PathLike, *, overwrite: bool):
+        self.target, self.overwrite = Path(target), overwrite
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        collect_garbage(self.target)
+        if self.target.exists() and not overwrite:
+            raise CheckpointExistsError(f"{self.target} already exists; pass overwrite=True to replace it")
+        self.tmp = _tmp_name(self.target)
+        self._fd: int | None = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+
+    def write(self, data) -> None:
+        write_all(self._fd, memoryview(data))
+
+    def publish(self) -> None:
+        os.fsync(self._fd)
+        self._close()
+        _publish(self.tmp, self.target, overwrite=self.overwrite)
+
+    def abort(self) -> None:
+        self._close()
+        _remove(self.tmp)
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def collect_garbage(target: Path) -> None:
@@ -79,15 +143,15 @@ def collect_garbage(target: Path) -> None:
     name = Path(target).name
     for entry in parent.iterdir():
         if entry.name.startswith(name + TMP_MARK):
-            log.info("removing stale tmp directory %s", entry)
-            shutil.rmtree(entry, ignore_errors=True)
+            log.info("removing stale tmp entry %s", entry)
+            _remove(entry)
     for entry in sorted(parent.glob(name + OLD_MARK + "*")):
         if not target.exists() and (entry / MANIFEST_NAME).is_file():
             log.warning("restoring %s from %s (a replacing save died mid-commit)", target, entry)
             os.rename(entry, target)
             fsync_dir(parent)
         else:
-            shutil.rmtree(entry, ignore_errors=True)
+            _remove(entry)
 
 
 def collect_root_garbage(root: Path) -> None:

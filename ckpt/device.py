@@ -16,13 +16,9 @@ from types import ModuleType
 
 import torch
 
-from .errors import CheckpointError
+from .errors import DeviceUnavailableError
 
 BACKENDS = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
-
-
-class DeviceUnavailableError(CheckpointError):
-    """The requested device type is not present on this machine."""
 
 
 def _load_torch_npu() -> bool:

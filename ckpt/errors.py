@@ -13,7 +13,12 @@ type; CLIs turn it into a single readable line and a non-zero exit.
     ├── UnsafeCheckpointError        a value would need code execution to load
     ├── IncompatibleCheckpointError  the checkpoint does not fit the live state (lists every mismatch)
     ├── CheckpointWriteError         a save failed; nothing was committed
-    └── CheckpointLockedError        another manager already writes to this root
+    ├── CheckpointLockedError        another manager already writes to this root
+    ├── SnapshotSkipped              both staging buffer sets were busy and the policy is skip
+    └── DeviceUnavailableError       the requested device type is not present on this machine
+
+Errors cross ranks as objects (pickled by :mod:`ckpt.collective`), so every rank raises the same
+type with the same attributes.
 """
 
 from __future__ import annotations
@@ -89,10 +94,18 @@ class CheckpointWriteError(CheckpointError):
     """Writing a checkpoint failed; the target was not committed and earlier ones are untouched."""
 
 
+class CheckpointLockedError(CheckpointError):
+    """Another CheckpointManager holds the lock on this checkpoint root; two writers are refused."""
+
+
+class SnapshotSkipped(CheckpointError):
+    """Every staging buffer set is still being written and the policy is ``skip``: this save was dropped."""
+
+
+class DeviceUnavailableError(CheckpointError):
+    """The requested device type is not present on this machine."""
+
+
 def _short_list(names: list[str], limit: int = 20) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f" … (+{len(names) - limit} more)" if len(names) > limit else "")
-
-
-class CheckpointLockedError(CheckpointError):
-    """Another CheckpointManager holds the lock on this checkpoint root; two writers are refused."""

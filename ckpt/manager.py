@@ -8,22 +8,26 @@
         manager.save(step, state)           # returns at once; bytes are written in the background
     manager.close()                         # waits; raises any background error
 
-Layout: ``<root>/step-00000100/`` per step (the format of docs/FORMAT.md). One manager per root:
-rank 0 holds ``<root>/.lock`` and, at start-up, deletes what dead saves left (tmp dirs,
-manifest-less step dirs). ``save`` captures small values synchronously, starts the tensor snapshot
-into a free staging buffer set (:class:`~ckpt.staging.DoubleBufferStager`) and queues the write on
-one background thread that uses its own gloo process group, so its collectives never interleave
-with training's. After each commit, rank 0 applies retention (:mod:`ckpt.retention`). A background
-failure is raised by the next ``save``/``wait``/``close``. ``async_mode="sync"`` writes inside
-``save`` instead.
+The manager only schedules; each concept lives in its module. One save, top to bottom:
+
+1. ``save`` (training thread): is the step due? export the state (:mod:`ckpt.state`); decide, with
+   every rank, whether it is a delta (:mod:`ckpt.delta`); start the snapshot into a free staging
+   buffer set (:mod:`ckpt.staging`; plain values are captured synchronously); queue the write.
+2. the writer thread: wait for the snapshot; write it through DCP and our writer
+   (:mod:`ckpt.dcp` → :mod:`ckpt.write` → :mod:`ckpt.commit`) on its own gloo process group, so
+   its collectives never interleave with training's;
+3. rank 0 applies retention (:mod:`ckpt.retention`) over the root (:mod:`ckpt.root`: step names,
+   lock, start-up clean-up, delta bases).
+
+A background failure is raised by the next ``save``/``wait``/``close``. ``async_mode="sync"``
+writes inside ``save`` instead.
 """
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
-import re
+import threading
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,43 +38,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import commit, retention
+from . import retention
 from .api import load as load_checkpoint, write_tree
+from .collective import any_rank, run_on_src
 from .dcp import Writer
-from .errors import (
-    CheckpointError,
-    CheckpointLockedError,
-    CheckpointNotFoundError,
-    CheckpointWriteError,
-    CorruptCheckpointError,
-)
-from .format import MANIFEST_NAME
-from .options import Compression, SaveOptions
-from .chain import read_manifest
-from .staging import DoubleBufferStager, single_threaded_aten, tensor_signature
+from .delta import DeltaBase, DeltaPolicy, tensor_signature
+from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError
+from .options import AsyncMode, BusyPolicy, SaveOptions
+from .root import CheckpointRoot, step_name
+from .staging import DoubleBufferStager, single_threaded_aten
 from .state import export_state
 
 log = logging.getLogger(__name__)
-
-STEP_DIR = re.compile(r"^step-(\d{8,})$")
-ASYNC_MODES = ("double_buffer", "sync")
-
-
-def step_path(root: str | os.PathLike, step: int) -> Path:
-    return Path(root) / f"step-{step:08d}"
-
-
-def committed_steps(root: str | os.PathLike) -> list[int]:
-    """Steps with a committed checkpoint under ``root``, ascending (the manifests are the truth)."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    steps = []
-    for entry in root.iterdir():
-        match = STEP_DIR.match(entry.name)
-        if match and (entry / MANIFEST_NAME).is_file():
-            steps.append(int(match.group(1)))
-    return sorted(steps)
 
 
 @dataclass
@@ -88,48 +67,33 @@ class SaveStats:
 class CheckpointManager:
     """Periodic checkpoints of one run under ``root`` (see the module docstring).
 
-    Args:
-        root: directory holding ``step-XXXXXXXX/`` checkpoints.
-        interval: ``save(step, ...)`` writes when ``step % interval == 0`` (or ``force=True``).
-        keep: newest committed steps to keep; ``keep_every``: also keep multiples of it.
-        async_mode: "double_buffer" (default) or "sync".
-        full_every: K > 1 writes a full checkpoint, then up to K-1 deltas, each against the previous
-            snapshot (kept in the other staging buffer set: no extra copy); a change of layout or
-            dtype, or a failed write, starts a new full. Needs async_mode "double_buffer".
-        compress: "zstd" stores full checkpoints as zstd byte planes (deltas always are); None: raw.
-        zstd_level: zstd level for deltas and compressed fulls.
-        policy: when both staging buffer sets are busy: "block" (default) or "skip" the save.
-        device_type: "cuda"/"npu"/"cpu" for staging (default: the accelerator in use, else cpu).
-        files_per_rank, user_metadata: passed to the writer.
+    Configured by a :class:`~ckpt.options.SaveOptions` (``options``), whose fields may also be
+    given, or overridden, as keyword arguments: ``CheckpointManager("ckpts", interval=100, keep=3)``.
+    See :class:`~ckpt.options.SaveOptions` for each field.
 
     Collective: every rank constructs it, and calls ``save``/``load``/``close`` in the same order.
     """
 
     def __init__(self, root: str | os.PathLike, options: SaveOptions | None = None, **overrides: Any):
-        options = (options or SaveOptions()).replace(**overrides)
-        self.options = options
+        self.options = options = (options or SaveOptions()).replace(**overrides)
         self.root = Path(root)
-        self.interval, self.keep, self.keep_every = options.interval, options.keep, options.keep_every
-        self.async_mode, self.policy = options.async_mode.value, options.policy.value
-        self.files_per_rank, self.user_metadata = options.files_per_rank, options.user_metadata
-        self.full_every, self.zstd_level = options.full_every, options.zstd_level
-        self.compress = None if options.compress is Compression.NONE else options.compress.value
-        device_type = options.device_type
-        self._previous: tuple[int, Future, tuple] | None = None  # (step, staged snapshot, signature)
-        self._deltas_in_chain = 0
-        self._chain_broken = False
-        self._bases: dict[int, int | None] = {}  # step -> base step, for retention
+        self._root = CheckpointRoot(root)
         self.stats = SaveStats()
         self._distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self._distributed else 0
         # Background writes and the main thread's agreements each get their own gloo group.
         self._control_pg = dist.new_group(backend="gloo") if self._distributed else None
         self._write_pg = dist.new_group(backend="gloo") if self._distributed else None
-        self._lock_fd: int | None = None
-        self._agree_or_raise(self._take_root)
-        self._stager = DoubleBufferStager(device_type, policy=self.policy) if self.async_mode == "double_buffer" else None
+        run_on_src(self._root.lock if self.rank == 0 else lambda: None, self._control_pg,
+                   distributed=self._distributed)
+        self._deltas = DeltaPolicy(options.full_every)
+        self._stager = None
+        if options.async_mode is AsyncMode.DOUBLE_BUFFER:
+            self._stager = DoubleBufferStager(options.device_type, policy=options.policy)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="ckpt-persist", initializer=single_threaded_aten)
+        # Written by save() on the training thread, read by the writer thread (retention): guarded.
         self._inflight: dict[int, Future] = {}
+        self._inflight_lock = threading.Lock()
         self._errors: list[BaseException] = []
         self._hooks: list[Any] = []
         self._closed = False
@@ -157,31 +121,33 @@ class CheckpointManager:
         Returns whether a save was started. Returns before the bytes are on disk (async mode)."""
         self._check_open()
         self._raise_background_error()
-        if not force and step % self.interval:
+        if not force and step % self.options.interval:
             return False
         start = time.perf_counter()
         if self._stager is not None:
             self._stager.wait_snapshot()  # the previous snapshot must be complete before the next one
         tree, _ = export_state(state)
         if self._stager is None:
+            self._root.record_base(step, None)
             self._write(step, tree)
             self._after_commit(step)
             self._account(start)
             return True
-        if self.policy == "skip" and self._agree_any(not self._stager.has_free_set()):
+        if self.options.policy is BusyPolicy.SKIP and self._agree_any(not self._stager.has_free_set()):
             self.stats.skipped += 1
             warnings.warn(f"checkpoint of step {step} skipped: both staging buffers are still being written",
                           stacklevel=2)
             return False
         signature = tensor_signature(tree)
-        base = self._delta_base(signature)
-        snapshot = self._stager.stage(tree, keep_previous=base is not None)
+        delta = not self._agree_any(not self._deltas.eligible(signature))
+        base = self._deltas.base_snapshot() if delta else None
+        snapshot = self._stager.stage(tree, keep_previous=delta)
+        self._deltas.started(step, snapshot, signature, delta=delta)
+        self._root.record_base(step, None if base is None else base[0])
         future = self._writer.submit(self._persist, step, snapshot, base)
         self._stager.track(future)
-        self._previous = (step, snapshot, signature)
-        self._deltas_in_chain = 0 if base is None else self._deltas_in_chain + 1
-        self._bases[step] = None if base is None else base[0]
-        self._inflight[step] = future
+        with self._inflight_lock:
+            self._inflight[step] = future
         future.add_done_callback(lambda f, step=step: self._finished(step, f))
         self.stats.host_buffer_bytes = self._stager.host_bytes
         self._account(start)
@@ -189,7 +155,9 @@ class CheckpointManager:
 
     def wait(self) -> None:
         """Block until every started save is committed; raise the first background error."""
-        for future in list(self._inflight.values()):
+        with self._inflight_lock:
+            pending = list(self._inflight.values())
+        for future in pending:
             try:
                 future.result()
             except BaseException:
@@ -205,11 +173,11 @@ class CheckpointManager:
         self._check_open()
         self.wait()
         if step is not None:
-            load_checkpoint(state, step_path(self.root, step), strict=strict, process_group=self._control_pg)
+            load_checkpoint(state, self._root.step_path(step), strict=strict, process_group=self._control_pg)
             return step
         for candidate in reversed(self.steps()):
             try:
-                load_checkpoint(state, step_path(self.root, candidate), strict=strict, process_group=self._control_pg)
+                load_checkpoint(state, self._root.step_path(candidate), strict=strict, process_group=self._control_pg)
                 return candidate
             except (CorruptCheckpointError, CheckpointNotFoundError) as exc:
                 log.warning("checkpoint step %d cannot be loaded (%s); trying an older one", candidate, exc)
@@ -218,7 +186,7 @@ class CheckpointManager:
 
     def steps(self) -> list[int]:
         """Committed steps under the root, ascending."""
-        return committed_steps(self.root)
+        return self._root.steps()
 
     def close(self) -> None:
         """Wait for every save, free the staging buffers, release the root. Raises a background error."""
@@ -233,9 +201,7 @@ class CheckpointManager:
             if self._stager is not None:
                 self._stager.close()
             self._writer.shutdown(wait=True)
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
-                self._lock_fd = None
+            self._root.unlock()
             for group in (self._control_pg, self._write_pg):
                 if group is not None:
                     dist.destroy_process_group(group)
@@ -253,93 +219,41 @@ class CheckpointManager:
             log.error("checkpoint error while closing after a failure: %s", background)
 
     # -- internals ---------------------------------------------------------------------------------
-    def _take_root(self) -> None:
-        """Rank 0: lock the root and clear what dead saves left behind."""
-        if self.rank != 0:
-            return
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise CheckpointLockedError(f"another CheckpointManager is writing to {self.root}") from None
-        self._lock_fd = fd
-        commit.collect_root_garbage(self.root)
-        for entry in self.root.iterdir():
-            if STEP_DIR.match(entry.name) and entry.is_dir() and not (entry / MANIFEST_NAME).exists():
-                log.info("removing %s: no manifest (an interrupted deletion)", entry)
-                commit.delete(entry)
-
-    def _agree_or_raise(self, fn) -> None:
-        """Run ``fn`` (which may raise on rank 0 only) and make every rank raise the same error."""
-        error = None
-        try:
-            fn()
-        except CheckpointError as exc:
-            error = exc
-        if self._distributed:
-            box = [error]
-            dist.broadcast_object_list(box, src=0, group=self._control_pg)
-            error = box[0]
-        if error is not None:
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
-            raise error
-
     def _agree_any(self, flag: bool) -> bool:
-        if not self._distributed:
-            return flag
-        tensor = torch.tensor([int(flag)])
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._control_pg)
-        return bool(tensor.item())
+        return any_rank(flag, self._control_pg, distributed=self._distributed)
 
-    def _delta_base(self, signature: tuple) -> tuple[int, Future] | None:
-        """(base step, its staged snapshot) when this save may be a delta; agreed by every rank."""
-        eligible = (
-            self.full_every > 1 and self._previous is not None and not self._chain_broken
-            and self._deltas_in_chain < self.full_every - 1 and self._previous[2] == signature
-        )
-        if self._agree_any(not eligible):
-            self._chain_broken = False  # this save starts a new chain
-            return None
-        return self._previous[0], self._previous[1]
-
-    def _write(self, step: int, tree: dict, base: tuple[int, dict] | None = None) -> None:
-        writer = Writer(step_path(self.root, step), overwrite=True, files_per_rank=self.files_per_rank,
-                        step=step, user_metadata=self.user_metadata, compress=self.compress,
-                        zstd_level=self.zstd_level,
-                        base=None if base is None else base[1],
-                        base_name=None if base is None else step_path(self.root, base[0]).name,
-                        base_step=None if base is None else base[0])
+    def _write(self, step: int, tree: dict, base: DeltaBase | None = None) -> None:
+        writer = Writer(self._root.step_path(step), overwrite=True, step=step, base=base, options=self.options)
         write_tree(tree, writer, process_group=self._write_pg, no_dist=not self._distributed)
 
     def _persist(self, step: int, snapshot: Future, base: tuple[int, Future] | None) -> None:
-        self._write(step, snapshot.result(), None if base is None else (base[0], base[1].result()))
+        """The writer thread: wait for the snapshot (and the base's), write, commit, retain."""
+        if base is not None:
+            base_step, base_snapshot = base
+            base = DeltaBase(base_step, step_name(base_step), base_snapshot.result())
+        self._write(step, snapshot.result(), base)
         self._after_commit(step)
 
     def _after_commit(self, step: int) -> None:
         if self.rank != 0:
             return
-        in_flight = {s for s, f in self._inflight.items() if not f.done()} - {step}
+        with self._inflight_lock:
+            writing = list(self._inflight.items())
+        in_flight = {s for s, f in writing if not f.done()} - {step}
         committed = self.steps()
-        for known in committed:
-            if known not in self._bases:  # written by an earlier run: ask its manifest
-                try:
-                    self._bases[known] = read_manifest(step_path(self.root, known)).base_step
-                except CheckpointError:
-                    self._bases[known] = None
-        for old in retention.steps_to_delete(committed, keep=self.keep, keep_every=self.keep_every,
-                                             protected=in_flight, bases=self._bases):
+        doomed = retention.steps_to_delete(committed, keep=self.options.keep, keep_every=self.options.keep_every,
+                                           protected=in_flight, bases=self._root.bases(committed))
+        for old in doomed:
             log.info("retention: deleting step %d", old)
-            commit.delete(step_path(self.root, old))
+            self._root.delete(old)
 
     def _finished(self, step: int, future: Future) -> None:
-        self._inflight.pop(step, None)
+        with self._inflight_lock:
+            self._inflight.pop(step, None)
         error = future.exception()
         if error is not None:
             self._errors.append(error)
-            self._chain_broken = True  # a delta must never build on a write that failed
+            self._deltas.write_failed()  # a delta must never build on a write that failed
 
     def _raise_background_error(self) -> None:
         if self._errors:

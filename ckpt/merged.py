@@ -5,14 +5,14 @@ first and each tensor is then gathered (``DTensor.full_tensor``) and streamed to
 time: peak extra memory is one full tensor, never the whole model. Rank 0 writes; every rank joins
 each gather. Keys are the flattened DCP keys of the sharded format (``model.layers.0.attention.wq.weight``);
 non-tensor values travel in the header's ``__metadata__`` as tagged JSON under ``ckpt.values``.
-The file appears atomically (tmp name, fsync, rename, fsync parent).
+The file appears atomically (:class:`ckpt.commit.PendingFile`); a failure on rank 0 is raised on
+every rank as the same error.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,11 @@ from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.tensor import DTensor
 
 from . import values
-from .datafile import tensor_bytes
-from .errors import CheckpointExistsError, CheckpointWriteError, UnsupportedFormatError
-from .fileio import fsync_dir, write_all
+from .collective import broadcast_error
+from .commit import PendingFile
+from .errors import CheckpointError, CheckpointWriteError, UnsupportedFormatError
 from .state import export_state
+from .write import tensor_bytes
 
 SAFETENSORS_DTYPES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -52,51 +53,39 @@ def save_merged(
     names = sorted(k for k, v in flat.items() if isinstance(v, torch.Tensor))
     header = _header(flat, names, paths, user_metadata or {})
 
-    failure: str | None = None
-    fd = tmp = None
+    failure: CheckpointError | None = None
+    pending: PendingFile | None = None
+
+    def attempt(fn) -> None:
+        nonlocal failure
+        if failure is None:
+            try:
+                fn()
+            except CheckpointError as exc:
+                failure = exc
+            except Exception as exc:
+                failure = CheckpointWriteError(f"merged save to {path} failed: {type(exc).__name__}: {exc}")
+
     if rank == 0:
-        try:
-            if path.exists() and not overwrite:
-                raise CheckpointExistsError(f"{path} already exists; pass overwrite=True to replace it")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex[:12]}")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            write_all(fd, memoryview(header))
-        except Exception as exc:
-            failure = f"{type(exc).__name__}: {exc}"
+        def start() -> None:
+            nonlocal pending
+            pending = PendingFile(path, overwrite=overwrite)
+            pending.write(header)
+
+        attempt(start)
     for name in names:  # every rank joins every gather, even after rank 0 failed, to stay in step
         tensor = flat[name]
         full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-        if rank == 0 and failure is None:
-            try:
-                write_all(fd, memoryview(tensor_bytes(full)))
-            except Exception as exc:
-                failure = f"{type(exc).__name__}: {exc}"
+        if rank == 0:
+            attempt(lambda: pending.write(tensor_bytes(full)))
         del full
     if rank == 0:
-        try:
-            if failure is None:
-                os.fsync(fd)
-                os.close(fd)
-                fd = None
-                os.replace(tmp, path)
-                fsync_dir(path.parent)
-        except Exception as exc:
-            failure = f"{type(exc).__name__}: {exc}"
-        finally:
-            if fd is not None:
-                os.close(fd)
-            if failure is not None and tmp is not None and tmp.exists():
-                tmp.unlink()
-    if distributed:
-        box = [failure]
-        dist.broadcast_object_list(box, src=dist.get_global_rank(process_group, 0) if process_group else 0,
-                                   group=process_group)
-        failure = box[0]
+        attempt(lambda: pending.publish())
+        if failure is not None and pending is not None:
+            pending.abort()
+    failure = broadcast_error(failure, process_group, distributed=distributed)
     if failure is not None:
-        if failure.startswith("CheckpointExistsError"):
-            raise CheckpointExistsError(failure.split(": ", 1)[1])
-        raise CheckpointWriteError(f"merged save to {path} failed: {failure}")
+        raise failure
 
 
 def _header(flat: dict, names: list[str], paths: dict, user_metadata: dict) -> bytes:

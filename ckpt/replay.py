@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Callable
 
 from . import commit
-from .chain import ChunkSource
-from .datafile import Payload, write_file
 from .format import Chunk, Manifest, TensorEntry, ValueEntry
+from .read import ChunkSource
+from .write import Payload, write_file
 
 
 def materialize(source_path: str | os.PathLike, out: str | os.PathLike | None = None, *,
@@ -35,8 +35,7 @@ def materialize(source_path: str | os.PathLike, out: str | os.PathLike | None = 
             for key, entry in old.tensors.items():
                 for chunk in entry.chunks:
                     by_file[chunk.blob.file].append(
-                        Payload((key, chunk), _decoder(source, key, chunk, entry.dtype.itemsize, progress),
-                                chunk.blob.decoded_length))
+                        Payload((key, chunk), _decoder(source, key, chunk, progress), chunk.blob.decoded_length))
             for key, value in old.values.items():
                 if value.blob is not None:
                     by_file[value.blob.file].append(
@@ -47,13 +46,10 @@ def materialize(source_path: str | os.PathLike, out: str | os.PathLike | None = 
             manifest.values = {key: v for key, v in old.values.items() if v.blob is None}
             for name, payloads in sorted(by_file.items()):
                 for (key, chunk), blob in write_file(tmp / name, name, payloads):
-                    if chunk is None:
-                        manifest.values[key] = ValueEntry(old.values[key].encoding, blob=blob)
-                    else:
-                        manifest.tensors[key].chunks.append(Chunk(chunk.offsets, chunk.sizes, blob))
-                    manifest.files[name] = max(manifest.files.get(name, 0), blob.offset + blob.length)
-            for entry in manifest.tensors.values():
-                entry.chunks.sort(key=lambda c: c.offsets)
+                    record = ValueEntry(old.values[key].encoding, blob=blob) if chunk is None else \
+                        Chunk(chunk.offsets, chunk.sizes, blob)
+                    manifest.add_record(key, record)
+            manifest.sort_chunks()
             commit.finish(tmp, out, manifest.to_json(), overwrite=overwrite or in_place)
         except BaseException:
             commit.abort(tmp)
@@ -61,9 +57,9 @@ def materialize(source_path: str | os.PathLike, out: str | os.PathLike | None = 
     return manifest
 
 
-def _decoder(source: ChunkSource, key: str, chunk: Chunk, itemsize: int, progress):
+def _decoder(source: ChunkSource, key: str, chunk: Chunk, progress):
     def produce():
-        raw = source.raw(key, chunk, itemsize)
+        raw = source.raw(key, chunk)
         if progress is not None:
             progress(raw.nbytes)
         return raw

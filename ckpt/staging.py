@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,15 +32,13 @@ from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.tensor import DTensor
 
 from .device import accelerator_module
-from .errors import CheckpointError
+from .errors import SnapshotSkipped
+from .options import BusyPolicy, as_enum
+from .tree import CONTAINERS, DESCEND, descend_containers, transform
 from .values import Leaf
 
 ALIGN = 64  # bytes between tensors inside one buffer set
 _HELD = Future()  # marks a set kept as a base until the next track(): earlier writes must not free it
-
-
-class SnapshotSkipped(CheckpointError):
-    """Every buffer set is still being written and the policy is ``skip``: this save was dropped."""
 
 
 @dataclass
@@ -63,26 +60,27 @@ class DoubleBufferStager(AsyncStager):
 
     Args:
         device_type: "cuda", "npu" or "cpu"; default: the accelerator in use, else cpu.
-        policy: "block" (default) or "skip" when both buffer sets are busy.
+        policy: :class:`~ckpt.options.BusyPolicy` (or its string): block (default) or skip when
+            both buffer sets are busy.
         pin_memory: pin the host buffers (default: True on an accelerator).
     """
 
     _synchronize_after_execute = False
 
-    def __init__(self, device_type: str | None = None, *, policy: str = "block", pin_memory: bool | None = None):
-        if policy not in ("block", "skip"):
-            raise ValueError(f"policy must be 'block' or 'skip', not {policy!r}")
+    def __init__(self, device_type: str | None = None, *, policy: BusyPolicy | str = BusyPolicy.BLOCK,
+                 pin_memory: bool | None = None):
+        self.policy = as_enum(BusyPolicy, policy, "policy")
         self.accel = accelerator_module(device_type)
         self.device_type = device_type or ("cpu" if self.accel is None else self.accel.__name__.split(".")[-1])
-        self.policy = policy
         self.pin_memory = (self.accel is not None) if pin_memory is None else pin_memory
         self.sets = [_BufferSet(0), _BufferSet(1)]
         self.skipped = 0
         self._lock = threading.Condition()
         self._last: _BufferSet | None = None  # the set most recently staged into
         self._held: _BufferSet | None = None  # kept unchanged as the base of the next write
-        self._pending: Future | None = None  # the snapshot copy in progress
+        self._pending: Future | None = None  # the snapshot copy in progress, until a host wait
         self._event = None  # accelerator: event recorded after the side-stream copies
+        self._stream_ordered = False  # accelerator: the compute stream already waits on the event
         self._copier = ThreadPoolExecutor(1, thread_name_prefix="ckpt-snapshot", initializer=single_threaded_aten)
         self._stream = self.accel.Stream() if self.accel is not None else None
         self._closed = False
@@ -129,14 +127,17 @@ class DoubleBufferStager(AsyncStager):
         """Make it safe to modify the staged state: the snapshot copy must be complete.
 
         On an accelerator this only orders the compute stream after the copies (no host wait)
-        unless ``host=True``."""
-        pending, self._pending = self._pending, None
+        unless ``host=True``; the copy stays pending for a later host wait (``close`` frees the
+        buffers only after one)."""
+        pending = self._pending
         if pending is None:
             return
         if self._event is not None and not host:
-            self.accel.current_stream().wait_event(self._event)
-            self._pending_host = pending
+            if not self._stream_ordered:
+                self.accel.current_stream().wait_event(self._event)
+                self._stream_ordered = True
             return
+        self._pending = None
         pending.result()
 
     def track(self, write: Future) -> None:
@@ -179,7 +180,7 @@ class DoubleBufferStager(AsyncStager):
                 if free:
                     free[0].busy = True
                     return free[0]
-                if self.policy == "skip":
+                if self.policy is BusyPolicy.SKIP:
                     self.skipped += 1
                     raise SnapshotSkipped("both staging buffer sets are still being written; save skipped")
                 self._lock.wait()
@@ -207,6 +208,7 @@ class DoubleBufferStager(AsyncStager):
                 dst.copy_(src, non_blocking=True)
             self._event = self.accel.Event()
             self._event.record(stream)
+        self._stream_ordered = False
         event = self._event
         return self._copier.submit(lambda: (event.synchronize(), staged)[1])
 
@@ -240,53 +242,32 @@ class _Slot:
         self.like = like
 
 
-def _capture(node: Any, sources: list[torch.Tensor]) -> Any:
+def _capture(state_dict: Any, sources: list[torch.Tensor]) -> Any:
     """Copy the structure and every non-tensor value now; note tensors to be copied later."""
-    if isinstance(node, torch.Tensor):
-        sources.append(_local(node).detach())
-        return _Slot(node)
-    if isinstance(node, Mapping):
-        return {key: _capture(value, sources) for key, value in node.items()}
-    if isinstance(node, list):
-        return [_capture(value, sources) for value in node]
-    if isinstance(node, tuple):
-        return tuple(_capture(value, sources) for value in node)
-    if isinstance(node, Leaf):
-        return Leaf(copy.deepcopy(node.value))
-    return copy.deepcopy(node)
+
+    def visit(node: Any, path: tuple) -> Any:
+        if isinstance(node, torch.Tensor):
+            sources.append(_local(node).detach())
+            return _Slot(node)
+        if isinstance(node, CONTAINERS):
+            return DESCEND
+        if isinstance(node, Leaf):
+            return Leaf(copy.deepcopy(node.value))
+        return copy.deepcopy(node)
+
+    return transform(state_dict, visit)
 
 
-def _fill(node: Any, views) -> Any:
-    if isinstance(node, _Slot):
-        view = next(views)
-        like = node.like
+def _fill(skeleton: Any, views) -> Any:
+    """The skeleton with each slot replaced by the next staged view (re-wrapped as a DTensor)."""
+
+    def staged(node: Any) -> Any:
+        if not isinstance(node, _Slot):
+            return node
+        view, like = next(views), node.like
         if isinstance(like, DTensor):
             return DTensor.from_local(view, like.device_mesh, like.placements, run_check=False,
                                       shape=like.shape, stride=like.stride())
         return view
-    if isinstance(node, dict):
-        return {key: _fill(value, views) for key, value in node.items()}
-    if isinstance(node, list):
-        return [_fill(value, views) for value in node]
-    if isinstance(node, tuple):
-        return tuple(_fill(value, views) for value in node)
-    return node
 
-
-def tensor_signature(state_dict: Any) -> tuple:
-    """Shapes and dtypes of the (local) tensors in a state tree, in traversal order: two snapshots
-    with equal signatures have the same chunk layout."""
-    sources: list[torch.Tensor] = []
-    _walk_tensors(state_dict, sources)
-    return tuple((tuple(t.shape), t.dtype) for t in sources)
-
-
-def _walk_tensors(node: Any, out: list) -> None:
-    if isinstance(node, torch.Tensor):
-        out.append(_local(node))
-    elif isinstance(node, Mapping):
-        for value in node.values():
-            _walk_tensors(value, out)
-    elif isinstance(node, (list, tuple)):
-        for value in node:
-            _walk_tensors(value, out)
+    return transform(skeleton, descend_containers(staged))

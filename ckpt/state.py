@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from .tree import DESCEND, descend_containers, leaves, transform
 from .values import Leaf
 
 
@@ -32,7 +33,7 @@ def export_state(state: dict, whole: Callable[[tuple], bool] | None = None) -> t
     Tensor-free subtrees become single :class:`~ckpt.values.Leaf` values where ``whole(path)`` says
     so (always, when saving; when loading, wherever the checkpoint stored them whole — one saved
     by plain DCP has them flattened instead)."""
-    modules = [v for v in _walk(state) if isinstance(v, nn.Module)]
+    modules = [v for v in leaves(state, into=(dict, list)) if isinstance(v, nn.Module)]
     exporter = _Exporter(modules, whole or (lambda path: True))
     tree = {key: exporter.export(value, (key,)) for key, value in state.items()}
 
@@ -55,29 +56,19 @@ def stored_whole(value_keys: set[str], all_keys) -> Callable[[tuple], bool]:
     return whole
 
 
-def _walk(node: Any):
-    if isinstance(node, dict):
-        for value in node.values():
-            yield from _walk(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _walk(value)
-    else:
-        yield node
-
-
 class _Exporter:
     def __init__(self, modules: list[nn.Module], whole: Callable[[tuple], bool]):
         self.modules, self.whole = modules, whole
         self.restorers: list[Callable[[], None]] = []
 
     def export(self, node: Any, path: tuple) -> Any:
+        """Live objects become their state dicts (restorers noted); tensor- and object-free
+        dicts/lists become one :class:`~ckpt.values.Leaf` where ``whole`` says so."""
+        return transform(node, self._export_visit, path)
+
+    def _export_visit(self, node: Any, path: tuple) -> Any:
         if isinstance(node, (dict, list)):
-            if not _holds_live_object(node) and self.whole(path):
-                return Leaf(node)
-            if isinstance(node, dict):
-                return {key: self.export(value, path + (key,)) for key, value in node.items()}
-            return [self.export(value, path + (i,)) for i, value in enumerate(node)]
+            return Leaf(node) if not _holds_live_object(node) and self.whole(path) else DESCEND
         if isinstance(node, nn.Module):
             sd = self.collapse_within(get_model_state_dict(node), path)
             self.restorers.append(lambda: set_model_state_dict(node, _unwrap(sd)))
@@ -99,39 +90,24 @@ class _Exporter:
 
     def collapse_within(self, state_dict: dict, path: tuple) -> dict:
         """Collapse below the top level, so the dict a restorer holds is the one DCP fills in place."""
-        return {key: self.collapse(value, path + (key,)) for key, value in state_dict.items()}
+        return {key: transform(value, self._collapse_visit, path + (key,)) for key, value in state_dict.items()}
 
-    def collapse(self, node: Any, path: tuple) -> Any:
+    def _collapse_visit(self, node: Any, path: tuple) -> Any:
         """Wrap tensor-free dict/list/tuple subtrees into one :class:`~ckpt.values.Leaf` each."""
         if isinstance(node, (dict, list, tuple)):
             if not _holds_tensor(node) and self.whole(path):
                 return Leaf(node)
-            if isinstance(node, dict):
-                return {key: self.collapse(value, path + (key,)) for key, value in node.items()}
-            if isinstance(node, list):
-                return [self.collapse(value, path + (i,)) for i, value in enumerate(node)]
+            return DESCEND if isinstance(node, (dict, list)) else node
         return node
 
 
 def _unwrap(node: Any) -> Any:
     """Undo collapsing where a leaf was not replaced by a loaded value."""
-    if isinstance(node, Leaf):
-        return node.value
-    if isinstance(node, dict):
-        return type(node)((key, _unwrap(value)) for key, value in node.items())
-    if isinstance(node, list):
-        return [_unwrap(value) for value in node]
-    return node
+    return transform(node, descend_containers(lambda leaf: leaf.value if isinstance(leaf, Leaf) else leaf))
 
 
 def _holds_tensor(node: Any) -> bool:
-    if isinstance(node, torch.Tensor):
-        return True
-    if isinstance(node, dict):
-        return any(_holds_tensor(v) for v in node.values())
-    if isinstance(node, (list, tuple)):
-        return any(_holds_tensor(v) for v in node)
-    return False
+    return any(isinstance(leaf, torch.Tensor) for leaf in leaves(node))
 
 
 def _is_stateful(node: Any) -> bool:
@@ -167,11 +143,7 @@ def _write_back(user: Any, tree: Any) -> None:
 
 
 def _holds_live_object(node: Any) -> bool:
-    if isinstance(node, dict):
-        return any(_holds_live_object(v) for v in node.values())
-    if isinstance(node, list):
-        return any(_holds_live_object(v) for v in node)
-    return _is_live_object(node)
+    return any(_is_live_object(leaf) for leaf in leaves(node, into=(dict, list)))
 
 
 def _is_live_object(node: Any) -> bool:

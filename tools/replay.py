@@ -15,7 +15,7 @@ import sys
 from tqdm import tqdm
 
 from ckpt import CheckpointError, read_manifest
-from ckpt.manager import step_path
+from ckpt.root import step_path
 from ckpt.replay import materialize
 
 

@@ -1,0 +1,225 @@
+"""The read side: locate → read → verify → decode, delta chains included. The one path every
+load, replay and tool takes to a checkpoint's bytes.
+
+1. locate  :func:`read_manifest` opens a committed checkpoint and validates its manifest before
+           anything in it is used (:mod:`ckpt.validate`);
+2. read    :class:`DataFiles` reads a blob with positional reads straight into the caller's buffer
+           (the live tensor when the layouts match), confined to the checkpoint directory, refusing
+           blobs beyond the end of their file before allocating for them;
+3. verify  every blob's xxh3-64 checksum, before its bytes are handed on (a direct read into a live
+           tensor is hashed while the next chunk is read, and committed only once it verifies);
+4. decode  :class:`ChunkSource` turns stored bytes back into raw ones (:mod:`ckpt.codec`); a
+           ``delta``/``unchanged`` chunk is decoded against the chunk at the same offsets in the
+           base checkpoint (a sibling directory, itself possibly a delta, down to the last full).
+           A missing, corrupt or looping link raises :class:`~ckpt.errors.CorruptCheckpointError`
+           naming it. Values decode from tagged JSON, or from a ``torch.save`` stream read with
+           ``weights_only=True`` only.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+import torch
+
+from . import codec, commit, values
+from .errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    InvalidManifestError,
+    UnsafeCheckpointError,
+)
+from .fileio import checksum, pread_into
+from .format import MANIFEST_NAME, Blob, Chunk, Manifest, ValueEntry
+
+MAX_MANIFEST_BYTES = 1 << 30
+MAX_CHAIN = 100_000
+
+
+def read_manifest(path: str | os.PathLike) -> Manifest:
+    """Parse and validate the manifest of the committed checkpoint at ``path``."""
+    path = Path(path)
+    reason = commit.uncommitted_reason(path)
+    if reason is not None:
+        raise CheckpointNotFoundError(reason)
+    manifest_path = path / MANIFEST_NAME
+    if manifest_path.stat().st_size > MAX_MANIFEST_BYTES:
+        raise InvalidManifestError(f"{manifest_path} is absurdly large", file=MANIFEST_NAME)
+    return Manifest.from_json(manifest_path.read_bytes(), source=str(manifest_path))
+
+
+class DataFiles:
+    """Read access to the data files of one checkpoint directory."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root).resolve()
+        self._fds: dict[str, tuple[int, int]] = {}
+
+    def _open(self, name: str) -> tuple[int, int]:
+        if name not in self._fds:
+            path = (self.root / name).resolve()
+            if not path.is_relative_to(self.root):
+                raise InvalidManifestError(f"data file {name!r} resolves outside the checkpoint", file=name)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise CorruptCheckpointError(f"{self.root}: data file {name} is missing", file=name) from None
+            self._fds[name] = (fd, os.fstat(fd).st_size)
+        return self._fds[name]
+
+    def check(self, blob: Blob, *, what: str) -> int:
+        """Refuse a blob that lies beyond the end of its file; call before allocating for it."""
+        fd, size = self._open(blob.file)
+        if blob.offset + blob.length > size:
+            raise CorruptCheckpointError(
+                f"{self.root}: {blob.file} is truncated ({size} bytes) - {what} needs bytes "
+                f"{blob.offset}..{blob.offset + blob.length}",
+                file=blob.file, tensor=what,
+            )
+        return fd
+
+    def read_into(self, blob: Blob, buffer: memoryview, *, what: str) -> None:
+        """Fill ``buffer`` (exactly ``blob.length`` bytes) with the blob's stored bytes, unverified."""
+        fd = self.check(blob, what=what)
+        if pread_into(fd, buffer, blob.offset) != blob.length:
+            raise CorruptCheckpointError(f"{self.root}: short read of {what} from {blob.file}",
+                                         file=blob.file, tensor=what)
+
+    def read(self, blob: Blob, *, what: str) -> bytearray:
+        """The blob's stored bytes, verified."""
+        self.check(blob, what=what)
+        buffer = bytearray(blob.length)
+        self.read_into(blob, memoryview(buffer), what=what)
+        self.verify(blob, checksum(buffer), what=what)
+        return buffer
+
+    def verify(self, blob: Blob, digest: str, *, what: str) -> None:
+        if digest != blob.checksum:
+            raise CorruptCheckpointError(
+                f"{self.root}: checksum mismatch for {what} in {blob.file} at byte {blob.offset} "
+                f"(stored {blob.checksum}, read {digest})",
+                file=blob.file, tensor=what,
+            )
+
+    def close(self) -> None:
+        for fd, _ in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+class ChunkSource:
+    """Verified, decoded chunks and values of one checkpoint (and, through it, of its chain)."""
+
+    def __init__(self, path: str | os.PathLike, manifest: Manifest | None = None, *, _seen: tuple = ()):
+        self.path = Path(path)
+        self.manifest = manifest if manifest is not None else read_manifest(self.path)
+        self.files = DataFiles(self.path)
+        self._seen = _seen + (self.path.resolve(),)
+        self._base: ChunkSource | None = None
+        self._index: dict[tuple[str, tuple], Chunk] | None = None
+
+    # -- tensors -----------------------------------------------------------------------------
+    def read_tensors(self, requests: Iterable[tuple[Any, str, Chunk, torch.Tensor | None]]
+                     ) -> Iterator[tuple[Any, torch.Tensor]]:
+        """For each ``(tag, key, chunk, into)``: ``(tag, tensor)`` holding the chunk, verified.
+
+        ``into`` (or None) is a contiguous CPU tensor of the chunk's dtype and sizes to read a raw
+        chunk into directly; it is then the tensor yielded, after its checksum (computed while the
+        following chunks are read) matched. Other chunks are yielded in request order."""
+        deferred = []
+        with ThreadPoolExecutor(1, thread_name_prefix="ckpt-verify") as hasher:
+            for tag, key, chunk, into in requests:
+                if into is not None and chunk.blob.codec == codec.RAW:
+                    view = into.reshape(-1).view(torch.uint8).numpy()
+                    self.files.read_into(chunk.blob, memoryview(view), what=key)
+                    deferred.append((tag, key, chunk.blob, into, hasher.submit(checksum, view)))
+                    continue
+                yield tag, self.tensor(key, chunk)
+            for tag, key, blob, into, digest in deferred:
+                self.files.verify(blob, digest.result(), what=key)
+                yield tag, into
+
+    def tensor(self, key: str, chunk: Chunk) -> torch.Tensor:
+        """The chunk as a new tensor (its dtype and sizes), verified and decoded."""
+        dtype = self.manifest.tensors[key].dtype
+        if chunk.blob.codec != codec.RAW:
+            return torch.from_numpy(self.raw(key, chunk)).view(dtype).reshape(chunk.sizes)
+        self.files.check(chunk.blob, what=key)
+        stored = torch.empty(chunk.sizes, dtype=dtype)
+        view = stored.reshape(-1).view(torch.uint8).numpy()
+        self.files.read_into(chunk.blob, memoryview(view), what=key)
+        self.files.verify(chunk.blob, checksum(view), what=key)
+        return stored
+
+    def raw(self, key: str, chunk: Chunk) -> np.ndarray:
+        """The chunk's raw bytes (a uint8 array), verified and decoded through the chain."""
+        blob = chunk.blob
+        what = f"{key} in {self.path.name}"
+        stored = self.files.read(blob, what=what) if blob.length else b""
+        base = None
+        if blob.codec in codec.NEEDS_BASE:
+            source = self.base()
+            base_chunk = source.find(key, chunk.offsets, chunk.sizes)
+            if base_chunk is None:
+                raise CorruptCheckpointError(
+                    f"delta chain broken: {what} has no matching chunk in its base {source.path.name}",
+                    file=source.path.name, tensor=key)
+            base = source.raw(key, base_chunk)
+        return codec.decode(blob.codec, stored, raw_length=blob.decoded_length,
+                            itemsize=self.manifest.tensors[key].dtype.itemsize,
+                            planes=blob.planes, base=base, what=what)
+
+    def find(self, key: str, offsets: tuple, sizes: tuple) -> Chunk | None:
+        """The chunk of ``key`` at ``offsets`` with ``sizes``, if this checkpoint has one."""
+        if self._index is None:
+            self._index = {(k, c.offsets): c for k, entry in self.manifest.tensors.items() for c in entry.chunks}
+        chunk = self._index.get((key, tuple(offsets)))
+        return chunk if chunk is not None and chunk.sizes == tuple(sizes) else None
+
+    def base(self) -> "ChunkSource":
+        """The base checkpoint of this delta, opened on first use."""
+        if self._base is None:
+            name = self.manifest.base
+            if name is None:
+                raise CorruptCheckpointError(f"{self.path} stores delta chunks but names no base")
+            path = self.path.parent / name
+            if path.resolve() in self._seen or len(self._seen) >= MAX_CHAIN:
+                raise CorruptCheckpointError(f"{self.path}: the delta chain through {name} loops")
+            try:
+                self._base = ChunkSource(path, _seen=self._seen)
+            except CheckpointError as exc:
+                raise CorruptCheckpointError(
+                    f"delta chain broken: {self.path.name} needs its base {name}, which cannot be opened ({exc})",
+                    file=name) from None
+        return self._base
+
+    # -- values ------------------------------------------------------------------------------
+    def value(self, key: str, entry: ValueEntry) -> Any:
+        """A non-tensor value, decoded without ever running code from the checkpoint."""
+        if entry.encoding == "json":
+            return values.decode(entry.value)
+        raw = self.files.read(entry.blob, what=key)
+        try:
+            return torch.load(io.BytesIO(bytes(raw)), weights_only=True)
+        except Exception as exc:
+            raise UnsafeCheckpointError(
+                f"{self.path}: value {key!r} cannot be loaded without executing code from the checkpoint "
+                f"({type(exc).__name__}); refused"
+            ) from None
+
+    def close(self) -> None:
+        self.files.close()
+        if self._base is not None:
+            self._base.close()
+
+    def __enter__(self) -> "ChunkSource":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,111 @@
+"""A checkpoint root: the directory holding one run's checkpoints, one per step.
+
+    <root>/step-00000100/              committed (it holds manifest.json; see ckpt.commit)
+    <root>/step-00000100.tmp-<id>/     a save in progress, or a dead one: invisible to readers
+    <root>/step-00000100.old-<id>/     a committed copy moved aside by an overwriting save
+    <root>/.lock                       flock'ed by the one writer of this root
+
+:class:`CheckpointRoot` owns the step naming, the list of committed steps (the manifests are the
+truth), the writer's lock, the start-up clean-up after dead saves and the map of delta bases
+(step -> base step) that retention needs. The manager, retention and the tools share it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import re
+from pathlib import Path
+
+from . import commit
+from .errors import CheckpointError, CheckpointLockedError
+from .read import read_manifest
+
+log = logging.getLogger(__name__)
+
+STEP_DIR = re.compile(r"^step-(\d{8,})$")
+LOCK_NAME = ".lock"
+
+
+def step_name(step: int) -> str:
+    """The directory name of a step's checkpoint: ``step-00000100``."""
+    return f"step-{step:08d}"
+
+
+def step_path(root: str | os.PathLike, step: int) -> Path:
+    return Path(root) / step_name(step)
+
+
+def committed_steps(root: str | os.PathLike) -> list[int]:
+    """Steps with a committed checkpoint under ``root``, ascending."""
+    return CheckpointRoot(root).steps()
+
+
+class CheckpointRoot:
+    """The checkpoints of one run under ``path`` (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._bases: dict[int, int | None] = {}
+        self._lock_fd: int | None = None
+
+    def step_path(self, step: int) -> Path:
+        return self.path / step_name(step)
+
+    def steps(self) -> list[int]:
+        """Committed steps, ascending."""
+        if not self.path.is_dir():
+            return []
+        steps = []
+        for entry in self.path.iterdir():
+            match = STEP_DIR.match(entry.name)
+            if match and commit.is_committed(entry):
+                steps.append(int(match.group(1)))
+        return sorted(steps)
+
+    # -- the writer's side -------------------------------------------------------------------
+    def lock(self) -> None:
+        """Become the root's one writer: create it, take ``.lock`` and delete what dead saves left
+        (tmp dirs, moved-aside copies, step dirs without a manifest: an interrupted deletion)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise CheckpointLockedError(f"another CheckpointManager is writing to {self.path}") from None
+        self._lock_fd = fd
+        try:
+            commit.collect_root_garbage(self.path)
+            for entry in self.path.iterdir():
+                if STEP_DIR.match(entry.name) and entry.is_dir() and not commit.is_committed(entry):
+                    log.info("removing %s: no manifest (an interrupted deletion)", entry)
+                    commit.delete(entry)
+        except BaseException:
+            self.unlock()
+            raise
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def record_base(self, step: int, base_step: int | None) -> None:
+        """Note what a checkpoint being written builds on (None: a full checkpoint)."""
+        self._bases[step] = base_step
+
+    def bases(self, steps: list[int]) -> dict[int, int | None]:
+        """Base step of each of ``steps`` (None for a full one): as recorded, else from its manifest
+        (read once; an unreadable one counts as full — it cannot pin anything)."""
+        for step in steps:
+            if step not in self._bases:
+                try:
+                    self._bases[step] = read_manifest(self.step_path(step)).base_step
+                except CheckpointError:
+                    self._bases[step] = None
+        return {step: self._bases[step] for step in steps}
+
+    def delete(self, step: int) -> None:
+        commit.delete(self.step_path(step))
+        self._bases.pop(step, None)

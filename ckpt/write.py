@@ -1,0 +1,224 @@
+"""The write side of a save: encode → balance → data files → manifest.
+
+Each rank writes its share of DCP's plan (:func:`write_rank`):
+
+1. encode   each chunk's raw bytes become what is stored (:class:`ChunkEncoder`): a lossless delta
+            against the same chunk of the base snapshot when the save is a delta, zstd byte planes
+            when compression is on, else the raw bytes; plain values go inline into the manifest
+            as tagged JSON (a ``torch.save`` stream in a data file only when JSON cannot hold them);
+2. balance  payloads are split over ``files_per_rank`` files of similar size, plan order kept;
+3. write    each file is written by its own thread (:func:`write_file`): payloads produced lazily,
+            encoded ahead on a pool, hashed (xxh3-64) on a helper thread while written, chunks of
+            64 KiB or more 4 KiB-aligned, writeback started early, the file fsync'd at the end;
+4. record   every payload becomes a record (a :class:`~ckpt.format.Chunk` or
+            :class:`~ckpt.format.ValueEntry`); the coordinator assembles the manifest from all
+            ranks' records (:func:`build_manifest`) and :mod:`ckpt.commit` publishes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import SavePlanner, WriteItem, WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
+
+from . import codec, values
+from .codec import Encoded
+from .delta import DeltaBase
+from .fileio import Writeback, aligned, checksum, write_all
+from .format import Blob, Chunk, Manifest, TensorEntry, ValueEntry, data_file_name
+from .options import Compression, SaveOptions
+
+
+def tensor_bytes(tensor: torch.Tensor) -> np.ndarray:
+    """The tensor's bytes as a flat uint8 array on the host (a view when already host-contiguous)."""
+    tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.to("cpu")
+    tensor = tensor.resolve_conj().resolve_neg().contiguous()
+    return tensor.reshape(-1).view(torch.uint8).numpy()
+
+
+# -- 1. encode -----------------------------------------------------------------------------------
+
+class ChunkEncoder:
+    """A chunk's raw bytes → what is stored: a delta against the base's same chunk when there is
+    one, zstd byte planes when compression is on, else the raw bytes."""
+
+    def __init__(self, compress: Compression, base: DeltaBase | None, level: int):
+        self.compress, self.base, self.level = compress, base, level
+        self.active = compress is not Compression.NONE or base is not None
+
+    def __call__(self, item: WriteItem, raw: np.ndarray) -> np.ndarray | Encoded:
+        if not self.active:
+            return raw
+        dtype = item.tensor_data.properties.dtype
+        previous = None if self.base is None else self.base.chunk(item.index, dtype, item.tensor_data.chunk.sizes)
+        if previous is not None:
+            return codec.encode_delta(raw, tensor_bytes(previous), dtype.itemsize, self.level)
+        if self.compress is Compression.ZSTD:
+            return codec.encode_planes(raw, dtype.itemsize, self.level)
+        return raw
+
+
+def _json_value(item: WriteItem, planner: SavePlanner) -> ValueEntry | None:
+    lookup = getattr(planner, "lookup_object", None)
+    if lookup is None:
+        return None
+    try:
+        return ValueEntry("json", value=values.encode(lookup(item.index)))
+    except values.NotJSONable:
+        return None
+
+
+@dataclass
+class Payload:
+    """One thing to store: ``produce()`` returns its bytes (or an :class:`~ckpt.codec.Encoded`)
+    when it is written."""
+
+    key: object  # handed back with the resulting Blob
+    produce: Callable[[], np.ndarray | bytes | Encoded]
+    nbytes: int  # estimate, for balancing work across files
+
+
+def write_rank(tmp_dir: Path, rank: int, items: list[WriteItem], planner: SavePlanner, options: SaveOptions,
+               base: DeltaBase | None = None) -> list[WriteResult]:
+    """Write this rank's share of a save under ``tmp_dir``; one WriteResult (a record) per item."""
+    encoder = ChunkEncoder(options.compress, base, options.zstd_level)
+    results: list[WriteResult] = []
+    payloads: list[Payload] = []
+    for item in items:
+        if item.type == WriteItemType.BYTE_IO:
+            inline = _json_value(item, planner)
+            if inline is not None:
+                results.append(WriteResult(item.index, len(json.dumps(inline.value)), inline))
+                continue
+            payloads.append(Payload(item, lambda item=item: planner.resolve_data(item).getbuffer(), 0))
+        else:
+            produce = lambda item=item: encoder(item, tensor_bytes(planner.resolve_data(item)))  # noqa: E731
+            payloads.append(Payload(item, produce, item.tensor_storage_size() or 0))
+    threads = options.encode_threads or os.cpu_count() or 1
+    encoders = ThreadPoolExecutor(threads, thread_name_prefix="ckpt-encode") if encoder.active else None
+    try:
+        buckets = _balance(payloads, options.files_per_rank)
+        with ThreadPoolExecutor(len(buckets), thread_name_prefix="ckpt-write") as writers:
+            futures = [
+                writers.submit(write_file, tmp_dir / data_file_name(rank, part), data_file_name(rank, part),
+                               bucket, encoders=encoders, window=2 * threads)
+                for part, bucket in enumerate(buckets)
+            ]
+            for future in futures:
+                results.extend(WriteResult(item.index, blob.length, _record(item, blob))
+                               for item, blob in future.result())
+    finally:
+        if encoders is not None:
+            encoders.shutdown(wait=True)
+    return results
+
+
+def _record(item: WriteItem, blob: Blob) -> Chunk | ValueEntry:
+    if item.type == WriteItemType.BYTE_IO:
+        return ValueEntry("torch_save", blob=blob)
+    chunk = item.tensor_data.chunk
+    return Chunk(tuple(chunk.offsets), tuple(chunk.sizes), blob)
+
+
+# -- 2. balance ----------------------------------------------------------------------------------
+
+def _balance(payloads: list[Payload], files: int) -> list[list[Payload]]:
+    """Split payloads into at most ``files`` buckets of similar size, keeping plan order inside each."""
+    files = min(files, max(1, len(payloads)))
+    if files == 1:
+        return [payloads]
+    sizes = [0] * files
+    owner = {}
+    for index in sorted(range(len(payloads)), key=lambda i: -payloads[i].nbytes):
+        target = sizes.index(min(sizes))
+        owner[index] = target
+        sizes[target] += payloads[index].nbytes
+    buckets: list[list[Payload]] = [[] for _ in range(files)]
+    for index, payload in enumerate(payloads):
+        buckets[owner[index]].append(payload)
+    return [b for b in buckets if b]
+
+
+# -- 3. data files -------------------------------------------------------------------------------
+
+def _in_order(payloads: Iterable[Payload], pool: ThreadPoolExecutor | None, window: int):
+    """``(payload, produced)`` in order; with a pool, up to ``window`` payloads are produced ahead
+    (encoding in parallel while earlier ones are written)."""
+    if pool is None:
+        for payload in payloads:
+            yield payload, payload.produce()
+        return
+    pending: deque = deque()
+    for payload in payloads:
+        pending.append((payload, pool.submit(payload.produce)))
+        if len(pending) >= window:
+            done, future = pending.popleft()
+            yield done, future.result()
+    while pending:
+        done, future = pending.popleft()
+        yield done, future.result()
+
+
+def write_file(path: Path, rel_name: str, payloads: Iterable[Payload], *,
+               encoders: ThreadPoolExecutor | None = None, window: int = 4) -> list[tuple[object, Blob]]:
+    """Write ``payloads`` into a new file at ``path``; fsync it; return where each one went."""
+    placed: list[tuple[object, int, int, Future, Encoded | None]] = []
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        writeback = Writeback(fd)
+        with ThreadPoolExecutor(1, thread_name_prefix="ckpt-hash") as hasher:
+            end = 0
+            for payload, data in _in_order(payloads, encoders, window):
+                encoded = data if isinstance(data, Encoded) else None
+                view = memoryview(encoded.data if encoded else data).cast("B")
+                start = aligned(end, len(view))
+                if start > end:
+                    write_all(fd, memoryview(bytes(start - end)))
+                digest = hasher.submit(checksum, view)
+                write_all(fd, view)
+                end = start + len(view)
+                writeback.advance(end)
+                placed.append((payload.key, start, len(view), digest, encoded))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return [
+        (key, Blob(file=rel_name, offset=start, length=length, checksum=digest.result(),
+                   **({} if enc is None else {"codec": enc.codec, "raw_length": enc.raw_length, "planes": enc.planes})))
+        for key, start, length, digest, enc in placed
+    ]
+
+
+# -- 4. manifest ---------------------------------------------------------------------------------
+
+def build_manifest(metadata: Metadata, results: list[list[WriteResult]], *, step: int | None,
+                   base: DeltaBase | None, user: dict) -> Manifest:
+    """The manifest of a save from DCP's global metadata and every rank's records."""
+    manifest = Manifest(world_size=len(results), created=time.time(), dcp_version=metadata.version,
+                        step=step, kind="full" if base is None else "delta",
+                        base_step=None if base is None else base.step, base=None if base is None else base.name,
+                        user=dict(user))
+    for key, md in metadata.state_dict_metadata.items():
+        if isinstance(md, TensorStorageMetadata):
+            manifest.tensors[key] = TensorEntry(md.properties.dtype, tuple(md.size), [])
+    for rank_results in results:
+        for result in rank_results:
+            manifest.add_record(result.index.fqn, result.storage_data)
+    manifest.sort_chunks()
+    if isinstance(metadata.planner_data, dict):
+        manifest.paths = {key: tuple(path) for key, path in metadata.planner_data.items()
+                          if isinstance(path, (tuple, list)) and all(type(p) in (str, int) for p in path)}
+    return manifest
