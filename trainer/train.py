@@ -126,9 +126,7 @@ class Trainer:
         if c.enable or c.create_seed_checkpoint:
             folder = Path(c.folder) if os.path.isabs(c.folder) else Path(cfg.job.dump_folder) / c.folder
             self.manager = ckpt.CheckpointManager(
-                folder, interval=c.interval, keep=c.keep, keep_every=c.keep_every, async_mode=c.async_mode,
-                device_type=self.device_type, user_metadata={"config": cfg.to_dict()}, full_every=c.full_every,
-                compress=None if c.compress == "none" else c.compress, zstd_level=c.zstd_level)
+                folder, c.save_options(device_type=self.device_type, user_metadata={"config": cfg.to_dict()}))
             self.manager.attach(self.optimizer)
 
     def log(self, message: str) -> None:

@@ -1,0 +1,150 @@
+"""What each configuration field accepts and how it is documented.
+
+Contract: :func:`coerce` turns a raw value from a file or the command line (or one set by hand)
+into the annotated type of ``section.key`` (``X | None`` fields take ``none``/``null``; booleans
+take true/false/1/0/yes/no/y/n/on/off) or raises :class:`ConfigError` naming the key.
+:func:`field_help` and :func:`help_lines` give the field's attribute docstring (parsed with
+:mod:`ast` from :mod:`trainer.config_schema`'s source at import time), type and default.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import math
+import types
+import typing
+from typing import Any
+
+from trainer import config_schema
+from trainer.config_schema import CHOICES, SECTIONS, ConfigError
+
+HINTS: dict[str, dict[str, Any]] = {name: typing.get_type_hints(cls) for name, cls in SECTIONS.items()}
+
+_TRUE = {"true", "1", "yes", "y", "on"}
+_FALSE = {"false", "0", "no", "n", "off"}
+
+
+def split_optional(tp: Any) -> tuple[Any, bool]:
+    """(base type, optional?) for ``X`` or ``X | None``."""
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) != 1:  # pragma: no cover - not used by the sections
+            raise TypeError(f"unsupported annotation {tp!r}")
+        return args[0], True
+    return tp, False
+
+
+def is_bool(section: str, key: str) -> bool:
+    """Whether section.key is a (possibly optional) boolean, i.e. may be given as a bare flag."""
+    return split_optional(HINTS[section][key])[0] is bool
+
+
+def coerce(section: str, key: str, value: Any) -> Any:
+    """Convert ``value`` (from a file or the command line) to the annotated type of section.key."""
+    base, optional = split_optional(HINTS[section][key])
+    name = f"{section}.{key}"
+    if value is None or (optional and isinstance(value, str) and value.strip().lower() in ("none", "null")):
+        if optional:
+            return None
+        raise ConfigError(f"{name} cannot be none (expected {base.__name__})")
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        raise ConfigError(f"{name} expects a boolean (true/false/1/0/yes/no), got {value!r}")
+    if base is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.strip(), 10)
+            except ValueError:
+                pass
+        raise ConfigError(f"{name} expects an integer, got {value!r}")
+    if base is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out = float(value)
+        elif isinstance(value, str):  # PyYAML reads `1e-4` as a string
+            try:
+                out = float(value.strip())
+            except ValueError:
+                raise ConfigError(f"{name} expects a number, got {value!r}") from None
+        else:
+            raise ConfigError(f"{name} expects a number, got {value!r}")
+        if not math.isfinite(out):
+            raise ConfigError(f"{name} must be finite, got {value!r}")
+        return out
+    if base is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{name} expects a string, got {value!r} ({type(value).__name__})")
+    raise TypeError(f"unsupported annotation for {name}: {base!r}")  # pragma: no cover
+
+
+# ---------------------------------------------------------------------------------- field docs
+
+
+def _parse_field_docs() -> dict[str, dict[str, str]]:
+    """{class name: {field: attribute docstring}} from the schema module's source."""
+    try:
+        with open(config_schema.__file__, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, TypeError):  # pragma: no cover - running without sources
+        return {}
+    docs: dict[str, dict[str, str]] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        per: dict[str, str] = {}
+        body = node.body
+        for stmt, nxt in zip(body, body[1:]):
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
+                per[stmt.target.id] = " ".join(nxt.value.value.split())
+        docs[node.name] = per
+    return docs
+
+
+_FIELD_DOCS = _parse_field_docs()
+
+
+def field_help(section: str, key: str) -> str:
+    """The help text of ``section.key`` (its attribute docstring)."""
+    return _FIELD_DOCS.get(SECTIONS[section].__name__, {}).get(key, "")
+
+
+def _default_text(f: dataclasses.Field) -> str:
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+    if default is None:
+        return "none"
+    if isinstance(default, bool):
+        return str(default).lower()
+    if isinstance(default, str):
+        return repr(default)
+    return str(default)
+
+
+def _type_text(section: str, key: str) -> str:
+    choices = CHOICES.get((section, key))
+    if choices:
+        return "{" + ",".join(map(str, choices)) + "}"
+    base, optional = split_optional(HINTS[section][key])
+    return base.__name__ + ("|none" if optional else "")
+
+
+def help_lines(section: str) -> list[str]:
+    """Two lines per field of ``section``: ``--section.key TYPE  (default: X)`` and its help."""
+    lines = []
+    for f in dataclasses.fields(SECTIONS[section]):
+        lines.append(f"  --{section}.{f.name} {_type_text(section, f.name)}  (default: {_default_text(f)})")
+        lines.append(f"      {field_help(section, f.name)}")
+    return lines

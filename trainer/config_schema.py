@@ -1,0 +1,190 @@
+"""The configuration's sections: every key, its type, default, help text and allowed values.
+
+Contract: one dataclass per section; every field has an attribute docstring (the string literal
+under it), which :mod:`trainer.config_fields` parses for ``--help``. :data:`SECTIONS` lists the
+sections in help/file order and :data:`CHOICES` the fields restricted to a set of values (the
+checkpoint ones are the engine's enums from :mod:`ckpt.options`, not a second list). Nothing here
+parses or validates; :class:`trainer.config.Config` composes the sections.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ckpt.options import AsyncMode, Compression, SaveOptions, choices
+
+
+class ConfigError(ValueError):
+    """A configuration file or command-line override that cannot be used."""
+
+
+@dataclass
+class JobConfig:
+    """Where the run writes and how it is seeded."""
+
+    dump_folder: str = "outputs/debug"
+    """Folder for everything the run writes: metrics.jsonl, TensorBoard logs and (unless
+    checkpoint.folder is absolute) the checkpoints."""
+    seed: int = 0
+    """Random seed for model initialisation and data order (same seed, same run)."""
+    description: str = ""
+    """Free-form description of the run, recorded with the config in <dump_folder>/config.json and in every checkpoint's manifest."""
+
+
+@dataclass
+class ModelConfig:
+    """The model: a llama flavor, optionally with explicit dimensions that override the flavor's."""
+
+    name: str = "llama"
+    """Model family (case-insensitive; only "llama" is implemented)."""
+    flavor: str = "debug"
+    """Size preset of the family, e.g. "debug", "7B", "13B", "70B" (seed key: model.size)."""
+    vocab_size: int | None = None
+    """Vocabulary size; none: the flavor's, or the tokenizer's when the flavor leaves it open."""
+    hidden_dim: int | None = None
+    """Model (embedding) dimension; none: the flavor's."""
+    n_layers: int | None = None
+    """Number of transformer blocks; none: the flavor's."""
+    n_heads: int | None = None
+    """Number of attention (query) heads; none: the flavor's."""
+    n_kv_heads: int | None = None
+    """Number of key/value heads for grouped-query attention; none: the flavor's."""
+    tokenizer: str | None = None
+    """Path to a local tokenizer.json; none: the built-in byte-level tokenizer (no download)."""
+
+
+@dataclass
+class TrainingConfig:
+    """The optimisation loop: steps, batch, schedule, data and device."""
+
+    steps: int = 100
+    """Number of optimizer steps to train for (seed key: training.max_steps)."""
+    batch_size: int = 8
+    """GLOBAL batch size in sequences per optimizer step, summed over data-parallel ranks and
+    accumulation micro-steps: batch_size = micro_batch_size * gradient_accumulation_steps * dp."""
+    micro_batch_size: int | None = None
+    """Sequences per rank per micro-step (forward/backward); none: derived from batch_size."""
+    gradient_accumulation_steps: int | None = None
+    """Micro-steps per optimizer step; none: derived (1 unless micro_batch_size forces more)."""
+    seq_len: int = 128
+    """Tokens per training sequence."""
+    lr: float = 3e-4
+    """Peak learning rate (AdamW), reached after the warmup."""
+    warmup_steps: int = 10
+    """Steps of linear warmup from 0 to lr."""
+    min_lr_ratio: float = 0.1
+    """After warmup the learning rate follows a cosine down to lr * min_lr_ratio at `steps`."""
+    weight_decay: float = 0.1
+    """AdamW weight decay."""
+    max_norm: float = 1.0
+    """Gradient clipping by global norm; 0 disables clipping."""
+    gc_freq: int = 50
+    """Python garbage collection: automatic collection is off during training and generations 0-1
+    are collected every gc_freq steps on every rank at once (as torchtitan does), so a collection
+    never pauses one rank, or the checkpoint writer, at a random moment; 0 leaves it automatic."""
+    dataset: str = "shipped"
+    """Training text: "shipped" (the small corpus in the project), or a path to a .txt/.jsonl
+    file or to a directory of them."""
+    device: str = "auto"
+    """Device type: auto (npu if torch_npu works, else cuda, else cpu), npu, cuda or cpu."""
+
+
+@dataclass
+class ParallelismConfig:
+    """Parallel degrees; their product must equal the world size (checked by the parallel layer)."""
+
+    dp_replicate: int = 1
+    """Data-parallel replicas (HSDP's replicate dimension; DDP's degree with zero_stage 0)."""
+    dp_shard: int = -1
+    """Data-parallel shards (FSDP2's shard dimension); -1: all ranks left over by the other
+    degrees (seed key: distributed.dp_size, with dp_replicate = 1)."""
+    tp: int = 1
+    """Tensor-parallel degree, with sequence parallelism (seed key: distributed.tp_size)."""
+    pp: int = 1
+    """Pipeline-parallel degree (seed key: distributed.pp_size)."""
+
+
+@dataclass
+class OptimizationConfig:
+    """Numerics and memory trade-offs."""
+
+    precision: str = "fp32"
+    """Parameter/compute precision: fp32, or bf16 (mixed precision, fp32 gradient reduction)."""
+    gradient_checkpointing: bool = False
+    """Recompute every transformer block's activations in backward (saves memory)."""
+    zero_stage: int = 3
+    """Data-parallel sharding: 0 DDP; 1 or 2 FSDP2 without resharding after forward;
+    3 FSDP2 resharding parameters after forward. With one data-parallel rank the model is not
+    wrapped (nothing to shard or replicate)."""
+    compile: bool = False
+    """Apply torch.compile to the model (per transformer block)."""
+
+
+@dataclass
+class CheckpointConfig:
+    """Checkpointing through ckpt.CheckpointManager."""
+
+    enable: bool = False
+    """Save checkpoints and resume from them."""
+    folder: str = "checkpoints"
+    """Checkpoint folder, relative to job.dump_folder unless absolute (or a URL)."""
+    interval: int = 10
+    """Save at every step that is a multiple of `interval`."""
+    async_mode: str = AsyncMode.DOUBLE_BUFFER.value
+    """double_buffer: stage to host buffers and write in the background; sync: write inline."""
+    keep: int = 3
+    """Number of newest committed checkpoints to keep."""
+    keep_every: int | None = None
+    """Also keep every checkpoint whose step is a multiple of this; none: only the newest `keep`."""
+    full_every: int = 1
+    """Incremental checkpoints: a full checkpoint, then up to full_every-1 lossless deltas (1: always full)."""
+    compress: str = Compression.NONE.value
+    """none: store full checkpoints raw; zstd: as zstd-compressed byte planes (deltas always are)."""
+    zstd_level: int = 1
+    """zstd level for deltas and compressed fulls."""
+    load_step: int | None = None
+    """Step to resume from; none: the latest committed step, if any."""
+    create_seed_checkpoint: bool = False
+    """Initialise the model, save it as step 0 and exit (run with a single process)."""
+
+    def save_options(self, *, device_type: str | None, user_metadata: dict) -> SaveOptions:
+        """The engine's :class:`~ckpt.options.SaveOptions` for this section (after validation).
+
+        ``device_type`` is the staging device ("cuda"/"npu"/"cpu"; None: the accelerator in use)
+        and ``user_metadata`` the JSON-able dict recorded in every manifest.
+        """
+        return SaveOptions(
+            interval=self.interval, keep=self.keep, keep_every=self.keep_every, async_mode=self.async_mode,
+            full_every=self.full_every, compress=self.compress, zstd_level=self.zstd_level,
+            device_type=device_type, user_metadata=user_metadata)
+
+
+@dataclass
+class MetricsConfig:
+    """What the run reports."""
+
+    log_freq: int = 1
+    """Log metrics (stdout and metrics.jsonl) every `log_freq` steps."""
+    tensorboard: bool = False
+    """Also write TensorBoard scalars under job.dump_folder (if tensorboard is installed)."""
+
+
+SECTIONS: dict[str, type] = {
+    "job": JobConfig,
+    "model": ModelConfig,
+    "training": TrainingConfig,
+    "parallelism": ParallelismConfig,
+    "optimization": OptimizationConfig,
+    "checkpoint": CheckpointConfig,
+    "metrics": MetricsConfig,
+}
+
+# Fields restricted to a set of values (strings are matched case-insensitively and stored lower-case).
+CHOICES: dict[tuple[str, str], tuple[Any, ...]] = {
+    ("training", "device"): ("auto", "npu", "cuda", "cpu"),
+    ("optimization", "precision"): ("fp32", "bf16"),
+    ("optimization", "zero_stage"): (0, 1, 2, 3),
+    ("checkpoint", "async_mode"): choices(AsyncMode),
+    ("checkpoint", "compress"): choices(Compression),
+}

@@ -1,0 +1,105 @@
+"""Validation of a whole configuration: types, allowed values and ranges.
+
+Contract: :func:`validate` re-coerces every field to its annotated type (so a Config built by hand
+is checked like a parsed one), lower-cases the choice strings, and raises :class:`ConfigError`
+``section.key=value is invalid: requirement`` for the first value out of range. Nothing here
+rejects what only the parallel layer can judge (``tp``/``pp`` above 1, HSDP with DDP, degrees
+against the world size); :mod:`trainer.parallel` does that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from ckpt.options import AsyncMode
+from trainer.config_fields import coerce
+from trainer.config_schema import CHOICES, SECTIONS, ConfigError
+
+if TYPE_CHECKING:
+    from trainer.config import Config
+
+
+def _fail(section: str, key: str, value: Any, requirement: str) -> None:
+    raise ConfigError(f"{section}.{key}={value!r} is invalid: {requirement}")
+
+
+def validate(cfg: Config) -> None:
+    """Raise ConfigError naming the first key whose value is out of range."""
+    for section, cls in SECTIONS.items():
+        obj = getattr(cfg, section)
+        if not isinstance(obj, cls):
+            raise ConfigError(f"section {section} must be a {cls.__name__}, got {type(obj).__name__}")
+        for f in dataclasses.fields(cls):  # types (also for Configs built by hand)
+            setattr(obj, f.name, coerce(section, f.name, getattr(obj, f.name)))
+    for (section, key), choices in CHOICES.items():
+        obj = getattr(cfg, section)
+        value = getattr(obj, key)
+        if isinstance(value, str):
+            value = value.strip().lower()
+            setattr(obj, key, value)
+        if value not in choices:
+            _fail(section, key, value, f"must be one of {', '.join(map(str, choices))}")
+
+    j, m, t, p, c = cfg.job, cfg.model, cfg.training, cfg.parallelism, cfg.checkpoint
+    if j.seed < 0:
+        _fail("job", "seed", j.seed, "must be >= 0")
+    if not j.dump_folder:
+        _fail("job", "dump_folder", j.dump_folder, "must not be empty")
+    if m.name.lower() != "llama":
+        _fail("model", "name", m.name, 'only "llama" is implemented')
+    if not m.flavor:
+        _fail("model", "flavor", m.flavor, "must not be empty")
+    for key in ("vocab_size", "hidden_dim", "n_layers", "n_heads", "n_kv_heads"):
+        v = getattr(m, key)
+        if v is not None and v < 1:
+            _fail("model", key, v, "must be >= 1 (or none for the flavor's)")
+    if m.hidden_dim is not None and m.n_heads is not None and m.hidden_dim % m.n_heads:
+        _fail("model", "hidden_dim", m.hidden_dim, f"must be divisible by model.n_heads={m.n_heads}")
+    if m.n_heads is not None and m.n_kv_heads is not None and m.n_heads % m.n_kv_heads:
+        _fail("model", "n_kv_heads", m.n_kv_heads, f"must divide model.n_heads={m.n_heads}")
+
+    for key in ("steps", "batch_size", "seq_len"):
+        if getattr(t, key) < 1:
+            _fail("training", key, getattr(t, key), "must be >= 1")
+    for key in ("micro_batch_size", "gradient_accumulation_steps"):
+        v = getattr(t, key)
+        if v is not None and v < 1:
+            _fail("training", key, v, "must be >= 1 (or none to derive it)")
+    if t.lr <= 0:
+        _fail("training", "lr", t.lr, "must be > 0")
+    if t.warmup_steps < 0:
+        _fail("training", "warmup_steps", t.warmup_steps, "must be >= 0")
+    if not 0.0 <= t.min_lr_ratio <= 1.0:
+        _fail("training", "min_lr_ratio", t.min_lr_ratio, "must be in [0, 1]")
+    if t.weight_decay < 0:
+        _fail("training", "weight_decay", t.weight_decay, "must be >= 0")
+    if t.max_norm < 0:
+        _fail("training", "max_norm", t.max_norm, "must be >= 0 (0 disables clipping)")
+    if t.gc_freq < 0:
+        _fail("training", "gc_freq", t.gc_freq, "must be >= 0 (0 leaves collection automatic)")
+    if not t.dataset:
+        _fail("training", "dataset", t.dataset, 'must be "shipped" or a path')
+
+    for key in ("dp_replicate", "tp", "pp"):
+        if getattr(p, key) < 1:
+            _fail("parallelism", key, getattr(p, key), "must be >= 1")
+    if p.dp_shard != -1 and p.dp_shard < 1:
+        _fail("parallelism", "dp_shard", p.dp_shard, "must be >= 1, or -1 for all remaining ranks")
+
+    # The checkpoint rules are also SaveOptions' (ckpt.options); checked here first so that the
+    # message names checkpoint.key=value like every other config error.
+    if not c.folder:
+        _fail("checkpoint", "folder", c.folder, "must not be empty")
+    for key in ("interval", "keep", "full_every", "zstd_level"):
+        if getattr(c, key) < 1:
+            _fail("checkpoint", key, getattr(c, key), "must be >= 1")
+    if c.full_every > 1 and c.async_mode != AsyncMode.DOUBLE_BUFFER:
+        _fail("checkpoint", "full_every", c.full_every, "deltas need async_mode double_buffer")
+    if c.keep_every is not None and c.keep_every < 1:
+        _fail("checkpoint", "keep_every", c.keep_every, "must be >= 1 (or none)")
+    if c.load_step is not None and c.load_step < 0:
+        _fail("checkpoint", "load_step", c.load_step, "must be >= 0 (or none for the latest)")
+
+    if cfg.metrics.log_freq < 1:
+        _fail("metrics", "log_freq", cfg.metrics.log_freq, "must be >= 1")
