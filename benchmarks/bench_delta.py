@@ -47,33 +47,26 @@ zipnn is a peer, not a dependency: without it (``pip install zipnn``) its column
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import gc
-import os
-import platform
 import queue
-import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-for p in (REPO, REPO / "benchmarks"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+import numpy as np
+import torch
+import zstandard
+from torch.distributed.tensor import DTensor
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import zstandard  # noqa: E402
-from torch.distributed.tensor import DTensor  # noqa: E402
+from harness import (  # first: puts this checkout's root on sys.path
+    Load, argument_parser, command_line, machine_description, median_span, provenance, publish, rotated, verdict,
+    work_dir,
+)
 
-from bench_save_load import command_line, cpu_model, meminfo, pressure_totals, provenance, publish  # noqa: E402
 from ckpt import codec  # noqa: E402
 from trainer import model as model_mod  # noqa: E402
 from trainer.config import load_config  # noqa: E402
@@ -435,11 +428,9 @@ def run_throughput(pairs: list, repeats: int, level: int) -> tuple[list[Method],
     torch.set_num_threads(1)
     nbytes = sum(c.nbytes for c, _ in pairs)
     methods = throughput_methods(level)
-    info = {"load_start": os.getloadavg()[0]}
-    psi0, t_start = pressure_totals(), time.monotonic()
+    load = Load()
     for rep in range(repeats):
-        order = methods[rep % len(methods):] + methods[: rep % len(methods)]
-        for m in order:
+        for m in rotated(methods, rep):
             inputs = [(m.prepare(c) if m.prepare else c, c, p) for c, p in pairs]
             gc.collect()
             w0, c0 = time.perf_counter(), time.process_time()
@@ -463,12 +454,7 @@ def run_throughput(pairs: list, repeats: int, level: int) -> tuple[list[Method],
             print(f"[speed {rep + 1}/{repeats}] {m.name:44s} encode {nbytes / (w1 - w0) / 1e9:5.2f} GB/s "
                   f"(cpu {nbytes / max(c1 - c0, 1e-9) / 1e9:5.2f}) | decode {nbytes / (w3 - w2) / 1e9:5.2f} GB/s "
                   f"(cpu {nbytes / max(c3 - c2, 1e-9) / 1e9:5.2f})", flush=True)
-    elapsed = time.monotonic() - t_start
-    psi1 = pressure_totals()
-    info["load_end"] = os.getloadavg()[0]
-    info["psi"] = ", ".join(f"{k} {100 * (psi1[k] - v) / 1e6 / elapsed:.0f}%" for k, v in psi0.items() if k in psi1)
-    info["nbytes"] = nbytes
-    return methods, info
+    return methods, {"contention": load.stop().describe(), "nbytes": nbytes}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -586,13 +572,8 @@ def speed_table(methods: list[Method], info: dict) -> list[str]:
     for m in methods:
         ew, ec, dw, dc = (statistics.median(x) for x in (m.enc_wall, m.enc_cpu, m.dec_wall, m.dec_cpu))
         lines.append(f"| {m.name} | {n / ew / 1e9:.2f} | {n / ec / 1e9:.2f} | {n / dw / 1e9:.2f} | {n / dc / 1e9:.2f} "
-                     f"| {ew:.2f} ({min(m.enc_wall):.2f}–{max(m.enc_wall):.2f}) "
-                     f"| {dw:.2f} ({min(m.dec_wall):.2f}–{max(m.dec_wall):.2f}) | {m.stored / n:.3f} |")
+                     f"| {median_span(m.enc_wall, 2)} | {median_span(m.dec_wall, 2)} | {m.stored / n:.3f} |")
     return lines
-
-
-def verdict(ok: bool | None) -> str:
-    return "n/a" if ok is None else ("**met**" if ok else "**missed**")
 
 
 def goal_notes(goals: dict, methods: list[Method] | None, info: dict | None) -> list[str]:
@@ -633,7 +614,7 @@ def goal_notes(goals: dict, methods: list[Method] | None, info: dict | None) -> 
     return notes
 
 
-def report(runs, intervals, methods, speed_info, args, command, machine, date) -> str:
+def report(runs, intervals, methods, speed_info, args, command, machine) -> str:
     t1, t2, goals = size_tables(runs, intervals)
     body = [SECTION, ""]
     runs_desc = "; ".join(
@@ -691,14 +672,12 @@ def report(runs, intervals, methods, speed_info, args, command, machine, date) -
         body.append("- Decoded back and compared bitwise (ours" + ("" if ZIPNN_NOTE else " and zipnn, full and delta")
                     + "): the last pair of " + "; ".join(checked) + ".")
     if methods:
-        body.append(f"- Other load on the machine during the speed part: load average {speed_info['load_start']:.1f} at "
-                    f"start, {speed_info['load_end']:.1f} at end" + (f"; time some task stalled (PSI): "
-                                                                      f"{speed_info['psi']}" if speed_info['psi'] else "")
-                    + ". Wall-clock GB/s on this 2-core box shared with other jobs understate the codec; CPU-time "
-                    "GB/s are the per-core figure.")
+        body.append(f"- Other load on the machine during the speed part: {speed_info['contention']}. Wall-clock GB/s "
+                    "on this 2-core box shared with other jobs understate the codec; CPU-time GB/s are the per-core "
+                    "figure.")
     body += [
         "",
-        *provenance([*machine, f"Date: {date}"], command),
+        *provenance(machine, command),
     ]
     return "\n".join(body)
 
@@ -710,19 +689,6 @@ def zipnn_version() -> str:
         return version("zipnn")
     except Exception:  # noqa: BLE001
         return "?"
-
-
-def machine_description(load_start: float, psi_run: str) -> list[str]:
-    return [
-        f"CPU: {cpu_model()}, nproc={os.cpu_count()} (affinity {len(os.sched_getaffinity(0))})",
-        f"Memory: {meminfo()}",
-        f"Kernel: {platform.system()} {platform.release()}; Python {platform.python_version()}; torch {torch.__version__}; "
-        f"numpy {np.__version__}; zstandard {zstandard.__version__} (libzstd {zstandard.ZSTD_VERSION[0]}."
-        f"{zstandard.ZSTD_VERSION[1]}.{zstandard.ZSTD_VERSION[2]})"
-        + ("" if ZIPNN_NOTE else f"; zipnn {zipnn_version()}"),
-        f"Other load on the machine over the whole run: load average {load_start:.1f} at start, "
-        f"{os.getloadavg()[0]:.1f} at end" + (f"; time some task stalled (PSI): {psi_run}" if psi_run else ""),
-    ]
 
 
 DEFAULT_RUN = {"debug": (300, 8, 128), "small": (200, 4, 64)}  # steps, batch, seq_len: a few minutes on 1 core
@@ -741,8 +707,7 @@ def per_flavor(values: list | None, flavors: list[str], what: str, parser) -> li
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--flavors", nargs="+", default=["debug", "small"], help="model flavors (default debug small)")
     parser.add_argument("--steps", nargs="+", type=int,
                         help="training steps, one value or one per flavor (default: debug 300, small 200)")
@@ -757,8 +722,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-threads", type=int, default=1,
                         help="torch threads while training (default 1: fastest on a shared 2-core box)")
     parser.add_argument("--no-verify", action="store_true", help="skip decoding the last pairs back")
-    parser.add_argument("--dir", help="parent of the work dir (default benchmarks/_work)")
-    parser.add_argument("--out", help="Markdown file in which to add/replace the results section")
     args = parser.parse_args(argv)
     args.steps = per_flavor(args.steps, args.flavors, "--steps", parser)
     args.batch = per_flavor(args.batch, args.flavors, "--batch", parser)
@@ -770,13 +733,10 @@ def main(argv: list[str] | None = None) -> int:
     if ZIPNN_NOTE:
         print(f"note: {ZIPNN_NOTE}; its columns will be n/a", flush=True)
 
-    base = Path(args.dir) if args.dir else REPO / "benchmarks" / "_work"
-    base.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="delta-", dir=base))
-    load_start, psi0, t0 = os.getloadavg()[0], pressure_totals(), time.monotonic()
+    load = Load()
     runs = [FlavorRun(f, s, b, l) for f, s, b, l in zip(args.flavors, args.steps, args.batch, args.seq_len)]
     methods, speed_info = None, None
-    try:
+    with work_dir(args.dir, "delta-") as work:
         torch.set_num_threads(args.train_threads)
         for run in runs:
             run_flavor(run, args.intervals, args.level, not args.no_verify, work)
@@ -794,18 +754,13 @@ def main(argv: list[str] | None = None) -> int:
                               if source.steps % min(args.intervals) == 0 else "last pair")
             del pairs
             source.analyzer.last_pair = None
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-        try:
-            base.rmdir()  # only if empty
-        except OSError:
-            pass
-    elapsed = time.monotonic() - t0
-    psi1 = pressure_totals()
-    psi = ", ".join(f"{k} {100 * (psi1[k] - v) / 1e6 / elapsed:.0f}%" for k, v in psi0.items() if k in psi1)
-    machine = machine_description(load_start, psi) + [f"Total run time: {elapsed / 60:.1f} min"]
-    date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    publish(report(runs, args.intervals, methods, speed_info, args, command, machine, date), args.out)
+    load.stop()
+    versions = [f"numpy {np.__version__}", f"zstandard {zstandard.__version__} (libzstd "
+                f"{'.'.join(map(str, zstandard.ZSTD_VERSION[:3]))})"] + ([] if ZIPNN_NOTE else [f"zipnn {zipnn_version()}"])
+    machine = [*machine_description(versions=versions),
+               f"Other load on the machine over the whole run: {load.describe()}",
+               f"Total run time: {load.elapsed / 60:.1f} min"]
+    publish(report(runs, args.intervals, methods, speed_info, args, command, machine), args.out)
     return 0
 
 

@@ -39,29 +39,23 @@ not file size) / seconds, in GB/s (10^9 bytes).
 from __future__ import annotations
 
 import argparse
-import datetime
-import gc
 import os
-import platform
-import shlex
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import safetensors.torch
+import torch
+import torch.distributed.checkpoint as dcp
 
-import torch  # noqa: E402
-import torch.distributed.checkpoint as dcp  # noqa: E402
-
-import safetensors.torch  # noqa: E402
+from harness import (  # first: puts this checkout's root on sys.path
+    Load, argument_parser, command_line, drop_caches, fsync_path, machine_description, median_span, provenance,
+    publish, remove, rotated, timed, verdict, work_dir,
+)
 
 import ckpt  # noqa: E402
 import ckpt.dcp  # noqa: E402
@@ -124,101 +118,6 @@ def describe_state(state: dict[str, torch.Tensor]) -> str:
         shape = "x".join(map(str, ts[0].shape)) if len({tuple(t.shape) for t in ts}) == 1 else "various shapes"
         parts.append(f"{len(ts)} {name} ({shape}; {unit})")
     return f"{len(state)} tensors, {state_bytes(state) / 2**30:.3f} GiB: " + ", ".join(parts)
-
-
-# ---------------------------------------------------------------------------------------------
-# Machine / page cache helpers
-# ---------------------------------------------------------------------------------------------
-def drop_caches(enabled: bool) -> bool:
-    """sync, then drop the page cache if allowed. Returns whether the cache was dropped."""
-    os.sync()
-    if not enabled:
-        return False
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
-
-
-def pressure_totals() -> dict[str, int]:
-    """Cumulative 'some' stall microseconds from /proc/pressure (PSI), where the kernel has it."""
-    totals = {}
-    for resource in ("cpu", "io", "memory"):
-        try:
-            with open(f"/proc/pressure/{resource}") as f:
-                for line in f:
-                    if line.startswith("some"):
-                        totals[resource] = int(line.split("total=")[1])
-        except (OSError, IndexError, ValueError):
-            pass
-    return totals
-
-
-def fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def filesystem_of(path: Path) -> str:
-    """'<device> <fstype> (<options>) on <mountpoint>' for the mount holding ``path``."""
-    path = path.resolve()
-    best = None
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                dev, mnt, fstype, opts, *_ = line.split()
-                mnt = mnt.replace("\\040", " ")
-                if (str(path) == mnt or str(path).startswith(mnt.rstrip("/") + "/")) and (
-                    best is None or len(mnt) > len(best[1])
-                ):
-                    best = (dev, mnt, fstype, opts)
-    except OSError:
-        pass
-    if best is None:
-        return "unknown"
-    dev, mnt, fstype, opts = best
-    return f"{fstype} on {mnt} ({dev}, {opts})"
-
-
-def meminfo() -> str:
-    fields = {}
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                key, value = line.split(":", 1)
-                fields[key] = int(value.split()[0]) * 1024
-    except OSError:
-        return "unknown"
-    return f"{fields.get('MemTotal', 0) / 2**30:.1f} GiB total, {fields.get('MemAvailable', 0) / 2**30:.1f} GiB available"
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def machine_description(work: Path) -> list[str]:
-    import safetensors
-
-    return [
-        f"CPU: {cpu_model()}, nproc={os.cpu_count()} (affinity {len(os.sched_getaffinity(0))})",
-        f"Memory: {meminfo()}",
-        f"Work dir filesystem: {filesystem_of(work)}",
-        f"Kernel: {platform.system()} {platform.release()}; Python {platform.python_version()}; "
-        f"torch {torch.__version__}; safetensors {safetensors.__version__}; "
-        f"torch threads {torch.get_num_threads()}",
-    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,20 +252,6 @@ def build_methods(nbytes: int, selected: list[str] | None) -> tuple[list[Method]
 # ---------------------------------------------------------------------------------------------
 # Running
 # ---------------------------------------------------------------------------------------------
-def remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()
-
-
-def timed(fn: Callable[[], None]) -> float:
-    gc.collect()
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def verify(live: dict, reference: dict, what: str) -> None:
     for key, t in reference.items():
         if not torch.equal(live[key], t):
@@ -374,18 +259,16 @@ def verify(live: dict, reference: dict, what: str) -> None:
 
 
 def run(args: argparse.Namespace) -> tuple[list[Method], dict]:
-    base = Path(args.dir) if args.dir else REPO / "benchmarks" / "_work"
-    base.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="save_load-", dir=base))
-    info: dict = {"work": work}
-    try:
+    with work_dir(args.dir, "save_load-", keep=args.keep) as work:
+        info: dict = {"work": work}
         t0 = time.perf_counter()
         reference = make_state(args.gib, seed=0)
         live = {k: torch.zeros_like(v) for k, v in reference.items()}
         nbytes = state_bytes(reference)
         info["nbytes"] = nbytes
         info["state"] = describe_state(reference)
-        info["machine"] = machine_description(work)
+        info["machine"] = machine_description(work, [f"safetensors {safetensors.__version__}",
+                                                     f"torch threads {torch.get_num_threads()}"])
         print(f"state: {info['state']} (built in {time.perf_counter() - t0:.1f}s)", flush=True)
         print(f"work dir: {work}", flush=True)
 
@@ -413,11 +296,9 @@ def run(args: argparse.Namespace) -> tuple[list[Method], dict]:
             Raw.save(reference, target)
             remove(target)
 
-        psi_start, run_start, load_start = pressure_totals(), time.monotonic(), os.getloadavg()[0]
+        load = Load()
         for rep in range(args.repeats):
-            shift = rep % len(methods)
-            order = methods[shift:] + methods[:shift]
-            for m in order:
+            for m in rotated(methods, rep):
                 target = work / m.target
                 remove(target)
                 drop_caches(cold)
@@ -437,19 +318,8 @@ def run(args: argparse.Namespace) -> tuple[list[Method], dict]:
                 print(f"[{rep + 1}/{args.repeats}] {m.name:36s} save {ts:7.3f}s {nbytes / ts / 1e9:6.2f} GB/s"
                       f" | load {tl:7.3f}s {nbytes / tl / 1e9:6.2f} GB/s", flush=True)
                 remove(target)
-        elapsed = time.monotonic() - run_start
-        psi_end = pressure_totals()
-        psi = ", ".join(f"{k} {100 * (psi_end[k] - v) / 1e6 / elapsed:.0f}%" for k, v in psi_start.items() if k in psi_end)
-        info["contention"] = (f"load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end"
-                              + (f"; time some task stalled (PSI) during the timed rounds: {psi}" if psi else ""))
+        info["contention"] = load.stop().describe("during the timed rounds")
         return methods, info
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-            try:
-                base.rmdir()  # only if empty (ours was the only thing in it)
-            except OSError:
-                pass
 
 
 # ---------------------------------------------------------------------------------------------
@@ -467,8 +337,7 @@ def report(methods: list[Method], info: dict, args: argparse.Namespace, command:
         s, l = med[m.name]
         lines.append(
             f"| {m.name} | {nbytes / s / 1e9:.2f} | {raw_save / s:.2f} | {nbytes / l / 1e9:.2f} | {raw_load / l:.2f} "
-            f"| {s:.3f} ({min(m.save_times):.3f}–{max(m.save_times):.3f}) "
-            f"| {l:.3f} ({min(m.load_times):.3f}–{max(m.load_times):.3f}) "
+            f"| {median_span(m.save_times)} | {median_span(m.load_times)} "
             f"| {m.size / 2**20:.1f} MiB | {m.note} |"
         )
     notes = []
@@ -479,13 +348,13 @@ def report(methods: list[Method], info: dict, args: argparse.Namespace, command:
         s, l = med[ours]
         save_ratio, load_ratio = raw_save / s, raw_load / l
         goals = [
-            f"save ≥ {GOAL_RAW_RATIO}× raw write+fsync: {'**met**' if save_ratio >= GOAL_RAW_RATIO else '**missed**'} ({save_ratio:.2f}×)",
+            f"save ≥ {GOAL_RAW_RATIO}× raw write+fsync: {verdict(save_ratio >= GOAL_RAW_RATIO)} ({save_ratio:.2f}×)",
         ]
         if dcp_name in med:
             d = med[dcp_name][0]
-            goals.append(f"save not slower than DCP: {'**met**' if s <= d else '**missed**'} "
+            goals.append(f"save not slower than DCP: {verdict(s <= d)} "
                          f"({s:.3f}s vs {d:.3f}s, {d / s:.2f}× DCP's speed)")
-        goals.append(f"load ≥ {GOAL_RAW_RATIO}× raw read: {'**met**' if load_ratio >= GOAL_RAW_RATIO else '**missed**'} ({load_ratio:.2f}×)")
+        goals.append(f"load ≥ {GOAL_RAW_RATIO}× raw read: {verdict(load_ratio >= GOAL_RAW_RATIO)} ({load_ratio:.2f}×)")
         if dcp_name in med:
             d = med[dcp_name][1]
             goals.append(f"(load vs DCP: {d / l:.2f}× DCP's speed)")
@@ -516,67 +385,26 @@ def report(methods: list[Method], info: dict, args: argparse.Namespace, command:
         "- Loads are verified bitwise against the saved state (outside the timing)." if not args.no_verify
         else "- Loads were not verified (`--no-verify`).",
         "",
-        *provenance([*info["machine"], f"Other load on the machine: {info['contention']}",
-                     f"Date: {info['date']}"], command),
+        *provenance(info["machine"], command, load=info["contention"]),
     ]
     return "\n".join(body)
 
 
-def command_line(script: str, argv: list[str] | None) -> str:
-    """The command that reproduces this run, as it goes into the report."""
-    return "python " + shlex.join([os.path.relpath(sys.argv[0], REPO) if argv is None else f"benchmarks/{script}",
-                                   *(sys.argv[1:] if argv is None else argv)])
-
-
-def provenance(machine: list[str], command: str) -> list[str]:
-    """The closing lines of every results section: the machine (and run conditions), then the command."""
-    return ["Machine:", *[f"- {line}" for line in machine], "", "Command:", "", "```", command, "```", ""]
-
-
-def publish(section: str, out: str | None) -> None:
-    """Print the section and, with ``--out``, add or replace it in the results file."""
-    print()
-    print(section)
-    if out:
-        write_section(Path(out), section)
-        print(f"wrote section to {out}")
-
-
-def write_section(out: Path, section: str) -> None:
-    """Add or replace ``section`` (its first line is its ``## `` heading) in the results file,
-    re-read right before writing so other benchmarks' sections are kept."""
-    heading = section.split("\n", 1)[0]
-    text = out.read_text() if out.exists() else "# Benchmark results\n\n"
-    start = text.find(heading)
-    if start < 0:
-        new = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + len(heading))
-        tail = text[end + 1 :] if end >= 0 else ""
-        new = text[:start] + section + ("\n" + tail if tail else "")
-    out.write_text(new.rstrip("\n") + "\n")
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__, keep=True)
     parser.add_argument("--gib", type=float, default=1.0, help="state size in GiB (default 1.0)")
     parser.add_argument("--repeats", type=int, default=3, help="save+load rounds per method (default 3)")
-    parser.add_argument("--dir", help="parent of the work dir (default benchmarks/_work)")
-    parser.add_argument("--out", help="Markdown file in which to add/replace the results section")
     parser.add_argument("--methods", nargs="+", choices=["raw", "ckpt", "plugin", "dcp", "torch", "safetensors"],
                         help="subset to run (raw is always included)")
     parser.add_argument("--warm", action="store_true", help="do not drop the page cache (warm reads)")
     parser.add_argument("--no-verify", action="store_true", help="skip the bitwise check after each load")
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up round")
-    parser.add_argument("--keep", action="store_true", help="keep the work dir (debugging)")
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.gib <= 0:
         parser.error("--repeats must be >= 1 and --gib > 0")
 
     command = command_line("bench_save_load.py", argv)
     methods, info = run(args)
-    info["date"] = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     publish(report(methods, info, args, command), args.out)
     return 0
 

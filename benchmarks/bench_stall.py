@@ -56,15 +56,8 @@ our ``save()`` down by wrapping engine functions from here (the engine itself is
 from __future__ import annotations
 
 import argparse
-import ctypes
-import datetime
-import gc
-import os
-import platform
 import shutil
-import statistics
 import sys
-import tempfile
 import time
 import warnings
 from concurrent.futures import Future
@@ -72,24 +65,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-for p in (REPO, REPO / "benchmarks"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-import torch  # noqa: E402
-import torch.distributed.checkpoint as dcp  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.distributed.checkpoint.state_dict import get_state_dict  # noqa: E402
-from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse  # noqa: E402
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: E402
+from harness import (  # first: puts this checkout's root on sys.path
+    Load, argument_parser, command_line, fsync_path, machine_description, median, median_span, provenance, publish,
+    settle, verdict, work_dir,
+)
 
 import ckpt  # noqa: E402
 import ckpt.manager  # noqa: E402
 import ckpt.staging  # noqa: E402
-from bench_save_load import (  # noqa: E402
-    command_line, cpu_model, filesystem_of, fsync_path, meminfo, pressure_totals, provenance, publish,
-)
 
 SECTION = "## Checkpoint stall in a training loop (issue 3)"
 GOAL_COPY_RATIO = 0.25
@@ -114,20 +104,6 @@ def _status(field_name: str) -> int:
 
 def rss() -> int:
     return _status("VmRSS")
-
-
-try:
-    _LIBC = ctypes.CDLL("libc.so.6")
-except OSError:
-    _LIBC = None
-
-
-def settle() -> None:
-    """Collect garbage and let glibc hand free heap pages back (``malloc_trim``), so that RSS shows
-    live memory rather than what an earlier phase freed but the allocator still holds."""
-    gc.collect()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
 
 
 def reset_peak() -> bool:
@@ -527,10 +503,6 @@ def run_phase(cls: type[Method], trainer: Trainer, work: Path, saves: int, every
     return phase
 
 
-def median(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
-
-
 def print_phase(p: Phase) -> None:
     line = (f"{p.name:42s} step {median([a + b for a, b in zip(p.fb, p.opt)]):.3f}s "
             f"({p.steps / p.window_s:.2f} steps/s)")
@@ -547,11 +519,8 @@ def print_phase(p: Phase) -> None:
 
 
 def run(args: argparse.Namespace) -> tuple[list[Phase], dict]:
-    base = Path(args.dir) if args.dir else REPO / "benchmarks" / "_work"
-    base.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="stall-", dir=base))
-    info: dict = {"work": work}
-    try:
+    with work_dir(args.dir, "stall-", keep=args.keep) as work:
+        info: dict = {"work": work}
         t0 = time.perf_counter()
         trainer = Trainer(args.gib, args.batch, args.hidden)
         for _ in range(3):  # untimed: AdamW creates its state at the first step; fault everything in
@@ -559,7 +528,7 @@ def run(args: argparse.Namespace) -> tuple[list[Phase], dict]:
             trainer.optimizer_step()
         info["nbytes"] = trainer.state_bytes()
         info["state"] = trainer.describe()
-        info["machine"] = machine_description(work)
+        info["machine"] = machine_description(work, [f"torch threads {torch.get_num_threads()}"])
         print(f"state: {info['state']} (built in {time.perf_counter() - t0:.1f}s)", flush=True)
         print(f"work dir: {work}", flush=True)
 
@@ -567,36 +536,15 @@ def run(args: argparse.Namespace) -> tuple[list[Phase], dict]:
         order = [NoSave]
         for k in keys:  # a no-save phase before and after every method: its own throughput baseline
             order += [METHODS[k], NoSave]
-        psi_start, run_start, load_start = pressure_totals(), time.monotonic(), os.getloadavg()[0]
+        load = Load()
         phases = []
         for i, cls in enumerate(order):
             label = "" if cls is not NoSave else f" #{i // 2 + 1}"
             phase = run_phase(cls, trainer, work, args.saves, args.every, label)
             print_phase(phase)
             phases.append(phase)
-        elapsed = time.monotonic() - run_start
-        psi_end = pressure_totals()
-        psi = ", ".join(f"{k} {100 * (psi_end[k] - v) / 1e6 / elapsed:.0f}%" for k, v in psi_start.items() if k in psi_end)
-        info["contention"] = (f"load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end"
-                              + (f"; time some task stalled (PSI) during the run: {psi}" if psi else ""))
+        info["contention"] = load.stop().describe("during the run")
         return phases, info
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-            try:
-                base.rmdir()  # only if empty (ours was the only thing in it)
-            except OSError:
-                pass
-
-
-def machine_description(work: Path) -> list[str]:
-    return [
-        f"CPU: {cpu_model()}, nproc={os.cpu_count()} (affinity {len(os.sched_getaffinity(0))})",
-        f"Memory: {meminfo()}",
-        f"Work dir filesystem: {filesystem_of(work)}",
-        f"Kernel: {platform.system()} {platform.release()}; Python {platform.python_version()}; "
-        f"torch {torch.__version__}; torch threads {torch.get_num_threads()}",
-    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -644,8 +592,8 @@ def report(phases: list[Phase], info: dict, args: argparse.Namespace, command: s
         "| Method | Stall s, median (min–max) | × bare copy | in save() | wait before next opt.step "
         "| Steps/s (× no save) | CPU s per step (× no save) | Next fwd/bwd − other steps s | Durable after s | Resident after warm-up | Peak growth beyond no save | Notes |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-        f"| no save (baseline; {len(base)} phases) | – | – | – | – | {median(base_rates):.3f} "
-        f"({min(base_rates):.3f}–{max(base_rates):.3f}) | {median([q.cpu_s / q.steps for q in base]):.2f} | – | – "
+        f"| no save (baseline; {len(base)} phases) | – | – | – | – | {median_span(base_rates)} "
+        f"| {median([q.cpu_s / q.steps for q in base]):.2f} | – | – "
         f"| – | {gib(median([p.peak_window - p.rss_after_warmup for p in base])) + ' GiB (grads etc.)' if base[0].peak_window is not None else 'n/a'} "
         f"| median step {base_fb + base_opt:.3f} s (fwd/bwd {base_fb:.3f} + AdamW {base_opt:.3f}) |",
     ]
@@ -665,7 +613,7 @@ def report(phases: list[Phase], info: dict, args: argparse.Namespace, command: s
             note += f"; host_buffer_bytes {p.host_buffer_bytes / nbytes:.2f}× state"
         durable_cell = f"{median(durable):.2f} (drain {p.drain_s:.2f})" if durable else ("–" if p.key == "copy" else "in save")
         lines.append(
-            f"| {p.name} | {s:.3f} ({min(stalls):.3f}–{max(stalls):.3f}) | {ratio} "
+            f"| {p.name} | {median_span(stalls)} | {ratio} "
             f"| {median([r.in_save for r in p.records]):.3f} | {median([r.pre_step_wait for r in p.records]):.3f} "
             f"| {rate:.3f} ({rate / base_rate_of(p):.2f}) | {cpu_cell(p)} | {next_fb:+.3f} "
             f"| {durable_cell} | {mem_resident} | {mem_peak} | {note} |"
@@ -678,13 +626,13 @@ def report(phases: list[Phase], info: dict, args: argparse.Namespace, command: s
         goals = []
         if copy_stall:
             goals.append(f"stall ≤ {GOAL_COPY_RATIO}× bare copy: "
-                         f"{'**met**' if s <= GOAL_COPY_RATIO * copy_stall else '**missed**'} "
+                         f"{verdict(s <= GOAL_COPY_RATIO * copy_stall)} "
                          f"({s:.3f} s vs {copy_stall:.3f} s, {s / copy_stall:.2f}×)")
         peers = [p for p in phases if p.records and p.key not in ("ours", "copy")]
         if peers:
             worst = [p.name for p in peers if median([r.stall for r in p.records]) <= s]
             best_peer = min(peers, key=lambda p: median([r.stall for r in p.records]))
-            goals.append(f"below every peer: {'**met**' if not worst else '**missed**'} "
+            goals.append(f"below every peer: {verdict(not worst)} "
                          f"(best peer {best_peer.name}: {median([r.stall for r in best_peer.records]):.3f} s"
                          + (f"; not below: {', '.join(worst)}" if worst else "") + ")")
         rate = ours.steps / ours.window_s
@@ -695,7 +643,7 @@ def report(phases: list[Phase], info: dict, args: argparse.Namespace, command: s
         if ours.host_buffer_bytes:
             goals.append(f"host buffers {ours.host_buffer_bytes / 2**30:.2f} GiB = "
                          f"{ours.host_buffer_bytes / nbytes:.2f}× the state (bound: ≤ 2×): "
-                         f"{'**met**' if ours.host_buffer_bytes <= 2 * nbytes + (1 << 20) else '**missed**'}")
+                         f"{verdict(ours.host_buffer_bytes <= 2 * nbytes + (1 << 20))}")
         notes.append("- Goals (medians), ckpt CheckpointManager (double_buffer): " + "; ".join(goals) + ".")
         # Where the training thread spent save(), and the background copy vs the overlapped step
         parts: dict[str, list[float]] = {}
@@ -764,32 +712,26 @@ def report(phases: list[Phase], info: dict, args: argparse.Namespace, command: s
         "The caching `DefaultStager` runs on CPU only with `use_pinned_memory=False` (ignored without CUDA) and "
         "`use_non_blocking_copy=False` (refused without an accelerator).",
         "",
-        *provenance([*info["machine"], f"Other load on the machine: {info['contention']}",
-                     f"Date: {info['date']}"], command),
+        *provenance(info["machine"], command, load=info["contention"]),
     ]
     return "\n".join(body)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__, keep=True)
     parser.add_argument("--gib", type=float, default=1.0, help="weights + AdamW state in GiB (default 1.0)")
     parser.add_argument("--saves", type=int, default=4, help="timed saves per method (default 4)")
     parser.add_argument("--every", type=int, default=5, help="save every K steps (default 5; >= 2)")
     parser.add_argument("--batch", type=int, default=32, help="rows per batch (default 32)")
     parser.add_argument("--hidden", type=int, default=HIDDEN, help=f"layer width (default {HIDDEN})")
-    parser.add_argument("--dir", help="parent of the work dir (default benchmarks/_work)")
-    parser.add_argument("--out", help="Markdown file in which to add/replace the results section")
     parser.add_argument("--methods", nargs="+", choices=list(METHODS),
                         help="subset to run (the no-save baseline always runs)")
-    parser.add_argument("--keep", action="store_true", help="keep the work dir (debugging)")
     args = parser.parse_args(argv)
     if args.saves < 1 or args.every < 2 or args.gib <= 0 or args.batch < 1:
         parser.error("--saves must be >= 1, --every >= 2, --gib > 0, --batch >= 1")
 
     command = command_line("bench_stall.py", argv)
     phases, info = run(args)
-    info["date"] = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     publish(report(phases, info, args, command), args.out)
     return 0
 

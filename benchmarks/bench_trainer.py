@@ -62,14 +62,10 @@ with and without checkpointing (the save must not change training).
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import gc
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -77,17 +73,14 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-for p in (REPO, REPO / "benchmarks"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from bench_save_load import (  # noqa: E402
-    command_line, cpu_model, filesystem_of, meminfo, pressure_totals, provenance, publish,
+from harness import (  # first: puts this checkout's root on sys.path
+    REPO, Load, argument_parser, command_line, git_state, machine_description, median, median_span, provenance,
+    publish, rotated, verdict, work_dir,
 )
+
 from trainer import data as data_mod  # noqa: E402
 from trainer import model as model_mod  # noqa: E402
 from trainer.config import load_config  # noqa: E402
@@ -312,8 +305,7 @@ def run_flavor(flavor: str, fargs: dict, variants: list[Variant], repeats: int, 
                 print(f"[{tag}] untimed warm-up {v.name}: {time.perf_counter() - t0:.1f}s", flush=True)
         tokens_per_window = window * fargs["batch"] * fargs["seq_len"]
         for rep in range(repeats):
-            shift = rep % len(variants)
-            for v in variants[shift:] + variants[:shift]:
+            for v in rotated(variants, rep):
                 r = one(v, f"r{rep}")
                 for name in ("window_s", "compute_s", "stall_s", "save_s", "tail_s", "close_s", "saves", "losses"):
                     getattr(v, name).append(r[name])
@@ -325,49 +317,11 @@ def run_flavor(flavor: str, fargs: dict, variants: list[Variant], repeats: int, 
         shutil.rmtree(work, ignore_errors=True)
 
 
-def top_other_processes(limit: int = 3) -> list[str]:
-    """The busiest other processes right now (by %CPU over their lifetime, from ps)."""
-    try:
-        out = subprocess.run(["ps", "-eo", "pid,pcpu,args", "--sort=-pcpu"], capture_output=True, text=True,
-                             timeout=5).stdout.splitlines()[1:]
-    except (OSError, subprocess.SubprocessError):
-        return []
-    rows = []
-    for line in out:
-        pid, pcpu, cmd = line.strip().split(None, 2)
-        if int(pid) == os.getpid() or float(pcpu) < 5:
-            continue
-        rows.append(f"{cmd[:70]} ({pcpu}% CPU)")
-        if len(rows) == limit:
-            break
-    return rows
-
-
-def git_state() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "ckpt", "trainer"],
-                               cwd=REPO, capture_output=True, text=True, timeout=5).stdout.split("\n")
-        dirty = [line[3:] for line in dirty if line.strip()]
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return head + (f" + uncommitted changes in {', '.join(dirty)}" if dirty else "")
-
-
 # ---------------------------------------------------------------------------------------------
 # Reporting
 # ---------------------------------------------------------------------------------------------
-def med(xs: list[float]) -> float:
-    return statistics.median(xs)
-
-
 def max_loss_diff(a: list[list[float]], b: list[list[float]]) -> float:
     return max(abs(x - y) for la, lb in zip(a, b) for x, y in zip(la, lb))
-
-
-def verdict(ok: bool) -> str:
-    return "**met**" if ok else "**missed**"
 
 
 def flavor_report(title: str, fargs: dict, variants: list[Variant],
@@ -388,18 +342,18 @@ def flavor_report(title: str, fargs: dict, variants: list[Variant],
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for v in variants:
-        w, c = med(v.window_s), med(v.compute_s)
+        w, c = median(v.window_s), median(v.compute_s)
         nsave = window // INTERVAL if "ckpt" in v.key else 0
-        save = med(v.save_s)
-        wait = med([st - sv for st, sv in zip(v.stall_s, v.save_s)])
-        rel_min = f"{med(by['minimal'].window_s) / w:.3f}" if "minimal" in by else "–"
-        rel_trainer = f"{med(by['trainer'].window_s) / w:.3f}" if "trainer" in by else "–"
+        save = median(v.save_s)
+        wait = median([st - sv for st, sv in zip(v.stall_s, v.save_s)])
+        rel_min = f"{median(by['minimal'].window_s) / w:.3f}" if "minimal" in by else "–"
+        rel_trainer = f"{median(by['trainer'].window_s) / w:.3f}" if "trainer" in by else "–"
         lines.append(
             f"| {v.name} | {tokens / w:,.0f} | {rel_min} | {rel_trainer} "
-            f"| {w:.2f} ({min(v.window_s):.2f}–{max(v.window_s):.2f}) | {1e3 * w / window:.1f} "
+            f"| {median_span(v.window_s, 2)} | {1e3 * w / window:.1f} "
             f"| {1e3 * (c - wait) / window:.1f} | {f'{1e3 * save / nsave:.1f}' if nsave else '–'} "
             f"| {f'{1e3 * wait / nsave:.1f}' if nsave else '–'} | {1e3 * (w - c - save) / window:.2f} "
-            f"| {med(v.tail_s):.2f} ({med(v.close_s):.2f}) |")
+            f"| {median(v.tail_s):.2f} ({median(v.close_s):.2f}) |")
     notes = []
     for base_key, ck_key, label in (
         ("trainer", "trainer_ckpt", f"Goal tokens/s with a save every {INTERVAL} steps ≥ {GOAL_CKPT_RATIO}× without"),
@@ -409,23 +363,23 @@ def flavor_report(title: str, fargs: dict, variants: list[Variant],
             continue
         base, ck = by[base_key], by[ck_key]
         per_rep = [a / b for a, b in zip(base.window_s, ck.window_s)]
-        ratio = med(base.window_s) / med(ck.window_s)
-        extra = med(ck.window_s) - med(base.window_s)
-        save, stall = med(ck.save_s), med(ck.stall_s)
-        slowdown = (med(ck.compute_s) - (stall - save)) - med(base.compute_s)
+        ratio = median(base.window_s) / median(ck.window_s)
+        extra = median(ck.window_s) - median(base.window_s)
+        save, stall = median(ck.save_s), median(ck.stall_s)
+        slowdown = (median(ck.compute_s) - (stall - save)) - median(base.compute_s)
         notes.append(
             f"- {label}: {verdict(ratio >= GOAL_CKPT_RATIO)} ({ratio:.3f}× on medians; per repeat "
             f"{', '.join(f'{x:.3f}' for x in per_rep)}; best repeat vs best repeat "
             f"{min(base.window_s) / min(ck.window_s):.3f}×). The window took {extra * 1e3:+.0f} ms longer "
             f"({window // INTERVAL} save{'s' if window // INTERVAL > 1 else ''}): inside `save()` {save * 1e3:.0f} ms, snapshot wait before the optimizer "
             f"step {(stall - save) * 1e3:.0f} ms, the rest of the steps {slowdown * 1e3:+.0f} ms. Once per run, the "
-            f"final forced save + `close()` take {med(ck.tail_s):.2f} s vs {med(base.tail_s):.2f} s for the final "
+            f"final forced save + `close()` take {median(ck.tail_s):.2f} s vs {median(base.tail_s):.2f} s for the final "
             f"step without checkpointing (not in the ratio).")
         d = max_loss_diff(base.losses, ck.losses)
         notes.append(f"  Losses with and without checkpointing: max |difference| {d:.2g} over all steps and repeats.")
     if "minimal" in by and "trainer" in by:
         m, t = by["minimal"], by["trainer"]
-        over = med(t.window_s) / med(m.window_s) - 1
+        over = median(t.window_s) / median(m.window_s) - 1
         best = min(t.window_s) / min(m.window_s) - 1
         notes.append(f"- Goal trainer overhead ≤ {GOAL_OVERHEAD:.0%} vs the minimal loop: {verdict(over <= GOAL_OVERHEAD)} "
                      f"({over:+.1%} time per step on medians; best repeat vs best repeat {best:+.1%}).")
@@ -473,15 +427,13 @@ def report(results: list[tuple[str, dict, list[Variant], dict | None]], info: di
     for title, fargs, variants, breakdown in results:
         body += flavor_report(title, fargs, variants, breakdown)
     body += [
-        *provenance([*info["machine"], f"Other load on the machine: {info['contention']}",
-                     f"Code: {info['git']}", f"Date: {info['date']}"], command),
+        *provenance(info["machine"], command, load=info["contention"], extra=[f"Code: {info['git']}"]),
     ]
     return "\n".join(body)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--flavors", nargs="+", default=["debug", "small"], choices=["debug", "small"])
     parser.add_argument("--threads", type=int, nargs="+", default=[1],
                         help="torch.set_num_threads values, one set of tables each (default 1: the other core "
@@ -496,8 +448,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--breakdown", type=int, nargs=2, default=[30, 8], metavar=("DEBUG", "SMALL"),
                         help="steps of the per-phase breakdown per flavor (0: skip it; default 30 8)")
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of every variant")
-    parser.add_argument("--dir", help="parent of the work dir (default benchmarks/_work)")
-    parser.add_argument("--out", help="Markdown file in which to add/replace the results section")
     args = parser.parse_args(argv)
     for n in (*args.warmup, *args.window):
         if n < INTERVAL or n % INTERVAL:
@@ -505,15 +455,12 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(REPO)  # BASE_CONFIG and the shipped corpus are relative to the repository
 
     command = command_line("bench_trainer.py", argv)
-    base = Path(args.dir) if args.dir else REPO / "benchmarks" / "_work"
-    base.mkdir(parents=True, exist_ok=True)
     tokens = data_mod.TokenStream(data_mod.load_documents("shipped"), data_mod.ByteTokenizer()).tokens
     cfg = load_config(["--config", BASE_CONFIG])
     results = []
     info: dict = {}
-    psi_start, run_start, load_start = pressure_totals(), time.monotonic(), os.getloadavg()[0]
-    others_start = top_other_processes()
-    try:
+    load = Load(processes=True)
+    with work_dir(args.dir, "trainer-") as work:
         for threads in args.threads:
             torch.set_num_threads(threads)
             for i, flavor in enumerate(["debug", "small"]):
@@ -524,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
                          "seq_len": cfg.training.seq_len, "params": flavor_params(flavor),
                          "repeats": args.repeats[i]}
                 variants = [Variant(k, ALL_VARIANTS[k][0], ALL_VARIANTS[k][1]) for k in args.variants]
-                run_flavor(flavor, fargs, variants, args.repeats[i], base, tokens,
+                run_flavor(flavor, fargs, variants, args.repeats[i], work, tokens,
                            not args.no_warmup and not results, tag)
                 breakdown = None
                 if args.breakdown[i]:
@@ -532,33 +479,17 @@ def main(argv: list[str] | None = None) -> int:
                     fargs["breakdown_steps"], fargs["breakdown_skip"] = args.breakdown[i] - skip, skip
                     breakdown = {}
                     for key in [k for k in args.variants if "ckpt" not in k]:
-                        breakdown[key] = phase_breakdown(flavor, key, args.breakdown[i], skip, tokens, base)
+                        breakdown[key] = phase_breakdown(flavor, key, args.breakdown[i], skip, tokens, work)
                         print(f"[{tag}] breakdown {ALL_VARIANTS[key][0]}: "
                               + ", ".join(f"{k} {1e3 * v:.1f}ms" for k, v in breakdown[key].items()), flush=True)
                 results.append((tag, fargs, variants, breakdown))
-    finally:
-        try:
-            base.rmdir()  # only if empty
-        except OSError:
-            pass
-    elapsed = time.monotonic() - run_start
-    psi_end = pressure_totals()
-    psi = ", ".join(f"{k} {100 * (psi_end[k] - v) / 1e6 / elapsed:.0f}%" for k, v in psi_start.items() if k in psi_end)
-    others = top_other_processes()
-    info["contention"] = (f"load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end (this benchmark "
-                          f"itself keeps 1-2 busy)"
-                          + (f"; time some task stalled (PSI) during the run: {psi}" if psi else "")
-                          + f"; other busy processes at start: {'; '.join(others_start) or 'none'}, at end: "
-                          + ("; ".join(others) or "none") + f"; the run took {elapsed / 60:.1f} min")
-    info["machine"] = [
-        f"CPU: {cpu_model()}, nproc={os.cpu_count()} (affinity {len(os.sched_getaffinity(0))}); torch intra-op "
-        f"threads {', '.join(map(str, args.threads))} (one set of tables each), inter-op {torch.get_num_interop_threads()}",
-        f"Memory: {meminfo()}",
-        f"Work dir filesystem: {filesystem_of(base)}",
-        f"Kernel: {platform.system()} {platform.release()}; Python {platform.python_version()}; torch {torch.__version__}",
-    ]
+    load.stop()
+    info["contention"] = (load.describe("during the run", note=" (this benchmark itself keeps 1-2 busy)")
+                          + f"; the run took {load.elapsed / 60:.1f} min")
+    info["machine"] = machine_description(
+        work, cpu_extra=f"; torch intra-op threads {', '.join(map(str, args.threads))} (one set of tables each), "
+                        f"inter-op {torch.get_num_interop_threads()}")
     info["git"] = git_state()
-    info["date"] = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     publish(report(results, info, args, command), args.out)
     return 0
 
