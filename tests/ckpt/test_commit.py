@@ -17,7 +17,7 @@ import torch
 import ckpt
 from ckpt import commit
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # ~384 MB of float32 in three tensors: takes the child well over a second to write and fsync.
 CHILD = textwrap.dedent(
