@@ -1,12 +1,30 @@
-"""ckpt.retention: which steps a policy deletes, and retention keeping every base a retained delta needs."""
+"""ckpt.retention: which steps a policy deletes, retention on disk through CheckpointManager, and
+retention keeping every base a retained delta needs."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ckpt import retention
 from ckpt.manager import CheckpointManager, committed_steps
 from tests.ckpt.chains import train_with_chain as _train_with_chain
+
+
+def test_retention_policy():
+    assert retention.steps_to_delete([1, 2, 3, 4, 5], keep=2) == [1, 2, 3]
+    assert retention.steps_to_delete([10, 20, 30, 40, 50], keep=1, keep_every=20) == [10, 30]
+    assert retention.steps_to_delete([1, 2, 3], keep=1, protected={1}) == [2]
+    with pytest.raises(ValueError):
+        retention.steps_to_delete([1], keep=0)
+
+
+def test_retention_on_disk(tmp_path):
+    with CheckpointManager(tmp_path, interval=1, keep=2, keep_every=4) as manager:
+        for step in range(1, 11):
+            manager.save(step, {"x": torch.full((3,), float(step)), "step": step})
+    assert committed_steps(tmp_path) == [4, 8, 9, 10]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"] + [f"step-{s:08d}" for s in (4, 8, 9, 10)]
 
 
 def test_retention_keeps_what_retained_deltas_need(tmp_path):
