@@ -1,9 +1,12 @@
-"""A save killed with SIGKILL in the middle of writing leaves no checkpoint behind, only a tmp dir
-that the next save removes; earlier checkpoints stay loadable bit for bit."""
+"""ckpt.commit: a checkpoint is visible complete or not at all. A save killed with SIGKILL in the middle
+of writing leaves no checkpoint behind, only a tmp dir that the next save removes, and earlier
+checkpoints stay loadable bit for bit; a save never replaces a committed checkpoint unless asked to;
+leftovers of a save that died (stale tmp dirs, a copy moved aside) are cleaned up or restored."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +19,13 @@ import torch
 
 import ckpt
 from ckpt import commit
+from tests.ckpt.checkpoints import (
+    assert_state_equal,
+    assert_untouched,
+    blank_state,
+    make_state,
+    save_fresh,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -115,3 +125,97 @@ def test_sigkill_mid_save(tmp_path: Path):
     live = blank()
     ckpt.load(live, step2)
     assert_bitwise(live, state2)
+
+
+# -- overwrite ------------------------------------------------------------------------------------
+
+def _snapshot_tree(path: Path) -> dict[str, bytes]:
+    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_save_onto_committed_checkpoint(saved):
+    path, old_state = saved
+    before = _snapshot_tree(path)
+    new_state = make_state(seed=1)
+
+    with pytest.raises(ckpt.CheckpointExistsError):
+        ckpt.save(new_state, path)
+    assert _snapshot_tree(path) == before
+    assert sorted(p.name for p in path.parent.iterdir()) == ["step-1"]
+    live = blank_state()
+    ckpt.load(live, path)
+    assert_state_equal(live, old_state)
+
+    ckpt.save(new_state, path, overwrite=True)
+    live = blank_state()
+    ckpt.load(live, path)
+    assert_state_equal(live, new_state)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["step-1"]
+
+
+# -- commit-protocol leftovers --------------------------------------------------------------------
+
+def test_stale_tmp_dir_is_never_the_checkpoint(run_dir):
+    target = run_dir / "step-5"
+    # a complete-looking save that died just before its rename: it even has a manifest
+    stale = run_dir / f"step-5{commit.TMP_MARK}0123456789ab"
+    save_fresh(run_dir / "scratch", seed=2)
+    os.rename(run_dir / "scratch", stale)
+    assert (stale / "manifest.json").is_file()
+    assert not commit.is_committed(stale)
+
+    live = blank_state()
+    with pytest.raises(ckpt.CheckpointNotFoundError):
+        ckpt.load(live, target)
+    assert_untouched(live)
+
+    state = save_fresh(target, seed=3)
+    assert not stale.exists()
+    assert sorted(p.name for p in run_dir.iterdir()) == ["step-5"]
+    live = blank_state()
+    ckpt.load(live, target)
+    assert_state_equal(live, state)
+
+
+def _crash_between_renames(run_dir: Path) -> tuple[Path, dict]:
+    """Leave what an overwrite of ``step-7`` leaves when it dies after moving the old copy aside."""
+    target = run_dir / "step-7"
+    old_state = save_fresh(target, seed=4)
+    os.rename(target, run_dir / f"step-7{commit.OLD_MARK}feedfacecafe")
+    save_fresh(run_dir / "scratch", seed=5)  # the new copy, complete but never renamed
+    os.rename(run_dir / "scratch", run_dir / f"step-7{commit.TMP_MARK}feedfacecafe")
+    return target, old_state
+
+
+def test_collect_garbage_restores_moved_aside_copy(run_dir):
+    target, old_state = _crash_between_renames(run_dir)
+    with pytest.raises(ckpt.CheckpointNotFoundError):
+        ckpt.load(blank_state(), target)
+
+    commit.collect_garbage(target)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["step-7"]
+    live = blank_state()
+    ckpt.load(live, target)
+    assert_state_equal(live, old_state)
+
+
+def test_next_save_restores_moved_aside_copy(run_dir):
+    target, old_state = _crash_between_renames(run_dir)
+    with pytest.raises(ckpt.CheckpointExistsError):  # the old copy is back, so it is not replaced
+        ckpt.save(make_state(seed=6), target)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["step-7"]
+    live = blank_state()
+    ckpt.load(live, target)
+    assert_state_equal(live, old_state)
+
+
+def test_leftover_old_copy_beside_committed_target_is_deleted(run_dir):
+    target = run_dir / "step-8"
+    save_fresh(target, seed=7)
+    shutil.copytree(target, run_dir / f"step-8{commit.OLD_MARK}0badc0ffee00")  # died before rmtree
+    new_state = make_state(seed=8)
+    ckpt.save(new_state, target, overwrite=True)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["step-8"]
+    live = blank_state()
+    ckpt.load(live, target)
+    assert_state_equal(live, new_state)
