@@ -14,7 +14,7 @@ import torch
 from tests import models
 from tests.dist import run_ranks
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _args(folder: str, steps: int = 20, **extra) -> list[str]:

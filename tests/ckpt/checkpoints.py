@@ -1,0 +1,64 @@
+"""Small single-process checkpoints of plain tensors, shared by the tests that damage, refuse, overwrite
+and clean up checkpoints: the state saved, a blank live state, and the checks that a refused load
+touched nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import ckpt
+
+DATA_FILE = "data/rank-00000.bin"
+WEIGHT, BIAS = "encoder.weight", "encoder.bias"
+
+
+def make_state(seed: int = 0) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        WEIGHT: torch.randn(64, 64, generator=gen),
+        BIAS: torch.randn(300, generator=gen),
+        "step": 3 + seed,
+    }
+
+
+def blank_state() -> dict:
+    """A live state of the right layout whose contents differ from any saved one."""
+    return {WEIGHT: torch.full((64, 64), 7.0), BIAS: torch.full((300,), 7.0), "step": -1}
+
+
+def assert_state_equal(actual: dict, expected: dict) -> None:
+    assert actual.keys() == expected.keys()
+    for key, value in expected.items():
+        if isinstance(value, torch.Tensor):
+            assert actual[key].dtype == value.dtype and actual[key].shape == value.shape, key
+            # bitwise: compare the raw bytes, not float values (NaN-safe, -0.0-safe)
+            assert torch.equal(actual[key].view(torch.uint8), value.view(torch.uint8)), key
+        else:
+            assert actual[key] == value, key
+
+
+def assert_untouched(live: dict) -> None:
+    assert_state_equal(live, blank_state())
+
+
+def assert_refused(path, error) -> None:
+    """Both reading the manifest and loading fail with ``error``, and the live state is untouched."""
+    with pytest.raises(error):
+        ckpt.read_manifest(path)
+    live = blank_state()
+    with pytest.raises(error):
+        ckpt.load(live, path)
+    assert_untouched(live)
+
+
+def save_fresh(path: Path, seed: int = 0) -> dict:
+    state = make_state(seed)
+    ckpt.save(state, path)
+    return state
+
+
+def file_fingerprint(path: Path) -> tuple[bytes, int]:
+    return path.read_bytes(), path.stat().st_mtime_ns

@@ -1,0 +1,63 @@
+"""Incremental checkpoints through CheckpointManager: lossless deltas at every link of a chain, a layout
+change forces a full, a broken link is named and the manager falls back past it."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+import ckpt
+from ckpt.manager import CheckpointManager, step_path
+from tests import models
+from tests.ckpt.chains import Mixed
+from tests.ckpt.chains import expected_state as _expected
+from tests.ckpt.chains import load_mixed as _load
+from tests.ckpt.chains import train_with_chain as _train_with_chain
+
+
+def test_every_link_of_a_chain_loads_bitwise(tmp_path):
+    expected = _train_with_chain(tmp_path, full_every=4)
+    kinds = [ckpt.read_manifest(step_path(tmp_path, s)).kind for s in range(1, 10)]
+    assert kinds == ["full", "delta", "delta", "delta"] * 2 + ["full"]
+    assert ckpt.read_manifest(step_path(tmp_path, 3)).base_step == 2
+    for step, want in expected.items():
+        models.assert_same(_load(step_path(tmp_path, step)), want, f"step {step}")
+    full = sum(ckpt.read_manifest(step_path(tmp_path, 1)).files.values())
+    delta = sum(ckpt.read_manifest(step_path(tmp_path, 2)).files.values())
+    assert delta < 0.8 * full  # lossless, and still smaller (real ratios: benchmarks/RESULTS.md)
+
+
+def test_layout_change_forces_a_full(tmp_path):
+    with CheckpointManager(tmp_path, interval=1, keep=10, full_every=10) as manager:
+        for step in range(1, 5):
+            rows = 4 if step < 3 else 5  # the tensor grows at step 3
+            manager.save(step, {"x": torch.full((rows, 3), float(step)), "bf": torch.ones(7, dtype=torch.bfloat16)})
+    kinds = [ckpt.read_manifest(step_path(tmp_path, s)).kind for s in range(1, 5)]
+    assert kinds == ["full", "delta", "full", "delta"]
+    out = {"x": torch.zeros(5, 3), "bf": torch.zeros(7, dtype=torch.bfloat16)}
+    ckpt.load(out, step_path(tmp_path, 4))
+    assert torch.equal(out["x"], torch.full((5, 3), 4.0))
+
+
+def test_broken_link_is_named_and_manager_falls_back(tmp_path):
+    expected = _train_with_chain(tmp_path, steps=4, full_every=4)
+    shutil.rmtree(step_path(tmp_path, 2))
+    with pytest.raises(ckpt.CorruptCheckpointError, match="step-00000002"):
+        _load(step_path(tmp_path, 4))
+    # corrupt link: a flipped byte inside step 3's data is named too
+    other = tmp_path / "other"
+    _train_with_chain(other, steps=4, full_every=4)
+    data = step_path(other, 3) / "data" / "rank-00000.bin"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0x40
+    data.write_bytes(raw)
+    with pytest.raises(ckpt.CorruptCheckpointError, match="step-00000003"):
+        _load(step_path(other, 4))
+    model = Mixed()
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    state = {"model": model, "optim": optim, "step": 0}
+    with CheckpointManager(tmp_path) as manager, pytest.warns(UserWarning, match="falling back"):
+        assert manager.load(state) == 1  # 4 and 3 need the deleted step 2; 1 is a full
+    models.assert_same(_expected(model, optim, state["step"]), expected[1])

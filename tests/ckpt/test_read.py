@@ -1,0 +1,129 @@
+"""Reading a checkpoint verifies every byte: damaged data files fail loudly, naming the tensor and the
+file, a symlink out of the checkpoint is refused, a missing checkpoint is not found, and a refused
+load touches nothing.
+
+Single process, small states of plain tensors. Every test builds its damage by hand from what the
+manifest says (chunk offsets, file names), so it fails if the engine stops detecting that damage.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+import ckpt
+from tests.ckpt.checkpoints import (
+    BIAS,
+    DATA_FILE,
+    WEIGHT,
+    assert_refused,
+    assert_state_equal,
+    assert_untouched,
+    blank_state,
+    file_fingerprint,
+)
+
+
+# -- the baseline all damage is measured against --------------------------------------------------
+
+def test_round_trip_is_bitwise(saved):
+    path, state = saved
+    live = blank_state()
+    ckpt.load(live, path)
+    assert_state_equal(live, state)
+
+
+# -- a flipped byte names the tensor and the file -------------------------------------------------
+
+@pytest.mark.parametrize("victim", [WEIGHT, BIAS])
+def test_flipped_byte_names_tensor_and_file(saved, victim):
+    path, _ = saved
+    blob = ckpt.read_manifest(path).tensors[victim].chunks[0].blob
+    assert blob.file == DATA_FILE
+    data_path = path / blob.file
+    raw = bytearray(data_path.read_bytes())
+    raw[blob.offset + blob.length // 2] ^= 0x5A
+    data_path.write_bytes(raw)
+
+    with pytest.raises(ckpt.CorruptCheckpointError) as info:
+        ckpt.load(blank_state(), path)
+    err = info.value
+    assert type(err) is ckpt.CorruptCheckpointError
+    assert err.tensor == victim
+    assert victim in str(err)
+    other = BIAS if victim == WEIGHT else WEIGHT
+    assert other not in str(err)
+    assert err.file is not None and Path(err.file).as_posix().endswith(DATA_FILE)
+    assert DATA_FILE in str(err)
+
+
+# -- truncated / missing data file ----------------------------------------------------------------
+
+def test_truncated_data_file(saved):
+    path, _ = saved
+    manifest = ckpt.read_manifest(path)
+    end = max(c.blob.offset + c.blob.length for e in manifest.tensors.values() for c in e.chunks)
+    data_path = path / DATA_FILE
+    assert data_path.stat().st_size >= end
+    os.truncate(data_path, end - 100)  # the last chunk loses its tail
+
+    with pytest.raises(ckpt.CorruptCheckpointError) as info:
+        ckpt.load(blank_state(), path)
+    assert "truncat" in str(info.value).lower()
+    assert info.value.file is not None and Path(info.value.file).as_posix().endswith(DATA_FILE)
+
+
+def test_missing_data_file(saved):
+    path, _ = saved
+    (path / DATA_FILE).unlink()
+    with pytest.raises(ckpt.CorruptCheckpointError) as info:
+        ckpt.load(blank_state(), path)
+    assert "rank-00000.bin" in str(info.value)
+    assert info.value.file is not None and Path(info.value.file).as_posix().endswith(DATA_FILE)
+
+
+# -- no checkpoint at all -------------------------------------------------------------------------
+
+def test_missing_manifest_is_not_found(saved):
+    path, _ = saved
+    (path / "manifest.json").unlink()
+    assert_refused(path, ckpt.CheckpointNotFoundError)
+
+
+def test_nonexistent_path_is_not_found(run_dir):
+    live = blank_state()
+    with pytest.raises(ckpt.CheckpointNotFoundError):
+        ckpt.load(live, run_dir / "no-such-step")
+    assert_untouched(live)
+    assert not (run_dir / "no-such-step").exists()
+
+
+# -- a symlink out of the checkpoint --------------------------------------------------------------
+
+@pytest.mark.parametrize("what", ["file", "data-dir"])
+def test_symlink_out_of_checkpoint_is_refused(saved, what):
+    path, _ = saved
+    outside = path.parent.parent / "outside"
+    outside.mkdir()
+    real = path / DATA_FILE
+    # different bytes of the same length: followed, they would land in the live tensors
+    sentinel_bytes = bytes(b ^ 0xFF for b in real.read_bytes())
+    sentinel = outside / "rank-00000.bin"
+    sentinel.write_bytes(sentinel_bytes)
+    before = file_fingerprint(sentinel)
+    if what == "file":
+        real.unlink()
+        real.symlink_to(sentinel)
+    else:
+        shutil.rmtree(path / "data")
+        (path / "data").symlink_to(outside, target_is_directory=True)
+
+    live = blank_state()
+    with pytest.raises(ckpt.InvalidManifestError) as info:
+        ckpt.load(live, path)
+    assert "rank-00000.bin" in str(info.value)
+    assert_untouched(live)
+    assert file_fingerprint(sentinel) == before

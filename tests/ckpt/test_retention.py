@@ -1,0 +1,38 @@
+"""ckpt.retention: which steps a policy deletes, retention on disk through CheckpointManager, and
+retention keeping every base a retained delta needs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ckpt import retention
+from ckpt.manager import CheckpointManager, committed_steps
+from tests.ckpt.chains import train_with_chain as _train_with_chain
+
+
+def test_retention_policy():
+    assert retention.steps_to_delete([1, 2, 3, 4, 5], keep=2) == [1, 2, 3]
+    assert retention.steps_to_delete([10, 20, 30, 40, 50], keep=1, keep_every=20) == [10, 30]
+    assert retention.steps_to_delete([1, 2, 3], keep=1, protected={1}) == [2]
+    with pytest.raises(ValueError):
+        retention.steps_to_delete([1], keep=0)
+
+
+def test_retention_on_disk(tmp_path):
+    with CheckpointManager(tmp_path, interval=1, keep=2, keep_every=4) as manager:
+        for step in range(1, 11):
+            manager.save(step, {"x": torch.full((3,), float(step)), "step": step})
+    assert committed_steps(tmp_path) == [4, 8, 9, 10]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"] + [f"step-{s:08d}" for s in (4, 8, 9, 10)]
+
+
+def test_retention_keeps_what_retained_deltas_need(tmp_path):
+    assert retention.steps_to_delete([1, 2, 3, 4, 5], keep=1, bases={2: 1, 3: 2, 4: None, 5: 4}) == [1, 2, 3]
+    assert retention.steps_to_delete([1, 2, 3], keep=1, bases={2: 1, 3: 2}) == []
+    _train_with_chain(tmp_path, steps=6, full_every=3)  # 1 full, 2-3 deltas, 4 full, 5-6 deltas
+    with CheckpointManager(tmp_path, keep=1) as manager:
+        manager.save(7, {"x": torch.ones(1)}, force=True)  # a full of another layout triggers retention
+    assert committed_steps(tmp_path) == [7]
+    _train_with_chain(tmp_path / "b", steps=5, full_every=3, keep=1)
+    assert committed_steps(tmp_path / "b") == [4, 5]  # 5 is a delta on 4
