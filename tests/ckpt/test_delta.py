@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import ckpt
-from ckpt.manager import CheckpointManager, step_path
+from ckpt.manager import CheckpointManager
+from ckpt.root import step_path
 from tests import models
 from tests.ckpt.chains import Mixed
 from tests.ckpt.chains import expected_state as _expected

@@ -95,3 +95,17 @@ def test_accelerator_snapshot_uses_side_stream_and_event(fake_torch_npu):
     staged = future.result()
     assert torch.equal(staged["w"], expected) and staged["step"] == 3
     stager.close()
+
+
+def test_a_device_side_wait_still_leaves_a_host_wait_for_close(fake_torch_npu):
+    """before_step on an accelerator only orders the compute stream; close() must still wait on
+    the host for the copy before it frees the pinned buffers."""
+    npu, compute = fake_torch_npu
+    stager = DoubleBufferStager("npu", pin_memory=False)
+    stager.stage({"w": torch.randn(16, 16)})
+    stager.wait_snapshot()
+    stager.wait_snapshot()  # ordered once, not once per call
+    assert len(compute.waited_events) == 1
+    assert stager._pending is not None  # the host has not waited yet
+    stager.close()
+    assert stager._pending is None and stager.host_bytes == 0

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 import ckpt
-from ckpt.manager import CheckpointManager, committed_steps, step_path
+from ckpt.manager import CheckpointManager
+from ckpt.root import committed_steps, step_path
 from tests import models
 from tests.dist import run_ranks
 
@@ -188,3 +189,31 @@ def _fsdp_manager_run(rank: int, world: int, root: str):
 
 def test_manager_on_two_fsdp_ranks(tmp_path):
     assert run_ranks(2, _fsdp_manager_run, str(tmp_path)) == [[1, 2, 3]] * 2
+
+
+def test_save_adds_to_the_in_flight_set_while_retention_lists_it(tmp_path):
+    """The writer thread lists the saves in flight (retention must not delete them) while save()
+    on the training thread adds one. Provoked deterministically: a save's future whose done() -
+    asked while the list is taken - waits until the training thread has started another save."""
+    from concurrent.futures import Future
+
+    listing, added = threading.Event(), threading.Event()
+
+    class StallingFuture(Future):
+        def done(self):
+            listing.set()
+            added.wait(timeout=60)
+            return super().done()
+
+    state = {"w": torch.randn(64, 64)}
+    with CheckpointManager(tmp_path, keep=5) as manager:
+        stalled = StallingFuture()
+        manager._inflight[-1] = stalled  # asked about by step 1's retention pass
+        manager.save(1, state)
+        assert listing.wait(timeout=60), "retention never listed the saves in flight"
+        manager.save(2, state)  # adds step 2 while the writer thread is in the middle of that list
+        added.set()
+        stalled.set_result(None)
+        manager._inflight.pop(-1)
+        manager.wait()  # before the fix: CheckpointWriteError (dictionary changed size during iteration)
+    assert committed_steps(tmp_path) == [1, 2]

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from ckpt import retention
-from ckpt.manager import CheckpointManager, committed_steps
+from ckpt.manager import CheckpointManager
+from ckpt.root import committed_steps
 from tests.ckpt.chains import train_with_chain as _train_with_chain
 
 

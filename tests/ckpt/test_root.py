@@ -1,0 +1,50 @@
+"""ckpt.root: step naming, the committed steps, start-up clean-up and the delta base map."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ckpt
+from ckpt.root import CheckpointRoot, committed_steps, step_name, step_path
+
+
+def test_step_names_and_only_committed_steps_are_listed(tmp_path):
+    assert step_name(7) == "step-00000007" and step_path(tmp_path, 123456789).name == "step-123456789"
+    for step in (3, 10):
+        ckpt.save({"x": torch.ones(2)}, step_path(tmp_path, step))
+    (tmp_path / "step-00000004").mkdir()  # no manifest: a deletion interrupted, not a checkpoint
+    (tmp_path / "step-00000005.tmp-0123456789ab").mkdir()
+    (tmp_path / "step-6").mkdir()  # not our naming
+    (tmp_path / "notes.txt").write_text("hi")
+    assert committed_steps(tmp_path) == [3, 10] == CheckpointRoot(tmp_path).steps()
+    assert committed_steps(tmp_path / "missing") == []
+
+
+def test_lock_cleans_up_and_is_exclusive(tmp_path):
+    ckpt.save({"x": torch.ones(2)}, step_path(tmp_path, 1))
+    (tmp_path / "step-00000002" / "data").mkdir(parents=True)
+    (tmp_path / "step-00000003.tmp-0123456789ab" / "data").mkdir(parents=True)
+    root = CheckpointRoot(tmp_path)
+    root.lock()
+    try:
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "step-00000001"]
+        with pytest.raises(ckpt.CheckpointLockedError):
+            CheckpointRoot(tmp_path).lock()
+    finally:
+        root.unlock()
+    other = CheckpointRoot(tmp_path)
+    other.lock()
+    other.unlock()
+
+
+def test_bases_recorded_or_read_from_manifests(tmp_path):
+    with ckpt.CheckpointManager(tmp_path, full_every=3, keep=10) as manager:
+        for step in (1, 2, 3, 4):
+            manager.save(step, {"w": torch.full((64,), float(step))})
+    root = CheckpointRoot(tmp_path)  # a new process: nothing recorded, the manifests tell
+    assert root.bases([1, 2, 3, 4]) == {1: None, 2: 1, 3: 2, 4: None}
+    root.record_base(5, 4)
+    assert root.bases([5]) == {5: 4}
+    root.delete(4)
+    assert root.steps() == [1, 2, 3]
