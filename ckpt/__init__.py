@@ -26,6 +26,7 @@ from .errors import (
     DeviceUnavailableError,
     IncompatibleCheckpointError,
     InvalidManifestError,
+    InvalidOptionError,
     SnapshotSkipped,
     UnsafeCheckpointError,
     UnsupportedFormatError,
@@ -45,5 +46,5 @@ __all__ = [
     "CheckpointRoot", "DeltaBase", "DoubleBufferStager",
     "CheckpointError", "CheckpointExistsError", "CheckpointLockedError", "CheckpointNotFoundError",
     "CheckpointWriteError", "CorruptCheckpointError", "DeviceUnavailableError", "IncompatibleCheckpointError",
-    "InvalidManifestError", "SnapshotSkipped", "UnsafeCheckpointError", "UnsupportedFormatError",
+    "InvalidManifestError", "InvalidOptionError", "SnapshotSkipped", "UnsafeCheckpointError", "UnsupportedFormatError",
 ]

@@ -29,7 +29,7 @@ from torch.futures import Future
 
 from . import codec, commit
 from .delta import DeltaBase
-from .errors import InvalidManifestError
+from .errors import InvalidManifestError, InvalidOptionError
 from .format import Chunk, Manifest, ValueEntry
 from .options import SaveOptions
 from .read import ChunkSource, read_manifest
@@ -84,12 +84,12 @@ class Writer(StorageWriter):
         super().__init__()
         self.options = (options or SaveOptions()).replace(**option_overrides)
         if kind is not None and (kind not in ("full", "delta") or (kind == "delta") != (base is not None)):
-            raise ValueError(f"Writer(kind={kind!r}) needs base=DeltaBase(...) exactly when the kind is delta")
+            raise InvalidOptionError("kind", kind, "must be 'delta' exactly when base=DeltaBase(...) is given")
         if base is not None and not isinstance(base, DeltaBase):
             raise TypeError(f"base must be a ckpt.delta.DeltaBase, not {type(base).__name__}")
         self.path = Path(path) if path is not None else None
         if base is not None and (base.step == step or (self.path is not None and base.name == self.path.name)):
-            raise ValueError(f"a delta cannot be its own base ({base.name}, step {base.step})")
+            raise InvalidOptionError("base", base.name, f"a delta cannot be its own base (step {base.step})")
         self.overwrite, self.step, self.base = overwrite, step, base
         self.tmp_dir: Path | None = None
 

@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.utils import find_state_dict_object
 from torch.distributed.tensor import DTensor
 
+from .errors import InvalidOptionError
 from .format import is_sibling_name
 from .tree import leaves
 
@@ -47,7 +48,7 @@ class DeltaBase:
 
     def __post_init__(self) -> None:
         if not is_sibling_name(self.name):
-            raise ValueError(f"a delta's base must be a sibling directory name, not {self.name!r}")
+            raise InvalidOptionError("base", self.name, "must be a sibling directory name (one path component)")
 
     @cached_property
     def _flat(self) -> dict:

@@ -15,6 +15,7 @@ type; CLIs turn it into a single readable line and a non-zero exit.
     ├── CheckpointWriteError         a save failed; nothing was committed
     ├── CheckpointLockedError        another manager already writes to this root
     ├── SnapshotSkipped              both staging buffer sets were busy and the policy is skip
+    ├── InvalidOptionError           a save option out of range (also a ValueError)
     └── DeviceUnavailableError       the requested device type is not present on this machine
 
 Errors cross ranks as objects (pickled by :mod:`ckpt.collective`), so every rank raises the same
@@ -96,6 +97,20 @@ class CheckpointWriteError(CheckpointError):
 
 class CheckpointLockedError(CheckpointError):
     """Another CheckpointManager holds the lock on this checkpoint root; two writers are refused."""
+
+
+class InvalidOptionError(CheckpointError, ValueError):
+    """A save option (:class:`~ckpt.options.SaveOptions` field) has a value it cannot take.
+
+    ``option``, ``value`` and ``requirement`` say which, what and why, so front ends (the trainer's
+    config) can report it in their own terms."""
+
+    def __init__(self, option: str, value, requirement: str):
+        super().__init__(f"{option}={value!r} is invalid: {requirement}")
+        self.option, self.value, self.requirement = option, value, requirement
+
+    def __reduce__(self):
+        return (type(self), (self.option, self.value, self.requirement))
 
 
 class SnapshotSkipped(CheckpointError):

@@ -5,7 +5,7 @@ hands to the writer (:class:`~ckpt.dcp.Writer` reads ``files_per_rank``, ``compr
 ``zstd_level`` and ``encode_threads``) and what the trainer's ``checkpoint`` section builds. Modes
 and policies are enums whose values are the strings users write (``"double_buffer"``, ``"skip"``,
 ``"zstd"``); strings are accepted wherever an enum is, and a bad value fails at construction with
-the valid ones listed.
+:class:`~ckpt.errors.InvalidOptionError` (a ValueError) naming the option and what it must be.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, TypeVar
+
+from .errors import InvalidOptionError
 
 
 class AsyncMode(str, Enum):
@@ -49,8 +51,7 @@ def as_enum(kind: type[E], value: Any, what: str) -> E:
             return kind(value.strip().lower())
         except ValueError:
             pass
-    choices = ", ".join(member.value for member in kind)
-    raise ValueError(f"{what} must be one of {choices}, not {value!r}")
+    raise InvalidOptionError(what, value, f"must be one of {', '.join(choices(kind))}")
 
 
 def choices(kind: type[Enum]) -> tuple[str, ...]:
@@ -102,7 +103,8 @@ class SaveOptions:
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
         if self.full_every > 1 and self.async_mode is not AsyncMode.DOUBLE_BUFFER:
-            raise ValueError("delta checkpoints (full_every > 1) need async_mode='double_buffer'")
+            raise InvalidOptionError("full_every", self.full_every,
+                                     "deltas (full_every > 1) need async_mode double_buffer")
 
     def replace(self, **changes: Any) -> "SaveOptions":
         """A copy with ``changes`` applied (validated like a new object)."""
@@ -111,4 +113,4 @@ class SaveOptions:
 
 def _positive(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, not {value!r}")
+        raise InvalidOptionError(name, value, "must be an integer >= 1")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from ckpt.options import AsyncMode
+from ckpt.errors import InvalidOptionError
 from trainer.config_fields import coerce
 from trainer.config_schema import CHOICES, SECTIONS, ConfigError
 
@@ -87,17 +87,12 @@ def validate(cfg: Config) -> None:
     if p.dp_shard != -1 and p.dp_shard < 1:
         _fail("parallelism", "dp_shard", p.dp_shard, "must be >= 1, or -1 for all remaining ranks")
 
-    # The checkpoint rules are also SaveOptions' (ckpt.options); checked here first so that the
-    # message names checkpoint.key=value like every other config error.
     if not c.folder:
         _fail("checkpoint", "folder", c.folder, "must not be empty")
-    for key in ("interval", "keep", "full_every", "zstd_level"):
-        if getattr(c, key) < 1:
-            _fail("checkpoint", key, getattr(c, key), "must be >= 1")
-    if c.full_every > 1 and c.async_mode != AsyncMode.DOUBLE_BUFFER:
-        _fail("checkpoint", "full_every", c.full_every, "deltas need async_mode double_buffer")
-    if c.keep_every is not None and c.keep_every < 1:
-        _fail("checkpoint", "keep_every", c.keep_every, "must be >= 1 (or none)")
+    try:  # the engine's rules for what the section hands to it
+        c.save_options(device_type=None, user_metadata={})
+    except InvalidOptionError as exc:
+        _fail("checkpoint", exc.option, exc.value, exc.requirement)
     if c.load_step is not None and c.load_step < 0:
         _fail("checkpoint", "load_step", c.load_step, "must be >= 0 (or none for the latest)")
 

@@ -41,9 +41,9 @@ def test_writer_refuses_an_inconsistent_configuration(tmp_path):
     """Caught at construction, before anything is written: a delta without a base could never be
     read, a delta on itself loops, a base outside the root is refused, bad options are named."""
     base = ckpt.DeltaBase(1, "step-00000001", {"w": torch.zeros(4)})
-    with pytest.raises(ValueError, match="needs base"):
+    with pytest.raises(ckpt.InvalidOptionError, match="exactly when base"):
         ckpt.dcp.Writer(tmp_path / "a", kind="delta")
-    with pytest.raises(ValueError, match="needs base"):
+    with pytest.raises(ValueError, match="exactly when base"):
         ckpt.dcp.Writer(tmp_path / "a", kind="full", base=base)
     with pytest.raises(ValueError, match="its own base"):
         ckpt.dcp.Writer(tmp_path / "step-00000001", step=2, base=base)
@@ -52,9 +52,9 @@ def test_writer_refuses_an_inconsistent_configuration(tmp_path):
     with pytest.raises(TypeError):
         ckpt.dcp.Writer(tmp_path / "a", base={"w": torch.zeros(4)})
     for name in ("../elsewhere", "a/b", "", ".hidden"):
-        with pytest.raises(ValueError, match="sibling"):
+        with pytest.raises(ValueError, match="sibling directory"):
             ckpt.DeltaBase(1, name, {})
-    with pytest.raises(ValueError, match="compress must be one of none, zstd"):
+    with pytest.raises(ValueError, match="compress='lz4' is invalid"):
         ckpt.dcp.Writer(tmp_path / "a", compress="lz4")
     with pytest.raises(ValueError, match="files_per_rank"):
         ckpt.dcp.Writer(tmp_path / "a", files_per_rank=0)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ckpt import AsyncMode, BusyPolicy, CheckpointManager, Compression, SaveOptions
+from ckpt import (AsyncMode, BusyPolicy, CheckpointError, CheckpointManager, Compression, InvalidOptionError,
+                  SaveOptions)
 from ckpt.dcp import Writer
 
 
@@ -18,19 +19,21 @@ def test_strings_become_enums_and_defaults():
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"async_mode": "later"}, "async_mode must be one of double_buffer, sync"),
-    ({"policy": "drop"}, "policy must be one of block, skip"),
-    ({"compress": "lz4"}, "compress must be one of none, zstd"),
-    ({"interval": 0}, "interval must be a positive integer"),
-    ({"keep": -1}, "keep must be a positive integer"),
-    ({"keep_every": 0}, "keep_every must be a positive integer"),
-    ({"full_every": True}, "full_every must be a positive integer"),
-    ({"files_per_rank": 1.5}, "files_per_rank must be a positive integer"),
-    ({"full_every": 4, "async_mode": "sync"}, "need async_mode='double_buffer'"),
+    ({"async_mode": "later"}, "async_mode='later' is invalid: must be one of double_buffer, sync"),
+    ({"policy": "drop"}, "policy='drop' is invalid: must be one of block, skip"),
+    ({"compress": "lz4"}, "compress='lz4' is invalid: must be one of none, zstd"),
+    ({"interval": 0}, "interval=0 is invalid: must be an integer >= 1"),
+    ({"keep": -1}, "keep=-1 is invalid"),
+    ({"keep_every": 0}, "keep_every=0 is invalid"),
+    ({"full_every": True}, "full_every=True is invalid"),
+    ({"files_per_rank": 1.5}, "files_per_rank=1.5 is invalid"),
+    ({"full_every": 4, "async_mode": "sync"}, "full_every=4 is invalid: deltas .* need async_mode double_buffer"),
 ])
 def test_bad_values_are_named(fields, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(InvalidOptionError, match=message) as info:
         SaveOptions(**fields)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, CheckpointError)
+    assert info.value.option == next(iter(fields))
 
 
 def test_manager_and_writer_take_one_options_object_and_overrides(tmp_path):
