@@ -53,18 +53,19 @@ def is_committed(path: Path) -> bool:
     return uncommitted_reason(path) is None
 
 
-def _tmp_name(target: Path) -> Path:
-    return target.parent / f"{target.name}{TMP_MARK}{uuid.uuid4().hex[:12]}"
-
-
-def begin(target: Path, *, overwrite: bool) -> Path:
-    """Clean up after earlier dead saves of ``target`` and create a fresh tmp directory for it."""
-    target = Path(target)
+def _claim(target: Path, *, overwrite: bool) -> Path:
+    """Clean up after earlier dead saves of ``target``, refuse to replace it unless asked, and
+    return a fresh tmp name beside it."""
     target.parent.mkdir(parents=True, exist_ok=True)
     collect_garbage(target)
     if target.exists() and not overwrite:
         raise CheckpointExistsError(f"{target} already exists; pass overwrite=True to replace it")
-    tmp = _tmp_name(target)
+    return target.parent / f"{target.name}{TMP_MARK}{uuid.uuid4().hex[:12]}"
+
+
+def begin(target: Path, *, overwrite: bool) -> Path:
+    """Create a fresh tmp directory for a save of ``target`` (see :func:`_claim`)."""
+    tmp = _claim(Path(target), overwrite=overwrite)
     (tmp / DATA_DIR).mkdir(parents=True)
     return tmp
 
@@ -110,11 +111,7 @@ class PendingFile:
 
     def __init__(self, target: str | os.PathLike, *, overwrite: bool):
         self.target, self.overwrite = Path(target), overwrite
-        self.target.parent.mkdir(parents=True, exist_ok=True)
-        collect_garbage(self.target)
-        if self.target.exists() and not overwrite:
-            raise CheckpointExistsError(f"{self.target} already exists; pass overwrite=True to replace it")
-        self.tmp = _tmp_name(self.target)
+        self.tmp = _claim(self.target, overwrite=overwrite)
         self._fd: int | None = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
 
     def write(self, data) -> None:

@@ -77,7 +77,7 @@ def save_merged(
         tensor = flat[name]
         full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
         if rank == 0:
-            attempt(lambda: pending.write(tensor_bytes(full)))
+            attempt(lambda full=full: pending.write(tensor_bytes(full)))
         del full
     if rank == 0:
         attempt(lambda: pending.publish())
