@@ -33,7 +33,7 @@ from .errors import (
 )
 from .format import FORMAT_VERSION, Manifest
 from .manager import CheckpointManager, SaveStats
-from .options import AsyncMode, BusyPolicy, Compression, SaveOptions
+from .options import AsyncMode, BusyPolicy, Compression, FailurePolicy, SaveOptions
 from .planner import SafeLoadPlanner
 from .read import read_manifest
 from .root import CheckpointRoot
@@ -42,7 +42,7 @@ from .state import RNGState
 
 __all__ = [
     "save", "load", "read_manifest", "dcp", "Manifest", "FORMAT_VERSION", "SafeLoadPlanner", "RNGState",
-    "CheckpointManager", "SaveStats", "SaveOptions", "AsyncMode", "BusyPolicy", "Compression",
+    "CheckpointManager", "SaveStats", "SaveOptions", "AsyncMode", "BusyPolicy", "Compression", "FailurePolicy",
     "CheckpointRoot", "DeltaBase", "DoubleBufferStager",
     "CheckpointError", "CheckpointExistsError", "CheckpointLockedError", "CheckpointNotFoundError",
     "CheckpointWriteError", "CorruptCheckpointError", "DeviceUnavailableError", "IncompatibleCheckpointError",

@@ -98,12 +98,24 @@ def decode(codec: str, stored, *, raw_length: int, itemsize: int, planes=None, b
         return base
     width = element_width(itemsize)
     count = raw_length // width
-    matrix = np.empty((count, width), dtype=np.uint8)
-    view, start = memoryview(stored), 0
-    decompressor = zstandard.ZstdDecompressor()
+    if planes is None or len(planes) != width or count * width != raw_length:
+        raise CorruptCheckpointError(f"{what}: {width} byte planes of {count} bytes expected")
+    # Every plane's size is known before decompressing it (zstd frames carry their content size):
+    # check them all before allocating, so a manifest's raw_length claim alone allocates nothing.
+    sources, view, start = [], memoryview(stored), 0
     for k, (plane_codec, length) in enumerate(planes):
         chunk = view[start : start + length]
         start += length
+        try:
+            size = len(chunk) if plane_codec == "raw" else zstandard.frame_content_size(chunk)
+        except zstandard.ZstdError as exc:
+            raise CorruptCheckpointError(f"{what}: byte plane {k} is not a zstd frame ({exc})") from None
+        if size != count:
+            raise CorruptCheckpointError(f"{what}: byte plane {k} holds {size} bytes, expected {count}")
+        sources.append((plane_codec, chunk))
+    matrix = np.empty((count, width), dtype=np.uint8)
+    decompressor = zstandard.ZstdDecompressor()
+    for k, (plane_codec, chunk) in enumerate(sources):
         try:
             plane = decompressor.decompress(chunk, max_output_size=count) if plane_codec == "zstd" else chunk
         except zstandard.ZstdError as exc:

@@ -26,7 +26,16 @@ from __future__ import annotations
 
 
 class CheckpointError(Exception):
-    """Base class of every error raised by the checkpoint engine."""
+    """Base class of every error raised by the checkpoint engine.
+
+    ``path`` (the checkpoint), ``file`` (inside it, e.g. ``manifest.json`` or
+    ``data/rank-00000.bin``) and ``tensor`` (a state-dict key) say what failed, where known."""
+
+    def __init__(self, message: str = "", *, path: str | None = None, file: str | None = None,
+                 tensor: str | None = None):
+        super().__init__(message)
+        self.path = None if path is None else str(path)
+        self.file, self.tensor = file, tensor
 
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
@@ -38,15 +47,10 @@ class CheckpointExistsError(CheckpointError, FileExistsError):
 
 
 class CorruptCheckpointError(CheckpointError):
-    """Stored bytes do not match what the manifest promises.
+    """Stored bytes do not match what the manifest promises, or the manifest itself is damaged.
 
     ``file`` and ``tensor`` name what failed to verify, when known.
     """
-
-    def __init__(self, message: str, *, file: str | None = None, tensor: str | None = None):
-        super().__init__(message)
-        self.file = file
-        self.tensor = tensor
 
 
 class InvalidManifestError(CorruptCheckpointError):
@@ -74,6 +78,7 @@ class IncompatibleCheckpointError(CheckpointError):
         missing: list[str] = (),
         unexpected: list[str] = (),
         mismatched: list[tuple[str, str, str]] = (),
+        path: str | None = None,
     ):
         self.missing = sorted(missing)
         self.unexpected = sorted(unexpected)
@@ -85,10 +90,15 @@ class IncompatibleCheckpointError(CheckpointError):
             parts.append(f"unexpected in checkpoint: {_short_list(self.unexpected)}")
         for key, saved, live in self.mismatched:
             parts.append(f"{key}: checkpoint has {saved}, state has {live}")
-        super().__init__("checkpoint does not fit the state: " + "; ".join(parts))
+        where = "" if path is None else f" {path}"
+        super().__init__(f"checkpoint{where} does not fit the state: " + "; ".join(parts), path=path)
+
+    def with_path(self, path) -> "IncompatibleCheckpointError":
+        """The same report, naming the checkpoint."""
+        return type(self)(self.missing, self.unexpected, self.mismatched, path=str(path))
 
     def __reduce__(self):  # rebuilt from its lists when DCP ships it between ranks
-        return (type(self), (self.missing, self.unexpected, self.mismatched))
+        return (type(self), (self.missing, self.unexpected, self.mismatched, self.path))
 
 
 class CheckpointWriteError(CheckpointError):

@@ -3,7 +3,8 @@
 A checkpoint is a directory holding ``manifest.json`` and ``data/<file>.bin``. The manifest is the
 only metadata: DCP's ``Metadata`` is rebuilt from it (never unpickled). :class:`Manifest` is built
 by the writer record by record (:meth:`Manifest.add_record`) and serialised with
-:meth:`Manifest.to_json`; :meth:`Manifest.from_json` parses and validates one (:mod:`ckpt.validate`).
+:meth:`Manifest.to_json`, sealed with a digest of every other byte of the file (:func:`seal`);
+:meth:`Manifest.from_json` checks the digest first, then parses and validates (:mod:`ckpt.validate`).
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from .errors import UnsupportedFormatError
+from .fileio import checksum
 
 FORMAT_NAME = "ckpt"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1: no manifest digest (read as is); 2: every manifest byte digested
 MANIFEST_NAME = "manifest.json"
 DATA_DIR = "data"
 CHECKSUM_ALGORITHM = "xxh3-64"
@@ -39,6 +42,28 @@ MAX_DIMS = 64
 _DATA_FILE = re.compile(r"^data/[A-Za-z0-9][A-Za-z0-9._-]{0,127}\.bin$")
 _CHECKSUM = re.compile(r"^[0-9a-f]{16}$")
 _SIBLING = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # one path component, no "..", no "/"
+
+
+_DIGEST_TAIL = re.compile(rb',"digest":"([0-9a-f]{16})"\}\Z')
+
+
+def seal(doc: dict) -> bytes:
+    """``doc`` as compact JSON bytes with one last field, ``"digest"``: the xxh3-64 of the same
+    bytes without that field (the document as it reads up to its closing brace)."""
+    body = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+    if not doc:
+        raise ValueError("an empty manifest cannot be sealed")
+    return body[:-1] + b',"digest":"' + checksum(body).encode() + b'"}'
+
+
+def unseal(raw: bytes) -> tuple[bytes, str | None, str | None]:
+    """``(body, stored digest, digest of body)``: the sealed document without its digest field,
+    or ``(raw, None, None)`` when it has none (a version-1 manifest, or a damaged tail)."""
+    tail = _DIGEST_TAIL.search(raw)
+    if tail is None:
+        return raw, None, None
+    body = raw[: tail.start()] + b"}"
+    return body, tail.group(1).decode(), checksum(body)
 
 
 def is_data_file_name(name: Any) -> bool:
@@ -170,7 +195,7 @@ class Manifest:
             },
             "paths": {key: list(path) for key, path in sorted(self.paths.items())},
         }
-        return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+        return seal(doc)
 
     @classmethod
     def from_json(cls, raw: bytes, *, source: str = MANIFEST_NAME) -> "Manifest":

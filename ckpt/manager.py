@@ -44,7 +44,7 @@ from .collective import any_rank, run_on_src
 from .dcp import Writer
 from .delta import DeltaBase, DeltaPolicy, tensor_signature
 from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError
-from .options import AsyncMode, BusyPolicy, SaveOptions
+from .options import AsyncMode, BusyPolicy, FailurePolicy, SaveOptions
 from .root import CheckpointRoot, step_name
 from .staging import DoubleBufferStager, single_threaded_aten
 from .state import export_state
@@ -59,6 +59,7 @@ class SaveStats:
 
     saves: int = 0
     skipped: int = 0
+    failures: int = 0  # saves that failed (counted under on_error="continue")
     stall_s: float = 0.0
     last_stall_s: float = 0.0
     host_buffer_bytes: int = 0
@@ -95,6 +96,7 @@ class CheckpointManager:
         self._inflight: dict[int, Future] = {}
         self._inflight_lock = threading.Lock()
         self._errors: list[BaseException] = []
+        self._failed: set[int] = set()  # steps whose write failed (read by the writer thread only)
         self._hooks: list[Any] = []
         self._closed = False
 
@@ -129,9 +131,16 @@ class CheckpointManager:
         tree, _ = export_state(state)
         if self._stager is None:
             self._root.record_base(step, None)
-            self._write(step, tree)
-            self._after_commit(step)
-            self._account(start)
+            try:
+                self._write(step, tree)
+                self._after_commit(step)
+            except CheckpointError as error:
+                if self.options.on_error is FailurePolicy.STOP:
+                    raise
+                self._report_failure(error)
+                return False
+            finally:
+                self._account(start)
             return True
         if self.options.policy is BusyPolicy.SKIP and self._agree_any(not self._stager.has_free_set()):
             self.stats.skipped += 1
@@ -173,15 +182,33 @@ class CheckpointManager:
         self._check_open()
         self.wait()
         if step is not None:
+            if not self._root.is_committed(step):
+                listed = self.steps()
+                shown = ", ".join(map(str, listed[-20:])) or "none"
+                raise CheckpointNotFoundError(
+                    f"no committed checkpoint of step {step} under {self.root}; committed steps: {shown}",
+                    path=str(self._root.step_path(step)))
             load_checkpoint(state, self._root.step_path(step), strict=strict, process_group=self._control_pg)
             return step
-        for candidate in reversed(self.steps()):
+        failed: list[tuple[int, CheckpointError]] = []
+        listed = self.steps()
+        for orphan in sorted(set(self._root.committed()) - set(listed), reverse=True):
+            if not listed or orphan > listed[-1]:
+                warnings.warn(f"checkpoint step {orphan} cannot be loaded (a link of its delta chain is missing "
+                              "or unreadable); falling back", stacklevel=2)
+        for candidate in reversed(listed):
             try:
                 load_checkpoint(state, self._root.step_path(candidate), strict=strict, process_group=self._control_pg)
                 return candidate
             except (CorruptCheckpointError, CheckpointNotFoundError) as exc:
+                failed.append((candidate, exc))
                 log.warning("checkpoint step %d cannot be loaded (%s); trying an older one", candidate, exc)
                 warnings.warn(f"checkpoint step {candidate} cannot be loaded ({exc}); falling back", stacklevel=2)
+        if failed:  # never return "nothing to resume" over a state a failed load may have touched
+            newest, error = failed[0]
+            raise CorruptCheckpointError(
+                f"no checkpoint under {self.root} can be loaded ({len(failed)} tried; newest, step {newest}: "
+                f"{error}); the state may be partly overwritten", path=str(self.root)) from error
         return None
 
     def steps(self) -> list[int]:
@@ -231,6 +258,9 @@ class CheckpointManager:
         if base is not None:
             base_step, base_snapshot = base
             base = DeltaBase(base_step, step_name(base_step), base_snapshot.result())
+            if base_step in self._failed:  # queued before its base's write failed: store it whole
+                base = None
+                self._root.record_base(step, None)
         self._write(step, snapshot.result(), base)
         self._after_commit(step)
 
@@ -240,10 +270,12 @@ class CheckpointManager:
         with self._inflight_lock:
             writing = list(self._inflight.items())
         in_flight = {s for s, f in writing if not f.done()} - {step}
-        committed = self.steps()
-        doomed = retention.steps_to_delete(committed, keep=self.options.keep, keep_every=self.options.keep_every,
-                                           protected=in_flight, bases=self._root.bases(committed))
-        for old in doomed:
+        listed = self.steps()
+        bases = self._root.bases(sorted(set(listed) | in_flight))
+        doomed = retention.steps_to_delete(listed, keep=self.options.keep, keep_every=self.options.keep_every,
+                                           protected=in_flight,
+                                           bases={s: b for s, b in bases.items() if isinstance(b, int)})
+        for old in sorted(doomed, reverse=True):  # dependents first: no listed delta outlives its base
             log.info("retention: deleting step %d", old)
             self._root.delete(old)
 
@@ -252,15 +284,25 @@ class CheckpointManager:
             self._inflight.pop(step, None)
         error = future.exception()
         if error is not None:
+            self._failed.add(step)
             self._errors.append(error)
             self._deltas.write_failed()  # a delta must never build on a write that failed
 
     def _raise_background_error(self) -> None:
-        if self._errors:
+        """Raise the oldest failure of a save (policy stop), or warn about each (policy continue)."""
+        while self._errors:
             error = self._errors.pop(0)
-            if isinstance(error, CheckpointError):
+            if not isinstance(error, CheckpointError):
+                wrapped = CheckpointWriteError(f"a background checkpoint write failed: {type(error).__name__}: {error}")
+                wrapped.__cause__, error = error, wrapped
+            if self.options.on_error is FailurePolicy.STOP:
                 raise error
-            raise CheckpointWriteError(f"a background checkpoint write failed: {type(error).__name__}: {error}") from error
+            self._report_failure(error)
+
+    def _report_failure(self, error: CheckpointError) -> None:
+        self.stats.failures += 1
+        log.warning("checkpoint save failed (%s); training continues, the next save retries", error)
+        warnings.warn(f"checkpoint save failed ({error}); continuing (on_error='continue')", stacklevel=3)
 
     def _account(self, start: float) -> None:
         stall = time.perf_counter() - start

@@ -32,6 +32,14 @@ class BusyPolicy(str, Enum):
     SKIP = "skip"
 
 
+class FailurePolicy(str, Enum):
+    """What a failed save does: stop (raise it at the next save/wait/close) or continue (warn,
+    count it in ``stats.failures`` and try again at the next interval, as a full checkpoint)."""
+
+    STOP = "stop"
+    CONTINUE = "continue"
+
+
 class Compression(str, Enum):
     """How full checkpoints store chunks (deltas are always zstd byte planes)."""
 
@@ -68,6 +76,8 @@ class SaveOptions:
         keep: newest committed steps to keep; ``keep_every``: also keep multiples of it.
         async_mode: double_buffer (snapshot, write in the background) or sync (write in ``save``).
         policy: when both staging buffer sets are busy: block (wait) or skip (drop the save).
+        on_error: when a save fails: stop (raise it) or continue (warn and retry at the next
+            interval); see :class:`FailurePolicy`.
         full_every: K > 1 writes a full checkpoint, then up to K-1 deltas, each against the
             previous snapshot; needs async_mode double_buffer.
         compress: none, or zstd (full checkpoints as zstd byte planes; deltas always are).
@@ -83,6 +93,7 @@ class SaveOptions:
     keep_every: int | None = None
     async_mode: AsyncMode = AsyncMode.DOUBLE_BUFFER
     policy: BusyPolicy = BusyPolicy.BLOCK
+    on_error: FailurePolicy = FailurePolicy.STOP
     full_every: int = 1
     compress: Compression = Compression.NONE
     zstd_level: int = 1
@@ -95,6 +106,7 @@ class SaveOptions:
         compress = Compression.NONE if self.compress is None else self.compress
         object.__setattr__(self, "async_mode", as_enum(AsyncMode, self.async_mode, "async_mode"))
         object.__setattr__(self, "policy", as_enum(BusyPolicy, self.policy, "policy"))
+        object.__setattr__(self, "on_error", as_enum(FailurePolicy, self.on_error, "on_error"))
         object.__setattr__(self, "compress", as_enum(Compression, compress, "compress"))
         object.__setattr__(self, "user_metadata", dict(self.user_metadata or {}))
         for name in ("interval", "keep", "full_every", "zstd_level", "files_per_rank"):

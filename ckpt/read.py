@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -36,7 +37,7 @@ from .errors import (
     UnsafeCheckpointError,
 )
 from .fileio import checksum, pread_into
-from .format import MANIFEST_NAME, Blob, Chunk, Manifest, ValueEntry
+from .format import MANIFEST_NAME, Blob, Chunk, Manifest, ValueEntry, is_data_file_name
 
 MAX_MANIFEST_BYTES = 1 << 30
 MAX_CHAIN = 100_000
@@ -47,29 +48,64 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
     path = Path(path)
     reason = commit.uncommitted_reason(path)
     if reason is not None:
-        raise CheckpointNotFoundError(reason)
-    manifest_path = path / MANIFEST_NAME
-    if manifest_path.stat().st_size > MAX_MANIFEST_BYTES:
-        raise InvalidManifestError(f"{manifest_path} is absurdly large", file=MANIFEST_NAME)
-    return Manifest.from_json(manifest_path.read_bytes(), source=str(manifest_path))
+        raise CheckpointNotFoundError(reason, path=path, file=MANIFEST_NAME)
+    dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = open_beneath(dir_fd, MANIFEST_NAME, where=path)
+    finally:
+        os.close(dir_fd)
+    with os.fdopen(fd, "rb") as stream:
+        if os.fstat(fd).st_size > MAX_MANIFEST_BYTES:
+            raise InvalidManifestError(f"{path / MANIFEST_NAME} is absurdly large", path=path, file=MANIFEST_NAME)
+        raw = stream.read(MAX_MANIFEST_BYTES + 1)
+    try:
+        return Manifest.from_json(raw, source=str(path / MANIFEST_NAME))
+    except CheckpointError as exc:
+        exc.path = str(path)
+        raise
+
+
+def open_beneath(dir_fd: int, name: str, *, where: Path) -> int:
+    """Open the regular file ``name`` ("a" or "a/b") below the directory ``dir_fd`` for reading,
+    following no symbolic link on the way (a link swapped in between checks cannot escape)."""
+    parts = name.split("/")
+    opened: list[int] = []
+    try:
+        parent = dir_fd
+        for part in parts[:-1]:
+            parent = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+            opened.append(parent)
+        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=parent)
+    except FileNotFoundError:
+        raise CorruptCheckpointError(f"{where}: {name} is missing", path=where, file=name) from None
+    except OSError as exc:  # ELOOP (a link), ENOTDIR: the name leads out of plain files and folders
+        raise InvalidManifestError(f"{where}: {name} is not a plain file inside the checkpoint "
+                                   f"({os.strerror(exc.errno)}); refused", path=where, file=name) from None
+    finally:
+        for fd_ in opened:
+            os.close(fd_)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InvalidManifestError(f"{where}: {name} is not a regular file; refused", path=where, file=name)
+    return fd
 
 
 class DataFiles:
-    """Read access to the data files of one checkpoint directory."""
+    """Read access to the data files of one checkpoint directory (names as validated in its
+    manifest, opened below the directory without following links)."""
 
     def __init__(self, root: Path):
-        self.root = Path(root).resolve()
+        self.root = Path(root)
+        self._dir_fd: int | None = None
         self._fds: dict[str, tuple[int, int]] = {}
 
     def _open(self, name: str) -> tuple[int, int]:
         if name not in self._fds:
-            path = (self.root / name).resolve()
-            if not path.is_relative_to(self.root):
-                raise InvalidManifestError(f"data file {name!r} resolves outside the checkpoint", file=name)
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                raise CorruptCheckpointError(f"{self.root}: data file {name} is missing", file=name) from None
+            if not is_data_file_name(name):
+                raise InvalidManifestError(f"{self.root}: illegal data file name {name!r}", path=self.root, file=name)
+            if self._dir_fd is None:
+                self._dir_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+            fd = open_beneath(self._dir_fd, name, where=self.root)
             self._fds[name] = (fd, os.fstat(fd).st_size)
         return self._fds[name]
 
@@ -80,7 +116,7 @@ class DataFiles:
             raise CorruptCheckpointError(
                 f"{self.root}: {blob.file} is truncated ({size} bytes) - {what} needs bytes "
                 f"{blob.offset}..{blob.offset + blob.length}",
-                file=blob.file, tensor=what,
+                path=self.root, file=blob.file, tensor=what,
             )
         return fd
 
@@ -89,7 +125,7 @@ class DataFiles:
         fd = self.check(blob, what=what)
         if pread_into(fd, buffer, blob.offset) != blob.length:
             raise CorruptCheckpointError(f"{self.root}: short read of {what} from {blob.file}",
-                                         file=blob.file, tensor=what)
+                                         path=self.root, file=blob.file, tensor=what)
 
     def read(self, blob: Blob, *, what: str) -> bytearray:
         """The blob's stored bytes, verified."""
@@ -104,13 +140,16 @@ class DataFiles:
             raise CorruptCheckpointError(
                 f"{self.root}: checksum mismatch for {what} in {blob.file} at byte {blob.offset} "
                 f"(stored {blob.checksum}, read {digest})",
-                file=blob.file, tensor=what,
+                path=self.root, file=blob.file, tensor=what,
             )
 
     def close(self) -> None:
         for fd, _ in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        if self._dir_fd is not None:
+            os.close(self._dir_fd)
+            self._dir_fd = None
 
 
 class ChunkSource:
@@ -160,20 +199,23 @@ class ChunkSource:
     def raw(self, key: str, chunk: Chunk) -> np.ndarray:
         """The chunk's raw bytes (a uint8 array), verified and decoded through the chain."""
         blob = chunk.blob
-        what = f"{key} in {self.path.name}"
-        stored = self.files.read(blob, what=what) if blob.length else b""
+        stored = self.files.read(blob, what=key) if blob.length else b""
         base = None
         if blob.codec in codec.NEEDS_BASE:
             source = self.base()
             base_chunk = source.find(key, chunk.offsets, chunk.sizes)
             if base_chunk is None:
                 raise CorruptCheckpointError(
-                    f"delta chain broken: {what} has no matching chunk in its base {source.path.name}",
-                    file=source.path.name, tensor=key)
+                    f"delta chain broken: {key} in {self.path.name} has no matching chunk in its base "
+                    f"{source.path.name}", path=source.path, file=MANIFEST_NAME, tensor=key)
             base = source.raw(key, base_chunk)
-        return codec.decode(blob.codec, stored, raw_length=blob.decoded_length,
-                            itemsize=self.manifest.tensors[key].dtype.itemsize,
-                            planes=blob.planes, base=base, what=what)
+        try:
+            return codec.decode(blob.codec, stored, raw_length=blob.decoded_length,
+                                itemsize=self.manifest.tensors[key].dtype.itemsize,
+                                planes=blob.planes, base=base, what=f"{self.path}: {key}")
+        except CheckpointError as exc:
+            exc.path, exc.file, exc.tensor = exc.path or str(self.path), exc.file or blob.file, exc.tensor or key
+            raise
 
     def find(self, key: str, offsets: tuple, sizes: tuple) -> Chunk | None:
         """The chunk of ``key`` at ``offsets`` with ``sizes``, if this checkpoint has one."""
@@ -183,34 +225,46 @@ class ChunkSource:
         return chunk if chunk is not None and chunk.sizes == tuple(sizes) else None
 
     def base(self) -> "ChunkSource":
-        """The base checkpoint of this delta, opened on first use."""
+        """The base checkpoint of this delta, opened on first use (a sibling directory that is
+        not a symbolic link: reads stay inside the root)."""
         if self._base is None:
             name = self.manifest.base
             if name is None:
-                raise CorruptCheckpointError(f"{self.path} stores delta chunks but names no base")
+                raise CorruptCheckpointError(f"{self.path} stores delta chunks but names no base",
+                                             path=self.path, file=MANIFEST_NAME)
             path = self.path.parent / name
             if path.resolve() in self._seen or len(self._seen) >= MAX_CHAIN:
-                raise CorruptCheckpointError(f"{self.path}: the delta chain through {name} loops")
+                raise CorruptCheckpointError(f"{self.path}: the delta chain through {name} loops",
+                                             path=self.path, file=MANIFEST_NAME)
             try:
+                if path.is_symlink():
+                    raise InvalidManifestError(f"{path} is a symbolic link; a base must be a sibling checkpoint")
                 self._base = ChunkSource(path, _seen=self._seen)
             except CheckpointError as exc:
                 raise CorruptCheckpointError(
                     f"delta chain broken: {self.path.name} needs its base {name}, which cannot be opened ({exc})",
-                    file=name) from None
+                    path=path, file=exc.file) from None
         return self._base
 
     # -- values ------------------------------------------------------------------------------
     def value(self, key: str, entry: ValueEntry) -> Any:
         """A non-tensor value, decoded without ever running code from the checkpoint."""
         if entry.encoding == "json":
-            return values.decode(entry.value)
+            try:
+                return values.decode(entry.value)
+            except RecursionError:
+                raise InvalidManifestError(f"{self.path}: value {key!r} is nested too deeply", path=self.path,
+                                           file=MANIFEST_NAME, tensor=key) from None
+            except CheckpointError as exc:
+                exc.path, exc.file, exc.tensor = str(self.path), MANIFEST_NAME, key
+                raise
         raw = self.files.read(entry.blob, what=key)
         try:
             return torch.load(io.BytesIO(bytes(raw)), weights_only=True)
         except Exception as exc:
             raise UnsafeCheckpointError(
                 f"{self.path}: value {key!r} cannot be loaded without executing code from the checkpoint "
-                f"({type(exc).__name__}); refused"
+                f"({type(exc).__name__}); refused", path=self.path, file=entry.blob.file, tensor=key
             ) from None
 
     def close(self) -> None:

@@ -8,6 +8,9 @@
 :class:`CheckpointRoot` owns the step naming, the list of committed steps (the manifests are the
 truth), the writer's lock, the start-up clean-up after dead saves and the map of delta bases
 (step -> base step) that retention needs. The manager, retention and the tools share it.
+
+Listing never offers a delta whose chain lost a link (:meth:`CheckpointRoot.steps`); retention
+deletes newest first, so no listed step ever depends on one already gone (the manager does that).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ log = logging.getLogger(__name__)
 
 STEP_DIR = re.compile(r"^step-(\d{8,})$")
 LOCK_NAME = ".lock"
+UNREADABLE = "unreadable"  # in the base map: the step's manifest could not be read
 
 
 def step_name(step: int) -> str:
@@ -53,8 +57,8 @@ class CheckpointRoot:
     def step_path(self, step: int) -> Path:
         return self.path / step_name(step)
 
-    def steps(self) -> list[int]:
-        """Committed steps, ascending."""
+    def committed(self) -> list[int]:
+        """Steps whose directory holds a manifest, ascending (loadable or not)."""
         if not self.path.is_dir():
             return []
         steps = []
@@ -63,6 +67,29 @@ class CheckpointRoot:
             if match and commit.is_committed(entry):
                 steps.append(int(match.group(1)))
         return sorted(steps)
+
+    def steps(self) -> list[int]:
+        """Committed steps that can be loaded as far as the listing can tell, ascending: a delta
+        is listed only when its base is, down to a full checkpoint (a delta whose chain lost a
+        link is never offered). A step whose manifest cannot be read is listed; loading it
+        reports why."""
+        committed = self.committed()
+        bases = self.bases(committed)
+        return [step for step in committed if bases[step] is UNREADABLE or self._chain_resolves(step, bases)]
+
+    @staticmethod
+    def _chain_resolves(step: int, bases: dict) -> bool:
+        """Whether every link from ``step`` down to a full checkpoint is committed and readable."""
+        seen = set()
+        while step in bases and step not in seen and bases[step] is not UNREADABLE:
+            if bases[step] is None:
+                return True
+            seen.add(step)
+            step = bases[step]
+        return False
+
+    def is_committed(self, step: int) -> bool:
+        return commit.is_committed(self.step_path(step))
 
     # -- the writer's side -------------------------------------------------------------------
     def lock(self) -> None:
@@ -96,14 +123,14 @@ class CheckpointRoot:
         self._bases[step] = base_step
 
     def bases(self, steps: list[int]) -> dict[int, int | None]:
-        """Base step of each of ``steps`` (None for a full one): as recorded, else from its manifest
-        (read once; an unreadable one counts as full — it cannot pin anything)."""
+        """Base step of each of ``steps``: None for a full one, :data:`UNREADABLE` when its manifest
+        cannot be read; as recorded by the writer, else read from the manifest (once)."""
         for step in steps:
             if step not in self._bases:
                 try:
                     self._bases[step] = read_manifest(self.step_path(step)).base_step
                 except CheckpointError:
-                    self._bases[step] = None
+                    self._bases[step] = UNREADABLE
         return {step: self._bases[step] for step in steps}
 
     def delete(self, step: int) -> None:

@@ -122,24 +122,29 @@ def _owner_module(optimizer: torch.optim.Optimizer, modules: list[nn.Module]) ->
     return None
 
 
-def _write_back(user: Any, tree: Any) -> None:
-    """Copy loaded non-tensor values from ``tree`` into the user's own dicts and lists.
+def _write_back(user: dict, tree: dict) -> None:
+    """Put loaded non-tensor values into the user's state in place (see :func:`_load_into`)."""
+    for key, value in tree.items():
+        user[key] = _load_into(user[key], value) if key in user else value
 
-    Containers that hold live objects are walked; anything else is replaced whole."""
-    if isinstance(user, dict):
-        for key, value in tree.items():
-            if key in user and _holds_live_object(user[key]) and isinstance(value, (dict, list)):
-                _write_back(user[key], value)
-            elif key not in user or not _is_live_object(user[key]):
-                user[key] = value
-    elif isinstance(user, list):
-        for index, value in enumerate(tree):
-            if index >= len(user):
-                user.append(value)
-            elif _holds_live_object(user[index]) and isinstance(value, (dict, list)):
-                _write_back(user[index], value)
-            elif not _is_live_object(user[index]):
-                user[index] = value
+
+def _load_into(current: Any, loaded: Any) -> Any:
+    """What takes ``current``'s place after a load. A dict or list the user holds is updated in
+    place, so references kept elsewhere (a loader's position dict) see the loaded values; live
+    objects were loaded already (tensors in place, modules and stateful objects by their
+    restorers); a value the checkpoint did not hold (a non-strict load) stays; the rest is replaced."""
+    if isinstance(loaded, Leaf) or _is_live_object(current):
+        return current
+    if isinstance(current, dict) and isinstance(loaded, dict):
+        for key in [k for k in current if k not in loaded and not _holds_live_object(current[k])]:
+            del current[key]
+        for key, value in loaded.items():
+            current[key] = _load_into(current[key], value) if key in current else value
+        return current
+    if isinstance(current, list) and isinstance(loaded, list):
+        current[:] = [_load_into(c, v) for c, v in zip(current, loaded)] + loaded[len(current):]
+        return current
+    return loaded
 
 
 def _holds_live_object(node: Any) -> bool:

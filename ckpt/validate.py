@@ -1,10 +1,17 @@
 """Parsing and validating a manifest: nothing in it is trusted before it passes here.
 
-Every name, size, offset, codec and plane table is checked before a single data byte is read, so a
-hostile manifest cannot make a reader touch anything outside the checkpoint, allocate absurd
-buffers or leave an element of a tensor unloaded (chunks must tile each tensor). Failures are
-:class:`~ckpt.errors.InvalidManifestError` (malformed or hostile) or
-:class:`~ckpt.errors.UnsupportedFormatError` (a newer version, an unknown codec or dtype).
+1. The digest (format version 2): the xxh3-64 of the file's bytes without the trailing
+   ``"digest"`` field must match it, before the JSON is even parsed; a mismatch, or a version-2
+   manifest without one, is a :class:`~ckpt.errors.CorruptCheckpointError` naming the manifest.
+   Version-1 manifests (written before the digest existed) are read without one.
+2. Every field is required (none defaults silently: a missing ``codec`` is an error, not "raw"),
+   and every name, size, offset, codec and plane table is checked before a single data byte is
+   read, so a hostile manifest cannot make a reader touch anything outside the checkpoint,
+   allocate absurd buffers or leave an element of a tensor unloaded (chunks must tile each tensor).
+
+Failures are :class:`~ckpt.errors.InvalidManifestError` (malformed or hostile, incl. JSON nested
+too deep or numbers too long to parse) or :class:`~ckpt.errors.UnsupportedFormatError` (a newer
+version, an unknown codec or dtype), both naming the manifest.
 """
 
 from __future__ import annotations
@@ -13,14 +20,15 @@ import json
 import math
 from typing import Any
 
-from .codec import CODECS, DELTA, PLANE_CODECS, PLANES, UNCHANGED
-from .errors import InvalidManifestError, UnsupportedFormatError
+from .codec import CODECS, DELTA, PLANE_CODECS, PLANES, RAW, UNCHANGED
+from .errors import CorruptCheckpointError, InvalidManifestError, UnsupportedFormatError
 from .format import (
     CHECKSUM_ALGORITHM,
     DTYPES,
     FORMAT_NAME,
     FORMAT_VERSION,
     KINDS,
+    READABLE_VERSIONS,
     MANIFEST_NAME,
     MAX_BYTES,
     MAX_DIMS,
@@ -32,21 +40,37 @@ from .format import (
     is_checksum,
     is_data_file_name,
     is_sibling_name,
+    unseal,
 )
 
 
 def parse_manifest(raw: bytes, *, source: str = MANIFEST_NAME) -> Manifest:
     """The validated manifest in ``raw`` (``source`` names it in errors)."""
+    body, stored, computed = unseal(raw)
+    if stored is not None and stored != computed:
+        raise CorruptCheckpointError(
+            f"{source}: manifest digest mismatch (stored {stored}, computed {computed}): the manifest "
+            "is damaged", file=MANIFEST_NAME)
     try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidManifestError(f"{source}: not valid JSON ({exc})", file=source) from None
+        doc = json.loads(body)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # incl. JSONDecodeError, huge ints
+        raise InvalidManifestError(f"{source}: not valid JSON ({type(exc).__name__}: {_short(exc)})",
+                                   file=MANIFEST_NAME) from None
     try:
-        return _parse(doc)
-    except InvalidManifestError as exc:
-        raise InvalidManifestError(f"{source}: {exc}", file=source) from None
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise InvalidManifestError(f"{source}: malformed ({type(exc).__name__}: {exc})", file=source) from None
+        return _parse(doc, sealed=stored is not None)
+    except (CorruptCheckpointError, UnsupportedFormatError) as exc:
+        raise type(exc)(f"{source}: {exc}", file=MANIFEST_NAME) from None
+    except KeyError as exc:
+        raise InvalidManifestError(f"{source}: required field {exc.args[0]!r} is missing",
+                                   file=MANIFEST_NAME) from None
+    except (TypeError, ValueError, AttributeError, RecursionError) as exc:
+        raise InvalidManifestError(f"{source}: malformed ({type(exc).__name__}: {_short(exc)})",
+                                   file=MANIFEST_NAME) from None
+
+
+def _short(exc: BaseException, limit: int = 200) -> str:
+    text = str(exc)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _int(value: Any, what: str, lo: int = 0, hi: int = MAX_BYTES) -> int:
@@ -68,10 +92,10 @@ def _blob(doc: dict, where: str) -> Blob:
     checksum = doc["checksum"]
     if not is_checksum(checksum):
         raise InvalidManifestError(f"{where}: malformed checksum {checksum!r}")
-    codec = doc.get("codec", "raw")
+    codec = doc["codec"]
     if codec not in CODECS:
         raise UnsupportedFormatError(f"{where}: unknown codec {codec!r}")
-    raw_length = doc.get("raw_length")
+    raw_length = doc["raw_length"] if codec != RAW else doc.get("raw_length")
     length = _int(doc["length"], f"{where}: length")
     planes = None
     if codec in (PLANES, DELTA):
@@ -103,30 +127,34 @@ def _check_coverage(key: str, shape: tuple[int, ...], chunks: list[Chunk]) -> No
         raise InvalidManifestError(f"tensor {key!r}: chunks do not cover its shape {list(shape)}")
 
 
-def _parse(doc: Any) -> Manifest:
+def _parse(doc: Any, *, sealed: bool) -> Manifest:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
         raise InvalidManifestError("not a checkpoint manifest of this format")
-    version = doc.get("format_version")
+    version = doc["format_version"]
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise InvalidManifestError(f"bad format_version {version!r}")
     if version > FORMAT_VERSION:
         raise UnsupportedFormatError(
             f"checkpoint format version {version} is newer than this build reads ({FORMAT_VERSION})"
         )
-    if doc.get("checksum", CHECKSUM_ALGORITHM) != CHECKSUM_ALGORITHM:
-        raise UnsupportedFormatError(f"unknown checksum algorithm {doc.get('checksum')!r}")
-    kind = doc.get("kind", "full")
+    if version not in READABLE_VERSIONS:
+        raise UnsupportedFormatError(f"checkpoint format version {version} cannot be read")
+    if version >= 2 and not sealed:
+        raise CorruptCheckpointError("the manifest's digest is missing or damaged", file=MANIFEST_NAME)
+    if doc["checksum"] != CHECKSUM_ALGORITHM:
+        raise UnsupportedFormatError(f"unknown checksum algorithm {doc['checksum']!r}")
+    kind = doc["kind"]
     if kind not in KINDS:
         raise InvalidManifestError(f"unknown kind {kind!r}")
 
     files = {}
-    for name, size in doc.get("files", {}).items():
+    for name, size in _mapping(doc["files"], "files").items():
         if not is_data_file_name(name):
             raise InvalidManifestError(f"illegal data file name {name!r}")
         files[name] = _int(size, f"size of {name}")
 
     tensors = {}
-    for key, entry in doc["tensors"].items():
+    for key, entry in _mapping(doc["tensors"], "tensors").items():
         dtype = DTYPES.get(entry["dtype"])
         if dtype is None:
             raise UnsupportedFormatError(f"tensor {key!r}: unknown dtype {entry['dtype']!r}")
@@ -157,7 +185,7 @@ def _parse(doc: Any) -> Manifest:
         tensors[key] = TensorEntry(dtype, shape, chunks)
 
     values = {}
-    for key, entry in doc["values"].items():
+    for key, entry in _mapping(doc["values"], "values").items():
         encoding = entry["encoding"]
         if encoding == "json":
             values[key] = ValueEntry("json", value=entry["value"])
@@ -167,19 +195,24 @@ def _parse(doc: Any) -> Manifest:
             raise UnsupportedFormatError(f"value {key!r}: unknown encoding {encoding!r}")
 
     paths = {}
-    for key, path in doc.get("paths", {}).items():
+    for key, path in _mapping(doc["paths"], "paths").items():
         if not isinstance(path, list) or not all(
             isinstance(p, (str, int)) and not isinstance(p, bool) for p in path
         ):
             raise InvalidManifestError(f"path of {key!r} must be a list of str/int")
         paths[key] = tuple(path)
 
-    step, base = doc.get("step"), doc.get("base_step")
-    base_dir = doc.get("base")
+    step, base = doc["step"], doc["base_step"]
+    base_dir = doc["base"]
     if base_dir is not None and not is_sibling_name(base_dir):
         raise InvalidManifestError(f"illegal base checkpoint name {base_dir!r}")
-    if kind == "delta" and base_dir is None:
-        raise InvalidManifestError("a delta checkpoint must name its base")
+    if (kind == "delta") != (base_dir is not None) or (base_dir is None) != (base is None):
+        raise InvalidManifestError("a delta checkpoint, and only a delta, names its base and base step")
+    created, dcp_version, user = doc["created"], doc["dcp_version"], doc["user"]
+    if isinstance(created, bool) or not isinstance(created, (int, float)) or not math.isfinite(created):
+        raise InvalidManifestError(f"created must be a time in seconds, got {created!r}")
+    if dcp_version is not None and not isinstance(dcp_version, str):
+        raise InvalidManifestError(f"dcp_version must be a string or null, got {dcp_version!r}")
     return Manifest(
         tensors=tensors,
         values=values,
@@ -189,8 +222,14 @@ def _parse(doc: Any) -> Manifest:
         kind=kind,
         base_step=None if base is None else _int(base, "base_step", hi=1 << 62),
         base=base_dir,
-        world_size=_int(doc.get("world_size", 1), "world_size", lo=1, hi=1 << 24),
-        created=float(doc.get("created", 0.0)),
-        dcp_version=doc.get("dcp_version") if isinstance(doc.get("dcp_version"), str) else None,
-        user=doc.get("user") if isinstance(doc.get("user"), dict) else {},
+        world_size=_int(doc["world_size"], "world_size", lo=1, hi=1 << 24),
+        created=float(created),
+        dcp_version=dcp_version,
+        user=_mapping(user, "user"),
     )
+
+
+def _mapping(value: Any, what: str) -> dict:
+    if not isinstance(value, dict):
+        raise InvalidManifestError(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value

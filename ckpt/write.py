@@ -17,6 +17,7 @@ Each rank writes its share of DCP's plan (:func:`write_rank`):
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import time
@@ -35,9 +36,11 @@ from torch.distributed.checkpoint.storage import WriteResult
 from . import codec, values
 from .codec import Encoded
 from .delta import DeltaBase
+from .errors import UnsafeCheckpointError
 from .fileio import Writeback, aligned, checksum, write_all
 from .format import Blob, Chunk, Manifest, TensorEntry, ValueEntry, data_file_name
 from .options import Compression, SaveOptions
+from .values import Leaf
 
 
 def tensor_bytes(tensor: torch.Tensor) -> np.ndarray:
@@ -71,14 +74,34 @@ class ChunkEncoder:
         return raw
 
 
-def _json_value(item: WriteItem, planner: SavePlanner) -> ValueEntry | None:
+def _value_record(item: WriteItem, planner: SavePlanner) -> ValueEntry | Callable[[], bytes]:
+    """A non-tensor value: inline tagged JSON when JSON can hold it, else (a producer of) a
+    ``torch.save`` stream that is proven at save time to load with ``weights_only=True`` — a value
+    that would need code execution to load is refused now, not discovered at load time."""
     lookup = getattr(planner, "lookup_object", None)
-    if lookup is None:
-        return None
+    if lookup is None:  # a foreign planner: its own stream, checked the same way
+        return lambda: _loadable(bytes(planner.resolve_data(item).getbuffer()), item.index.fqn)
+    value = lookup(item.index)
+    value = value.value if isinstance(value, Leaf) else value  # the user's value, not our wrapper
     try:
-        return ValueEntry("json", value=values.encode(lookup(item.index)))
+        return ValueEntry("json", value=values.encode(value))
     except values.NotJSONable:
-        return None
+        pass
+    stream = io.BytesIO()
+    torch.save(value, stream)
+    return lambda: _loadable(stream.getvalue(), item.index.fqn)
+
+
+def _loadable(data: bytes, key: str) -> bytes:
+    try:
+        torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as exc:
+        raise UnsafeCheckpointError(
+            f"value {key!r} cannot be saved: neither JSON nor torch.load(weights_only=True) can hold it, so "
+            f"loading it would need code execution ({type(exc).__name__}). "
+            "Store plain data (numbers, strings, bytes, lists, tuples, dicts, sets, NumPy arrays, tensors) "
+            "or an object with state_dict()/load_state_dict()", tensor=key) from None
+    return data
 
 
 @dataclass
@@ -99,11 +122,11 @@ def write_rank(tmp_dir: Path, rank: int, items: list[WriteItem], planner: SavePl
     payloads: list[Payload] = []
     for item in items:
         if item.type == WriteItemType.BYTE_IO:
-            inline = _json_value(item, planner)
-            if inline is not None:
-                results.append(WriteResult(item.index, len(json.dumps(inline.value)), inline))
-                continue
-            payloads.append(Payload(item, lambda item=item: planner.resolve_data(item).getbuffer(), 0))
+            record = _value_record(item, planner)
+            if isinstance(record, ValueEntry):
+                results.append(WriteResult(item.index, len(json.dumps(record.value)), record))
+            else:
+                payloads.append(Payload(item, record, 0))
         else:
             produce = lambda item=item: encoder(item, tensor_bytes(planner.resolve_data(item)))  # noqa: E731
             payloads.append(Payload(item, produce, item.tensor_storage_size() or 0))

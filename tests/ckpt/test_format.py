@@ -10,14 +10,18 @@ from pathlib import Path
 import pytest
 
 import ckpt
+from ckpt.format import seal
 from tests.ckpt.checkpoints import DATA_FILE, WEIGHT, assert_refused, assert_untouched, blank_state, file_fingerprint
 
 
-def edit_manifest(path: Path, mutate) -> None:
+def edit_manifest(path: Path, mutate, *, reseal: bool = True) -> None:
+    """Change the manifest's document. A hostile author reseals it (the digest guards against
+    damage, not against someone who rewrites the file on purpose); damage does not."""
     manifest = path / "manifest.json"
     doc = json.loads(manifest.read_bytes())
+    doc.pop("digest", None)
     mutate(doc)
-    manifest.write_text(json.dumps(doc))
+    manifest.write_bytes(seal(doc) if reseal else json.dumps(doc, separators=(",", ":")).encode())
 
 
 def chunk_doc(doc: dict, key: str = WEIGHT) -> dict:
