@@ -18,7 +18,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from .dcp import Reader, Writer
-from .errors import CheckpointError, CheckpointWriteError
+from .errors import CheckpointError, CheckpointWriteError, IncompatibleCheckpointError
 from .format import Manifest
 from .planner import SafeLoadPlanner
 from .read import read_manifest
@@ -115,7 +115,10 @@ def load(
                      process_group=process_group, no_dist=no_dist or not _distributed())
     except CheckpointException as exc:
         error = unwrap(exc)
+        if isinstance(error, IncompatibleCheckpointError) and error.path is None:
+            raise error.with_path(path) from None
         if isinstance(error, CheckpointError):
+            error.path = error.path or str(path)
             raise error from None
         raise
     restore()

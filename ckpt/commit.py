@@ -59,7 +59,7 @@ def _claim(target: Path, *, overwrite: bool) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     collect_garbage(target)
     if target.exists() and not overwrite:
-        raise CheckpointExistsError(f"{target} already exists; pass overwrite=True to replace it")
+        raise CheckpointExistsError(f"{target} already exists; pass overwrite=True to replace it", path=target)
     return target.parent / f"{target.name}{TMP_MARK}{uuid.uuid4().hex[:12]}"
 
 
@@ -84,7 +84,7 @@ def _publish(tmp: Path, target: Path, *, overwrite: bool) -> None:
     old = None
     if target.exists():
         if not overwrite:
-            raise CheckpointExistsError(f"{target} appeared while saving; not replaced")
+            raise CheckpointExistsError(f"{target} appeared while saving; not replaced", path=target)
         if target.is_dir():
             old = target.parent / f"{target.name}{OLD_MARK}{uuid.uuid4().hex[:12]}"
             os.rename(target, old)

@@ -29,7 +29,7 @@ from torch.futures import Future
 
 from . import codec, commit
 from .delta import DeltaBase
-from .errors import InvalidManifestError, InvalidOptionError
+from .errors import CheckpointError, InvalidManifestError, InvalidOptionError
 from .format import Chunk, Manifest, ValueEntry
 from .options import SaveOptions
 from .read import ChunkSource, read_manifest
@@ -144,22 +144,32 @@ class Reader(StorageReader):
         super().__init__()
         self.path = Path(path) if path is not None else None
         self.manifest = manifest
+        self._unreadable: CheckpointError | None = None
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id is not None:
             self.path = Path(checkpoint_id)
             self.manifest = None
 
-    # No **kwargs: DCP would otherwise retry a failed read as "rank-local metadata" and bury our
-    # error under its own AssertionError.
+    # No **kwargs: DCP would otherwise retry a failed read as "rank-local metadata".
     def read_metadata(self, *args: Any) -> Metadata:
         if self.path is None:
             raise ValueError("Reader needs a path (or dcp.load(checkpoint_id=...))")
         if self.manifest is None:
-            self.manifest = read_manifest(self.path)
+            try:
+                self.manifest = read_manifest(self.path)
+            except CheckpointError as exc:
+                # DCP turns an error raised here into a bare AssertionError carrying only its
+                # text; raised from set_up_storage_reader instead, it reaches the caller as itself
+                # inside DCP's CheckpointException.
+                self._unreadable = exc
+                return Metadata(state_dict_metadata={})
         return self.manifest.to_dcp_metadata()
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        if self._unreadable is not None:
+            error, self._unreadable = self._unreadable, None
+            raise error
         self.storage = metadata.storage_data
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
@@ -183,6 +193,8 @@ class Reader(StorageReader):
                 else:
                     chunks.append((index, items, record))
             chunks.sort(key=lambda c: (c[2].blob.file, c[2].blob.offset))  # sequential reads per file
+            for index, _, chunk in chunks:  # every chunk lies inside its file, before a live byte changes
+                source.files.check(chunk.blob, what=index.fqn)
             for (items, direct), stored in source.read_tensors(self._requests(chunks, planner)):
                 if stored is direct:  # read into the live tensor itself
                     planner.commit_tensor(items[0], stored)

@@ -134,10 +134,9 @@ class CheckpointManager:
             try:
                 self._write(step, tree)
                 self._after_commit(step)
-            except CheckpointError as error:
-                if self.options.on_error is FailurePolicy.STOP:
-                    raise
-                self._report_failure(error)
+            except Exception as error:
+                self._errors.append(error)
+                self._raise_background_error()
                 return False
             finally:
                 self._account(start)
@@ -190,12 +189,13 @@ class CheckpointManager:
                     path=str(self._root.step_path(step)))
             load_checkpoint(state, self._root.step_path(step), strict=strict, process_group=self._control_pg)
             return step
-        failed: list[tuple[int, CheckpointError]] = []
         listed = self.steps()
-        for orphan in sorted(set(self._root.committed()) - set(listed), reverse=True):
+        orphans = sorted(set(self._root.committed()) - set(listed), reverse=True)
+        for orphan in orphans:
             if not listed or orphan > listed[-1]:
                 warnings.warn(f"checkpoint step {orphan} cannot be loaded (a link of its delta chain is missing "
                               "or unreadable); falling back", stacklevel=2)
+        failed: list[tuple[int, CheckpointError]] = []
         for candidate in reversed(listed):
             try:
                 load_checkpoint(state, self._root.step_path(candidate), strict=strict, process_group=self._control_pg)
@@ -204,11 +204,11 @@ class CheckpointManager:
                 failed.append((candidate, exc))
                 log.warning("checkpoint step %d cannot be loaded (%s); trying an older one", candidate, exc)
                 warnings.warn(f"checkpoint step {candidate} cannot be loaded ({exc}); falling back", stacklevel=2)
-        if failed:  # never return "nothing to resume" over a state a failed load may have touched
-            newest, error = failed[0]
+        if failed or orphans:  # checkpoints exist, none loads: never answer "nothing to resume"
+            newest = failed[0] if failed else (orphans[0], "a link of its delta chain is missing")
             raise CorruptCheckpointError(
-                f"no checkpoint under {self.root} can be loaded ({len(failed)} tried; newest, step {newest}: "
-                f"{error}); the state may be partly overwritten", path=str(self.root)) from error
+                f"no checkpoint under {self.root} can be loaded ({len(failed) + len(orphans)} committed; newest, "
+                f"step {newest[0]}: {newest[1]}); the state may be partly overwritten", path=str(self.root))
         return None
 
     def steps(self) -> list[int]:
@@ -289,11 +289,12 @@ class CheckpointManager:
             self._deltas.write_failed()  # a delta must never build on a write that failed
 
     def _raise_background_error(self) -> None:
-        """Raise the oldest failure of a save (policy stop), or warn about each (policy continue)."""
+        """Raise the oldest failure of a save (policy stop), or warn about each (policy continue).
+        Failures that are not CheckpointErrors (an OSError in retention, a bug) are wrapped."""
         while self._errors:
             error = self._errors.pop(0)
             if not isinstance(error, CheckpointError):
-                wrapped = CheckpointWriteError(f"a background checkpoint write failed: {type(error).__name__}: {error}")
+                wrapped = CheckpointWriteError(f"a checkpoint write failed: {type(error).__name__}: {error}")
                 wrapped.__cause__, error = error, wrapped
             if self.options.on_error is FailurePolicy.STOP:
                 raise error

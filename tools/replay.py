@@ -3,20 +3,18 @@
     ckpt-replay ROOT --step N [--out DIR] [--force]
 
 Without --out, step N is replaced in place, atomically, by its full equivalent (later deltas that
-build on it stay valid). Exit codes: 0 done, 1 the checkpoint could not be read or written (one
-line on stderr says why), 2 bad arguments.
+build on it stay valid). Exit codes (tools/cli.py): 0 done, 1 the checkpoint could not be read or
+written (one line on stderr says why), 2 bad arguments.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 
-from tqdm import tqdm
-
-from ckpt import CheckpointError, read_manifest
-from ckpt.root import step_path
+from ckpt import read_manifest
 from ckpt.replay import materialize
+from ckpt.root import step_path
+from tools.cli import EXPECTED_FAILURES, fail, progress
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,12 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         manifest = read_manifest(source)
         total = sum(c.blob.decoded_length for e in manifest.tensors.values() for c in e.chunks)
-        with tqdm(total=total, unit="B", unit_scale=True, desc=f"replay step {args.step}",
-                  disable=args.quiet, file=sys.stderr) as bar:
+        with progress(total, f"replay step {args.step}", quiet=args.quiet) as bar:
             materialize(source, args.out, overwrite=args.force, progress=bar.update)
-    except CheckpointError as exc:
-        print(f"ckpt-replay: error: {exc}", file=sys.stderr)
-        return 1
+    except EXPECTED_FAILURES as exc:
+        return fail("ckpt-replay", exc)
     kind = "was already full" if manifest.kind == "full" else f"replayed from a {manifest.kind} chain"
     print(f"step {args.step} ({kind}) written as a full checkpoint to {args.out or source}")
     return 0

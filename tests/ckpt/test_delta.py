@@ -62,3 +62,18 @@ def test_broken_link_is_named_and_manager_falls_back(tmp_path):
     with CheckpointManager(tmp_path) as manager, pytest.warns(UserWarning, match="falling back"):
         assert manager.load(state) == 1  # 4 and 3 need the deleted step 2; 1 is a full
     models.assert_same(_expected(model, optim, state["step"]), expected[1])
+
+
+def test_a_damaged_delta_chunk_names_its_tensor_and_file_plainly(tmp_path):
+    _train_with_chain(tmp_path, steps=2, full_every=2)
+    path = step_path(tmp_path, 2)
+    manifest = ckpt.read_manifest(path)
+    key, chunk = next((k, c) for k, e in sorted(manifest.tensors.items()) for c in e.chunks
+                      if c.blob.codec == "delta" and c.blob.length > 64)
+    data = path / chunk.blob.file
+    raw = bytearray(data.read_bytes())
+    raw[chunk.blob.offset + 3] ^= 0x10
+    data.write_bytes(raw)
+    with pytest.raises(ckpt.CorruptCheckpointError) as info:
+        _load(path)
+    assert (info.value.tensor, info.value.file, info.value.path) == (key, chunk.blob.file, str(path))

@@ -216,3 +216,118 @@ def test_save_adds_to_the_in_flight_set_while_retention_lists_it(tmp_path):
         manager._inflight.pop(-1)
         manager.wait()  # before the fix: CheckpointWriteError (dictionary changed size during iteration)
     assert committed_steps(tmp_path) == [1, 2]
+
+
+def _two_tensor_steps(root, steps=(1, 2)):
+    expected = {}
+    with CheckpointManager(root, keep=5) as manager:
+        for step in steps:
+            state = {"a": torch.full((256,), float(step)), "b": torch.full((256,), -float(step)),
+                     "extra": {"loader": {"position": 10 * step}}}
+            manager.save(step, state)
+            expected[step] = {"a": state["a"].clone(), "b": state["b"].clone(), "position": 10 * step}
+    return expected
+
+
+def _flip_last_chunk(path):
+    manifest = ckpt.read_manifest(path)
+    blob = max((c.blob for e in manifest.tensors.values() for c in e.chunks), key=lambda b: b.offset)
+    data = path / blob.file
+    raw = bytearray(data.read_bytes())
+    raw[blob.offset + blob.length - 1] ^= 0x01
+    data.write_bytes(raw)
+
+
+def test_after_a_failed_load_the_fallback_loads_the_older_step_completely(tmp_path):
+    """A checksum failure in the last chunk of step 2 comes after earlier chunks were copied into
+    the live tensors; the manager then loads step 1 in full, so nothing of step 2 remains."""
+    expected = _two_tensor_steps(tmp_path)
+    _flip_last_chunk(step_path(tmp_path, 2))
+    loader = {"position": -1}
+    state = {"a": torch.zeros(256), "b": torch.zeros(256), "extra": {"loader": loader}}
+    with CheckpointManager(tmp_path) as manager, pytest.warns(UserWarning, match="falling back"):
+        assert manager.load(state) == 1
+    assert torch.equal(state["a"], expected[1]["a"]) and torch.equal(state["b"], expected[1]["b"])
+    assert loader["position"] == 10  # the user's own dict, updated in place
+
+
+def test_when_no_step_loads_the_manager_raises_instead_of_starting_over(tmp_path):
+    """It used to return None ("nothing to resume") over a state the failed loads had touched."""
+    _two_tensor_steps(tmp_path)
+    for step in (1, 2):
+        _flip_last_chunk(step_path(tmp_path, step))
+    state = {"a": torch.zeros(256), "b": torch.zeros(256), "extra": {"loader": {"position": -1}}}
+    with CheckpointManager(tmp_path) as manager, pytest.warns(UserWarning, match="falling back"):
+        with pytest.raises(ckpt.CorruptCheckpointError, match="no checkpoint .* can be loaded"):
+            manager.load(state)
+
+
+def test_a_missing_step_lists_the_committed_ones(tmp_path):
+    _two_tensor_steps(tmp_path)
+    with CheckpointManager(tmp_path) as manager:
+        with pytest.raises(ckpt.CheckpointNotFoundError, match="step 7 .*committed steps: 1, 2"):
+            manager.load({"a": torch.zeros(256), "b": torch.zeros(256), "extra": None}, step=7)
+
+
+def test_the_readme_loader_dict_pattern_resumes_the_position(tmp_path):
+    """README: state = {..., "extra": {"loader": loader_state}}; after load, loader_state - the
+    object the training loop keeps using - holds the saved position (it was replaced by a copy)."""
+    loader_state = {"position": 0}
+    with CheckpointManager(tmp_path) as manager:
+        loader_state["position"] = 4096
+        manager.save(1, {"w": torch.ones(4), "extra": {"loader": loader_state}})
+    loader_state = {"position": 0}
+    state = {"w": torch.zeros(4), "extra": {"loader": loader_state}}
+    with CheckpointManager(tmp_path) as manager:
+        assert manager.load(state) == 1
+    assert loader_state["position"] == 4096 and state["extra"]["loader"] is loader_state
+
+
+def test_on_error_continue_warns_counts_and_retries(tmp_path, monkeypatch):
+    original = CheckpointManager._write
+    failing = {2}
+
+    def write(manager, step, tree, base=None):
+        if step in failing:
+            raise OSError(28, "No space left on device")
+        return original(manager, step, tree, base)
+
+    monkeypatch.setattr(CheckpointManager, "_write", write)
+    for mode in ("double_buffer", "sync"):
+        root = tmp_path / mode
+        with CheckpointManager(root, on_error="continue", async_mode=mode, full_every=1) as manager:
+            with pytest.warns(UserWarning, match="No space left"):
+                for step in (1, 2, 3):
+                    manager.save(step, {"w": torch.full((4,), float(step))})
+                manager.wait()
+            assert manager.stats.failures == 1
+        assert committed_steps(root) == [1, 3]
+    with pytest.raises(ckpt.CheckpointWriteError, match="No space left"):
+        with CheckpointManager(tmp_path / "stop") as manager:  # the default: stop
+            for step in (1, 2, 3):
+                manager.save(step, {"w": torch.full((4,), float(step))})
+
+
+def test_a_delta_queued_on_a_write_that_fails_is_stored_whole(tmp_path, monkeypatch):
+    """Step 2 is staged as a delta on step 1 while step 1 is still being written; step 1's write
+    then fails. Step 2 must not be committed as a delta of a checkpoint that does not exist."""
+    gate = _Gate(monkeypatch)
+    original = CheckpointManager._write
+
+    def write(manager, step, tree, base=None):
+        if step == 1:
+            raise OSError(5, "Input/output error")
+        return original(manager, step, tree, base)
+
+    monkeypatch.setattr(CheckpointManager, "_write", write)
+    with CheckpointManager(tmp_path, full_every=4, on_error="continue") as manager:
+        manager.save(1, {"w": torch.ones(64)})
+        manager.save(2, {"w": torch.ones(64) * 2})
+        gate.open.set()
+        with pytest.warns(UserWarning, match="Input/output error"):
+            manager.wait()
+    assert committed_steps(tmp_path) == [2]
+    assert ckpt.read_manifest(step_path(tmp_path, 2)).kind == "full"
+    out = {"w": torch.zeros(64)}
+    ckpt.load(out, step_path(tmp_path, 2))
+    assert torch.equal(out["w"], torch.ones(64) * 2)

@@ -76,6 +76,19 @@ def test_truncated_data_file(saved):
     assert info.value.file is not None and Path(info.value.file).as_posix().endswith(DATA_FILE)
 
 
+def test_a_chunk_beyond_its_file_is_refused_before_any_live_tensor_is_written(saved):
+    """The file sizes are checked for every chunk to be read before the first byte is copied into
+    the live state (the check used to happen chunk by chunk, after earlier chunks were written)."""
+    path, _ = saved
+    manifest = ckpt.read_manifest(path)
+    blobs = sorted((c.blob for e in manifest.tensors.values() for c in e.chunks), key=lambda b: b.offset)
+    os.truncate(path / DATA_FILE, blobs[-1].offset + 1)  # only the last chunk is cut
+    live = blank_state()
+    with pytest.raises(ckpt.CorruptCheckpointError, match="truncated"):
+        ckpt.load(live, path)
+    assert_untouched(live)
+
+
 def test_missing_data_file(saved):
     path, _ = saved
     (path / DATA_FILE).unlink()
@@ -127,3 +140,34 @@ def test_symlink_out_of_checkpoint_is_refused(saved, what):
     assert "rank-00000.bin" in str(info.value)
     assert_untouched(live)
     assert file_fingerprint(sentinel) == before
+
+
+def test_a_manifest_that_is_a_symlink_is_not_followed(saved):
+    """A manifest.json linking out of the checkpoint is refused, even when the file it points to is
+    a perfectly valid manifest (here: the checkpoint's own, moved outside)."""
+    path, _ = saved
+    outside = path.parent.parent / "elsewhere.json"
+    (path / "manifest.json").rename(outside)
+    (path / "manifest.json").symlink_to(outside)
+    assert_refused(path, ckpt.InvalidManifestError)
+
+
+def test_errors_name_the_checkpoint_file_and_tensor_plainly(saved):
+    path, _ = saved
+    (path / "manifest.json").unlink()
+    with pytest.raises(ckpt.CheckpointNotFoundError) as info:
+        ckpt.load(blank_state(), path)
+    assert (info.value.file, info.value.path) == ("manifest.json", str(path))
+
+
+def test_plain_dcp_load_gets_our_error_class(saved, run_dir):
+    """Through dcp.load our errors arrive inside DCP's CheckpointException as themselves (a failed
+    metadata read used to surface as DCP's AssertionError carrying only the text)."""
+    from torch.distributed.checkpoint import load as dcp_load
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    for where, expected in ((run_dir / "no-such-step", ckpt.CheckpointNotFoundError),):
+        with pytest.raises(CheckpointException) as info:
+            dcp_load(blank_state(), storage_reader=ckpt.dcp.Reader(where))
+        failures = [pair[0] for pair in info.value.failures.values()]
+        assert [type(f) for f in failures] == [expected], failures

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import ckpt
 from ckpt import retention
 from ckpt.manager import CheckpointManager
 from ckpt.root import committed_steps
@@ -37,3 +38,33 @@ def test_retention_keeps_what_retained_deltas_need(tmp_path):
     assert committed_steps(tmp_path) == [7]
     _train_with_chain(tmp_path / "b", steps=5, full_every=3, keep=1)
     assert committed_steps(tmp_path / "b") == [4, 5]  # 5 is a delta on 4
+
+
+def test_retention_deletes_dependents_first(tmp_path, monkeypatch):
+    """A crash between two deletions must not leave a listed delta whose base is gone: the newest
+    doomed step goes first. Provoked: the run dies (here: raises) after the first deletion."""
+    from ckpt.root import CheckpointRoot, step_path
+
+    deleted = []
+    original = CheckpointRoot.delete
+
+    def delete_then_die(root, step):
+        original(root, step)
+        deleted.append(step)
+        raise RuntimeError("killed between two deletions")
+
+    with CheckpointManager(tmp_path, full_every=3, keep=10) as manager:
+        for step in (1, 2, 3, 4):  # 1 full, 2 and 3 deltas, 4 full
+            manager.save(step, {"w": torch.full((64,), float(step))})
+    monkeypatch.setattr(CheckpointRoot, "delete", delete_then_die)
+    with pytest.raises(ckpt.CheckpointWriteError, match="killed between"):
+        with CheckpointManager(tmp_path, keep=1) as manager:
+            manager.save(5, {"w": torch.full((64,), 5.0)})
+    assert deleted == [4]  # 5 kept; doomed 4, 3, 2, 1: the newest first
+    root = CheckpointRoot(tmp_path)
+    listed = root.steps()
+    bases = root.bases(listed)
+    assert listed == [1, 2, 3, 5]
+    assert all(bases[s] is None or bases[s] in listed for s in listed)
+    for step in listed:
+        ckpt.load({"w": torch.zeros(64)}, step_path(tmp_path, step))

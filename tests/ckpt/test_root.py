@@ -48,3 +48,21 @@ def test_bases_recorded_or_read_from_manifests(tmp_path):
     assert root.bases([5]) == {5: 4}
     root.delete(4)
     assert root.steps() == [1, 2, 3]
+
+
+def test_a_delta_whose_base_lost_its_manifest_is_not_listed(tmp_path):
+    """Start-up clean-up deletes a step directory without a manifest; the deltas built on it can
+    never load, so they are not offered (they used to be listed, and loading them failed)."""
+    with ckpt.CheckpointManager(tmp_path, full_every=3, keep=10) as manager:
+        for step in (1, 2, 3, 4):
+            manager.save(step, {"w": torch.full((64,), float(step))})
+    (step_path(tmp_path, 1) / "manifest.json").unlink()  # 2 and 3 are deltas on 1 (and 2)
+    assert CheckpointRoot(tmp_path).committed() == [2, 3, 4]
+    assert committed_steps(tmp_path) == [4]
+    with ckpt.CheckpointManager(tmp_path) as manager:  # start-up clean-up removes step 1's files
+        assert manager.steps() == [4]
+        assert manager.load({"w": torch.zeros(64)}) == 4
+    (step_path(tmp_path, 4) / "manifest.json").unlink()  # now the newest loadable-looking steps are orphans
+    with ckpt.CheckpointManager(tmp_path) as manager, pytest.warns(UserWarning, match="step [23] cannot be loaded"):
+        with pytest.raises(ckpt.CorruptCheckpointError, match="no checkpoint .* can be loaded"):
+            manager.load({"w": torch.zeros(64)})

@@ -13,3 +13,59 @@ def test_replay_cli_errors(tmp_path):
     result = subprocess.run([sys.executable, "-m", "tools.replay", str(tmp_path)], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 2
+
+
+def _compressed_checkpoint(tmp_path):
+    import torch
+
+    import ckpt
+
+    with ckpt.CheckpointManager(tmp_path / "root", compress="zstd") as manager:
+        manager.save(1, {"w": torch.zeros(64, 64)})
+    return tmp_path / "root" / "step-00000001"
+
+
+def _reseal(path, mutate):
+    import json
+
+    from ckpt.format import seal
+
+    doc = json.loads((path / "manifest.json").read_bytes())
+    doc.pop("digest")
+    mutate(doc)
+    (path / "manifest.json").write_bytes(seal(doc))
+
+
+def test_replay_bounds_allocations_by_the_bytes_present(tmp_path, capsys):
+    """A consistent manifest claiming a 64 TiB tensor (its zstd planes are 64 KiB) is refused with
+    one line; it used to end in a MemoryError traceback."""
+    from tools.replay import main
+
+    path = _compressed_checkpoint(tmp_path)
+
+    def claim_64_tib(doc):
+        entry = doc["tensors"]["w"]
+        entry["shape"] = [2**22, 2**22]
+        entry["chunks"][0].update(sizes=[2**22, 2**22], raw_length=2**46)
+
+    _reseal(path, claim_64_tib)
+    assert main([str(tmp_path / "root"), "--step", "1", "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "byte plane" in err and "expected" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_replay_errors_speak_cli(tmp_path, capsys):
+    """One line, no progress output before it, and the CLI's own words (--force, not overwrite=True)."""
+    from tools.replay import main
+
+    path = _compressed_checkpoint(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "manifest.json").write_text("{}")
+    assert main([str(tmp_path / "root"), "--step", "1", "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--force" in err and "overwrite=True" not in err
+    (path / "manifest.json").write_bytes(b"[" * 100_000)  # malformed: in the hierarchy, no traceback
+    assert main([str(tmp_path / "root"), "--step", "1", "--out", str(tmp_path / "out2")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not valid JSON" in err
