@@ -38,12 +38,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import retention
+from . import resume, retention
 from .api import load as load_checkpoint, write_tree
 from .collective import any_rank, run_on_src
 from .dcp import Writer
 from .delta import DeltaBase, DeltaPolicy, tensor_signature
-from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError
+from .errors import CheckpointError, CheckpointWriteError
 from .options import AsyncMode, BusyPolicy, FailurePolicy, SaveOptions
 from .root import CheckpointRoot, step_name
 from .staging import DoubleBufferStager, single_threaded_aten
@@ -175,41 +175,17 @@ class CheckpointManager:
         self._raise_background_error()
 
     def load(self, state: dict[str, Any], step: int | None = None, *, strict: bool = True) -> int | None:
-        """Load ``step`` (default: the latest committed step) into ``state``; return the step loaded,
-        or None when there is no checkpoint. Without an explicit step, an unreadable latest
-        checkpoint is reported and the next older one is tried."""
+        """Load ``step`` (default: the newest committed step that loads, see :mod:`ckpt.resume`) into
+        ``state``; return the step loaded, or None when the root holds no checkpoint."""
         self._check_open()
         self.wait()
+
+        def load(target: dict, path) -> None:
+            load_checkpoint(target, path, strict=strict, process_group=self._control_pg)
+
         if step is not None:
-            if not self._root.is_committed(step):
-                listed = self.steps()
-                shown = ", ".join(map(str, listed[-20:])) or "none"
-                raise CheckpointNotFoundError(
-                    f"no committed checkpoint of step {step} under {self.root}; committed steps: {shown}",
-                    path=str(self._root.step_path(step)))
-            load_checkpoint(state, self._root.step_path(step), strict=strict, process_group=self._control_pg)
-            return step
-        listed = self.steps()
-        orphans = sorted(set(self._root.committed()) - set(listed), reverse=True)
-        for orphan in orphans:
-            if not listed or orphan > listed[-1]:
-                warnings.warn(f"checkpoint step {orphan} cannot be loaded (a link of its delta chain is missing "
-                              "or unreadable); falling back", stacklevel=2)
-        failed: list[tuple[int, CheckpointError]] = []
-        for candidate in reversed(listed):
-            try:
-                load_checkpoint(state, self._root.step_path(candidate), strict=strict, process_group=self._control_pg)
-                return candidate
-            except (CorruptCheckpointError, CheckpointNotFoundError) as exc:
-                failed.append((candidate, exc))
-                log.warning("checkpoint step %d cannot be loaded (%s); trying an older one", candidate, exc)
-                warnings.warn(f"checkpoint step {candidate} cannot be loaded ({exc}); falling back", stacklevel=2)
-        if failed or orphans:  # checkpoints exist, none loads: never answer "nothing to resume"
-            newest = failed[0] if failed else (orphans[0], "a link of its delta chain is missing")
-            raise CorruptCheckpointError(
-                f"no checkpoint under {self.root} can be loaded ({len(failed) + len(orphans)} committed; newest, "
-                f"step {newest[0]}: {newest[1]}); the state may be partly overwritten", path=str(self.root))
-        return None
+            return resume.load_step(self._root, state, step, load)
+        return resume.load_latest(self._root, state, load)
 
     def steps(self) -> list[int]:
         """Committed steps under the root, ascending."""
