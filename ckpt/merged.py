@@ -103,9 +103,13 @@ def _header(flat: dict, names: list[str], paths: dict, user_metadata: dict) -> b
         }
         offset += nbytes
     plain = {k: v for k, v in flat.items() if not isinstance(v, torch.Tensor)}
+    try:
+        encoded = json.dumps(values.encode(plain))
+    except values.NotJSONable as exc:  # the header is text: nothing else fits there
+        raise UnsupportedFormatError(f"a merged .safetensors file holds plain values as JSON only: {exc}") from None
     entries["__metadata__"] = {
         "format": "pt",
-        "ckpt.values": json.dumps(values.encode(plain)),
+        "ckpt.values": encoded,
         "ckpt.paths": json.dumps({k: list(p) for k, p in paths.items()}),
         "ckpt.user": json.dumps(user_metadata),
     }

@@ -27,6 +27,12 @@ def test_merged_file_round_trip_overwrite_and_stale_tmp(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
 
 
+def test_a_value_json_cannot_hold_is_refused_in_a_merged_file(tmp_path):
+    with pytest.raises(ckpt.UnsupportedFormatError, match="JSON only"):
+        ckpt.save({"w": torch.zeros(2), "seen": {1, 2}}, tmp_path / "m.safetensors", merged=True)
+    assert list(tmp_path.iterdir()) == []
+
+
 def _merged_onto_existing(rank: int, world: int, path: str):
     try:
         ckpt.save({"w": torch.full((4,), float(rank))}, path, merged=True)
