@@ -13,6 +13,8 @@ DCP users plug in ``ckpt.dcp.Writer`` / ``ckpt.dcp.Reader`` instead. Every error
 :class:`ckpt.CheckpointError`. The format is specified in docs/FORMAT.md.
 """
 
+import logging
+
 from . import dcp
 from .api import load, save
 from .delta import DeltaBase
@@ -39,6 +41,8 @@ from .read import read_manifest
 from .root import CheckpointRoot
 from .staging import DoubleBufferStager
 from .state import RNGState
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())  # the application decides what is shown
 
 __all__ = [
     "save", "load", "read_manifest", "dcp", "Manifest", "FORMAT_VERSION", "SafeLoadPlanner", "RNGState",

@@ -120,11 +120,14 @@ class CheckpointManager:
     def save(self, step: int, state: dict[str, Any], *, force: bool = False) -> bool:
         """Checkpoint ``state`` as ``step`` if due (``step % interval == 0``) or forced.
 
-        Returns whether a save was started. Returns before the bytes are on disk (async mode)."""
+        Returns whether a save was started. Returns before the bytes are on disk (async mode).
+        A failed earlier save is raised (or warned about) here, at a due step, on every rank at once."""
         self._check_open()
-        self._raise_background_error()
         if not force and step % self.options.interval:
             return False
+        if self._agree_any(bool(self._errors)):  # one rank noticed: all finish their writes, all raise
+            self._drain()
+            self._raise_background_error(stacklevel=3)
         start = time.perf_counter()
         if self._stager is not None:
             self._stager.wait_snapshot()  # the previous snapshot must be complete before the next one
@@ -136,7 +139,7 @@ class CheckpointManager:
                 self._after_commit(step)
             except Exception as error:
                 self._errors.append(error)
-                self._raise_background_error()
+                self._raise_background_error(stacklevel=3)
                 return False
             finally:
                 self._account(start)
@@ -163,16 +166,20 @@ class CheckpointManager:
 
     def wait(self) -> None:
         """Block until every started save is committed; raise the first background error."""
+        self._drain()
+        if self._stager is not None:
+            self._stager.wait_snapshot(host=True)
+        self._raise_background_error(stacklevel=3)
+
+    def _drain(self) -> None:
+        """Wait for every save in flight (their errors are recorded by _finished)."""
         with self._inflight_lock:
             pending = list(self._inflight.values())
         for future in pending:
             try:
                 future.result()
             except BaseException:
-                pass  # recorded by _finished; raised below
-        if self._stager is not None:
-            self._stager.wait_snapshot(host=True)
-        self._raise_background_error()
+                pass
 
     def load(self, state: dict[str, Any], step: int | None = None, *, strict: bool = True) -> int | None:
         """Load ``step`` (default: the newest committed step that loads, see :mod:`ckpt.resume`) into
@@ -264,7 +271,7 @@ class CheckpointManager:
             self._errors.append(error)
             self._deltas.write_failed()  # a delta must never build on a write that failed
 
-    def _raise_background_error(self) -> None:
+    def _raise_background_error(self, stacklevel: int) -> None:
         """Raise the oldest failure of a save (policy stop), or warn about each (policy continue).
         Failures that are not CheckpointErrors (an OSError in retention, a bug) are wrapped."""
         while self._errors:
@@ -274,12 +281,10 @@ class CheckpointManager:
                 wrapped.__cause__, error = error, wrapped
             if self.options.on_error is FailurePolicy.STOP:
                 raise error
-            self._report_failure(error)
-
-    def _report_failure(self, error: CheckpointError) -> None:
-        self.stats.failures += 1
-        log.warning("checkpoint save failed (%s); training continues, the next save retries", error)
-        warnings.warn(f"checkpoint save failed ({error}); continuing (on_error='continue')", stacklevel=3)
+            self.stats.failures += 1
+            log.warning("checkpoint save failed (%s); training continues, the next save retries", error)
+            warnings.warn(f"checkpoint save failed ({error}); continuing (on_error='continue')",
+                          stacklevel=stacklevel)
 
     def _account(self, start: float) -> None:
         stall = time.perf_counter() - start

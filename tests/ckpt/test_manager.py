@@ -331,3 +331,39 @@ def test_a_delta_queued_on_a_write_that_fails_is_stored_whole(tmp_path, monkeypa
     out = {"w": torch.zeros(64)}
     ckpt.load(out, step_path(tmp_path, 2))
     assert torch.equal(out["w"], torch.ones(64) * 2)
+
+
+def _one_rank_notices_first(rank: int, world: int, root: str):
+    """Step 1's write fails (on both ranks: DCP writes are collective). Rank 1 learns of it right
+    away, rank 0 only later; at the next due save both must raise, neither may wait for the other."""
+    import torch.distributed as dist
+
+    with CheckpointManager(root, interval=2, keep=5) as manager:
+        manager.save(1, {"bad": torch.ones(2, dtype=torch.complex32)}, force=True)  # no storable dtype
+        if rank == 1:
+            manager._drain()  # rank 1 has the error in hand; rank 0 may not yet
+        dist.barrier()
+        try:
+            manager.save(2, {"w": torch.ones(4)})
+        except ckpt.CheckpointError as exc:
+            return type(exc).__name__
+        finally:
+            manager._errors.clear()
+    return None
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+def test_a_failed_save_is_raised_on_every_rank_at_the_same_step(tmp_path):
+    assert run_ranks(2, _one_rank_notices_first, str(tmp_path)) == ["UnsupportedFormatError"] * 2
+
+
+def test_failure_warnings_point_at_the_callers_line(tmp_path, monkeypatch):
+    def write(manager, step, tree, base=None):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(CheckpointManager, "_write", write)
+    with CheckpointManager(tmp_path, on_error="continue") as manager:
+        manager.save(1, {"w": torch.ones(2)})
+        with pytest.warns(UserWarning, match="No space left") as record:
+            manager.wait()
+    assert record[0].filename == __file__
