@@ -32,6 +32,7 @@ from trainer.config_schema import (
     TrainingConfig,
 )
 from trainer.config_validate import validate
+from trainer.model import FLAVORS, ModelArgs, model_args
 
 __all__ = [
     "CheckpointConfig",
@@ -75,6 +76,30 @@ class Config:
     def validate(self) -> None:
         """Raise ConfigError naming the first key whose value is out of range."""
         validate(self)
+
+    def model_args(self, tokenizer_vocab_size: int | None) -> ModelArgs:
+        """The model's shapes: the flavor's, overridden by the explicit ``model.*`` values, the
+        vocabulary the tokenizer's unless given, with room for ``training.seq_len`` positions.
+
+        Raises ConfigError naming the keys when they cannot work: an unknown flavor, dimensions
+        that do not divide, or ``model.vocab_size`` below ``tokenizer_vocab_size`` (None: not
+        checked), whose token ids the embedding would not have.
+        """
+        m = self.model
+        if m.flavor.lower() not in FLAVORS:
+            raise ConfigError(f"model.flavor={m.flavor!r} is invalid: must be one of {', '.join(FLAVORS)}")
+        if None not in (m.vocab_size, tokenizer_vocab_size) and m.vocab_size < tokenizer_vocab_size:
+            raise ConfigError(f"model.vocab_size={m.vocab_size} is invalid: the tokenizer has {tokenizer_vocab_size} "
+                              "tokens, so it must be at least that (or none for the tokenizer's)")
+        given = {key: getattr(m, key) for key in ("hidden_dim", "n_layers", "n_heads", "n_kv_heads")
+                 if getattr(m, key) is not None}
+        shape = {"dim" if key == "hidden_dim" else key: value for key, value in given.items()}
+        try:
+            return model_args(m.flavor, vocab_size=m.vocab_size or tokenizer_vocab_size, **shape,
+                              max_seq_len=max(self.training.seq_len, FLAVORS[m.flavor.lower()].max_seq_len))
+        except ValueError as e:
+            named = "".join(f", model.{key}={value}" for key, value in given.items())
+            raise ConfigError(f"model.flavor={m.flavor!r}{named} cannot work: {e}") from None
 
     def resolve_batch(self, dp_degree: int) -> tuple[int, int]:
         """(micro_batch_size, gradient_accumulation_steps) for a data-parallel degree.

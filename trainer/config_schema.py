@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ckpt.options import AsyncMode, Compression, SaveOptions, choices
+from ckpt.options import AsyncMode, Compression, FailurePolicy, SaveOptions, choices
 
 
 class ConfigError(ValueError):
@@ -41,7 +41,8 @@ class ModelConfig:
     flavor: str = "debug"
     """Size preset of the family, e.g. "debug", "7B", "13B", "70B" (seed key: model.size)."""
     vocab_size: int | None = None
-    """Vocabulary size; none: the flavor's, or the tokenizer's when the flavor leaves it open."""
+    """Vocabulary size (embedding and output rows); none: the tokenizer's. Smaller than the
+    tokenizer's vocabulary is refused (its token ids would not fit)."""
     hidden_dim: int | None = None
     """Model (embedding) dimension; none: the flavor's."""
     n_layers: int | None = None
@@ -143,8 +144,16 @@ class CheckpointConfig:
     """none: store full checkpoints raw; zstd: as zstd-compressed byte planes (deltas always are)."""
     zstd_level: int = 1
     """zstd level for deltas and compressed fulls."""
+    on_error: str = FailurePolicy.STOP.value
+    """What a failed save (disk full, folder not writable) does. stop: the run exits with code 1
+    as soon as the failure is known (the next step, or the end), keeping every checkpoint committed before; a restart resumes from the
+    newest of them and, if the same save fails again, exits at it again. continue: the run warns,
+    counts the failure (ckpt_failures in the metrics) and trains on; the next interval retries
+    as a full checkpoint, and the steps it could not write are simply missing (a restart resumes
+    from the newest one that was written). A create_seed_checkpoint run always stops."""
     load_step: int | None = None
-    """Step to resume from; none: the latest committed step, if any."""
+    """Step to resume from (needs enable); none: the latest committed step, if any. A step that
+    is not committed is refused, naming the committed ones."""
     create_seed_checkpoint: bool = False
     """Initialise the model, save it as step 0 and exit (run with a single process)."""
 
@@ -156,8 +165,8 @@ class CheckpointConfig:
         """
         return SaveOptions(
             interval=self.interval, keep=self.keep, keep_every=self.keep_every, async_mode=self.async_mode,
-            full_every=self.full_every, compress=self.compress, zstd_level=self.zstd_level,
-            device_type=device_type, user_metadata=user_metadata)
+            on_error=self.on_error, full_every=self.full_every, compress=self.compress,
+            zstd_level=self.zstd_level, device_type=device_type, user_metadata=user_metadata)
 
 
 @dataclass
@@ -187,4 +196,5 @@ CHOICES: dict[tuple[str, str], tuple[Any, ...]] = {
     ("optimization", "zero_stage"): (0, 1, 2, 3),
     ("checkpoint", "async_mode"): choices(AsyncMode),
     ("checkpoint", "compress"): choices(Compression),
+    ("checkpoint", "on_error"): choices(FailurePolicy),
 }

@@ -2,7 +2,9 @@
 
 Contract: :func:`validate` re-coerces every field to its annotated type (so a Config built by hand
 is checked like a parsed one), lower-cases the choice strings, and raises :class:`ConfigError`
-``section.key=value is invalid: requirement`` for the first value out of range. Nothing here
+``section.key=value is invalid: requirement`` for the first value out of range (the model's
+shapes through :meth:`trainer.config.Config.model_args`, against the byte tokenizer's vocabulary
+when that is the tokenizer; a tokenizer.json is checked once loaded). Nothing here
 rejects what only the parallel layer can judge (``tp``/``pp`` above 1, HSDP with DDP, degrees
 against the world size); :mod:`trainer.parallel` does that.
 """
@@ -15,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from ckpt.errors import InvalidOptionError
 from trainer.config_fields import coerce
 from trainer.config_schema import CHOICES, SECTIONS, ConfigError
+from trainer.data import is_byte_tokenizer
+from trainer.model import BYTE_VOCAB_SIZE
 
 if TYPE_CHECKING:
     from trainer.config import Config
@@ -80,6 +84,7 @@ def validate(cfg: Config) -> None:
         _fail("training", "gc_freq", t.gc_freq, "must be >= 0 (0 leaves collection automatic)")
     if not t.dataset:
         _fail("training", "dataset", t.dataset, 'must be "shipped" or a path')
+    cfg.model_args(BYTE_VOCAB_SIZE if is_byte_tokenizer(m.tokenizer) else None)  # the shapes fit together
 
     for key in ("dp_replicate", "tp", "pp"):
         if getattr(p, key) < 1:
@@ -95,6 +100,8 @@ def validate(cfg: Config) -> None:
         _fail("checkpoint", exc.option, exc.value, exc.requirement)
     if c.load_step is not None and c.load_step < 0:
         _fail("checkpoint", "load_step", c.load_step, "must be >= 0 (or none for the latest)")
+    if c.load_step is not None and not c.enable:
+        _fail("checkpoint", "load_step", c.load_step, "needs checkpoint.enable = true (nothing is loaded otherwise)")
 
     if cfg.metrics.log_freq < 1:
         _fail("metrics", "log_freq", cfg.metrics.log_freq, "must be >= 1")

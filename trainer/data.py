@@ -4,6 +4,7 @@
 - ``HFTokenizer``: a local ``tokenizer.json`` through the ``tokenizers`` package, if installed.
 - ``load_documents``: the corpus shipped in ``trainer/corpus/`` or local .txt / .jsonl files.
 - ``TokenStream``: every document tokenized once into one int32 array, ``BOS doc EOS BOS doc EOS ...``.
+- ``load_training_tokens``: the trainer's tokenizer and token array, refusing (ConfigError) what cannot work.
 - ``DataLoader``: fixed windows of the stream in a seeded per-epoch order. Its state is the number of
   *global* samples consumed, so a run resumed with another data-parallel degree continues with exactly
   the samples the union of all ranks would have seen.
@@ -17,6 +18,8 @@ from typing import Iterator, Protocol
 
 import numpy as np
 import torch
+
+from trainer.config_schema import ConfigError
 
 SHIPPED_CORPUS = Path(__file__).with_name("corpus")
 
@@ -92,9 +95,14 @@ class HFTokenizer:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
+def is_byte_tokenizer(path: str | None) -> bool:
+    """Whether ``path`` names the built-in byte-level tokenizer (``None``, ``""`` or ``"byte"``)."""
+    return path is None or path in ("", "byte")
+
+
 def load_tokenizer(path: str | None) -> ByteTokenizer | HFTokenizer:
-    """``None`` (or ``""`` / ``"byte"``): the byte-level tokenizer; otherwise a local tokenizer.json."""
-    if path is None or path in ("", "byte"):
+    """The byte-level tokenizer (see :func:`is_byte_tokenizer`); otherwise a local tokenizer.json."""
+    if is_byte_tokenizer(path):
         return ByteTokenizer()
     return HFTokenizer(path)
 
@@ -160,6 +168,24 @@ class TokenStream:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+
+def load_training_tokens(tokenizer_path: str | None, dataset: str, seq_len: int) -> tuple[Tokenizer, np.ndarray]:
+    """The trainer's tokenizer (``model.tokenizer``) and text (``training.dataset``) as one token
+    array; ConfigError naming the key when either cannot be used or the text is shorter than one
+    sequence of ``seq_len + 1`` tokens (``training.seq_len``)."""
+    try:
+        tokenizer = load_tokenizer(tokenizer_path)
+    except Exception as exc:  # a missing file, no `tokenizers` package, or its own parse errors
+        raise ConfigError(f"model.tokenizer={tokenizer_path!r} cannot be loaded: {exc}") from exc
+    try:
+        tokens = TokenStream(load_documents(dataset), tokenizer).tokens
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"training.dataset={dataset!r} cannot be used: {exc}") from exc
+    if len(tokens) < seq_len + 1:
+        raise ConfigError(f"training.seq_len={seq_len} is invalid: training.dataset={dataset!r} holds "
+                          f"{len(tokens)} tokens, fewer than one sequence (seq_len + 1)")
+    return tokenizer, tokens
 
 
 # ---------------------------------------------------------------------------------------------------

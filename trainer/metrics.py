@@ -1,4 +1,5 @@
-"""Per-step metrics: loss, tokens/s, MFU, memory, checkpoint stall; to stdout, JSONL and TensorBoard.
+"""Per-step metrics: loss, tokens/s, MFU, memory, checkpoint stall and failed saves (``ckpt_failures``,
+under checkpoint.on_error=continue); to stdout, JSONL and TensorBoard.
 
 MFU = achieved model FLOP/s (``flops_per_token * tokens/s``) over the device's peak dense bf16
 FLOP/s from :data:`PEAK_BF16_FLOPS` (per device); n/a where the device is unknown (CPU).
@@ -62,11 +63,12 @@ class MetricsLogger:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and key not in ("step", "time"):
                     self._tb.add_scalar(key, value, record["step"])
-        mfu = record.get("mfu_pct")
+        mfu, failures = record.get("mfu_pct"), record.get("ckpt_failures")
         print(
             f"step {record['step']:>6}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
             f"tok/s {record['tokens_per_sec']:,.0f}  mfu {'n/a' if mfu is None else f'{mfu:.1f}%'}  "
-            f"mem {record['memory_gib']:.2f} GiB  ckpt stall {record['ckpt_stall_ms']:.1f} ms",
+            f"mem {record['memory_gib']:.2f} GiB  ckpt stall {record['ckpt_stall_ms']:.1f} ms"
+            + (f"  ckpt failures {failures}" if failures else ""),
             flush=True,
         )
 

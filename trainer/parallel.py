@@ -132,11 +132,12 @@ def set_gradient_sync(model: nn.Module, enabled: bool):
     return contextlib.nullcontext()
 
 
-def all_reduce_mean(value: torch.Tensor, group=None) -> float:
+def all_reduce_mean(value: torch.Tensor, group=None) -> float | list[float]:
+    """The mean over the ranks of a scalar (a float) or of a vector (a list, one collective)."""
     value = value.detach().float().clone()
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(value, op=dist.ReduceOp.AVG if value.device.type != "cpu" else dist.ReduceOp.SUM,
                         group=group)
         if value.device.type == "cpu":
             value /= dist.get_world_size(group)
-    return value.item()
+    return value.tolist()

@@ -9,6 +9,15 @@ thread only waits for the snapshot copy right before the next optimizer step). A
 checkpointing resumes from the latest committed step (or ``--checkpoint.load_step``); the data
 loader's global position is in the checkpoint, so the resumed run sees exactly the batches it would
 have seen, also with another data-parallel degree.
+
+Exit codes (an expected failure prints exactly one ``error: ...`` line on stderr, no traceback):
+
+    0  done: trained to training.steps, or wrote the seed checkpoint
+    1  failed: the checkpoint to resume from cannot be loaded, or a save failed under
+       checkpoint.on_error=stop; committed checkpoints stay and a restart resumes from the newest
+    2  refused before training, nothing written: a config that cannot work (keys, values, model shapes,
+       vocab_size below the tokenizer's, dataset or tokenizer missing/empty/unreadable, layout vs world
+       size), a checkpoint folder another run holds or that cannot be created, a load_step not committed
 """
 
 from __future__ import annotations
@@ -28,12 +37,12 @@ import torch.nn.functional as F
 
 import ckpt
 from trainer import data as data_mod
+from trainer import exits
 from trainer import model as model_mod
-from trainer.config import Config, ConfigError, help_text, load_config
-from trainer.device import DeviceUnavailableError, device_name, init_distributed, peak_memory_gib, resolve_device_type, synchronize
+from trainer.config import Config, help_text, load_config
+from trainer.device import device_name, init_distributed, peak_memory_gib, resolve_device_type, synchronize
 from trainer.metrics import MetricsLogger, peak_flops
-from trainer.parallel import (ParallelDims, ParallelismError, all_reduce_mean, dp_rank, parallelize, set_gradient_sync,
-                              uses_autocast)
+from trainer.parallel import ParallelDims, all_reduce_mean, dp_rank, parallelize, set_gradient_sync, uses_autocast
 
 
 def lr_lambda(warmup_steps: int, total_steps: int, min_ratio: float):
@@ -81,9 +90,25 @@ def scheduled_garbage_collection(gc_freq: int):
 
 
 class Trainer:
+    """One run. The constructor refuses what cannot work before writing anything: the config and
+    data first, then (with the process group) layout and model, then the checkpoint folder's lock,
+    then the resume; only then does it write config.json and open metrics.jsonl."""
+
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.device_type = resolve_device_type(cfg.training.device)
+        self.manager, self.metrics, self._owns_process_group = None, None, False
+        try:
+            self._start()
+        except BaseException:
+            self.close(quiet=True)
+            raise
+
+    def _start(self) -> None:
+        cfg, t, c = self.cfg, self.cfg.training, self.cfg.checkpoint
+        self.tokenizer, tokens = data_mod.load_training_tokens(cfg.model.tokenizer, t.dataset, t.seq_len)
+        self.model_args = cfg.model_args(self.tokenizer.vocab_size)
+        with exits.refusing(f"training.device={t.device!r}"):
+            self.device_type = resolve_device_type(t.device)
         self.rank, self.world, self.device, self._owns_process_group = init_distributed(self.device_type)
         p = cfg.parallelism
         self.dims = ParallelDims.resolve(p.dp_replicate, p.dp_shard, p.tp, p.pp, self.world)
@@ -92,12 +117,6 @@ class Trainer:
         self.micro_batch, self.accumulation = cfg.resolve_batch(self.dims.dp)
         torch.manual_seed(cfg.job.seed)
 
-        self.tokenizer = data_mod.load_tokenizer(cfg.model.tokenizer)
-        m = cfg.model
-        self.model_args = model_mod.model_args(
-            m.flavor, vocab_size=m.vocab_size or self.tokenizer.vocab_size, dim=m.hidden_dim,
-            n_layers=m.n_layers, n_heads=m.n_heads, n_kv_heads=m.n_kv_heads,
-            max_seq_len=max(cfg.training.seq_len, model_mod.FLAVORS[m.flavor.lower()].max_seq_len))
         model = model_mod.build(self.model_args)
         self.bf16 = cfg.optimization.precision == "bf16"
         model = model.to(self.device)
@@ -106,37 +125,44 @@ class Trainer:
             activation_checkpointing=cfg.optimization.gradient_checkpointing,
             compile=cfg.optimization.compile, device=self.device)
         self.autocast_bf16 = self.bf16 and uses_autocast(self.model)
-        t = cfg.training
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=(0.9, 0.95),
                                            weight_decay=t.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(t.warmup_steps, t.steps, t.min_lr_ratio))
-        tokens = data_mod.TokenStream(data_mod.load_documents(t.dataset), self.tokenizer).tokens
         self.loader = data_mod.DataLoader(tokens, t.seq_len, t.batch_size, self.dp_rank, self.dims.dp, cfg.job.seed)
         self.train_state = TrainState()
         self.state = {"model": self.model, "optim": self.optimizer, "lr_scheduler": self.scheduler,
                       "dataloader": self.loader, "train": self.train_state}
         self.flops_per_token = model_mod.flops_per_token(self.model_args, t.seq_len)
         self.peak = peak_flops(device_name(self.device_type))
-        self.metrics = MetricsLogger(cfg.job.dump_folder, enabled=self.rank == 0, tensorboard=cfg.metrics.tensorboard)
-        if self.rank == 0:
-            (Path(cfg.job.dump_folder) / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-        self.manager = None
-        c = cfg.checkpoint
-        if c.enable or c.create_seed_checkpoint:
+        if c.enable or c.create_seed_checkpoint:  # the lock first: a second run is refused before it writes
             folder = Path(c.folder) if os.path.isabs(c.folder) else Path(cfg.job.dump_folder) / c.folder
-            self.manager = ckpt.CheckpointManager(
-                folder, c.save_options(device_type=self.device_type, user_metadata={"config": cfg.to_dict()}))
+            options = c.save_options(device_type=self.device_type, user_metadata={"config": cfg.to_dict()})
+            if c.create_seed_checkpoint:  # the run exists to write it
+                options = options.replace(on_error=ckpt.FailurePolicy.STOP)
+            with exits.refusing(f"checkpoint.folder={str(folder)!r}"):
+                self.manager = ckpt.CheckpointManager(folder, options)
             self.manager.attach(self.optimizer)
+            if not c.create_seed_checkpoint:
+                self.resume()
+        with exits.refusing(f"job.dump_folder={cfg.job.dump_folder!r}"):
+            self.metrics = MetricsLogger(cfg.job.dump_folder, enabled=self.rank == 0, tensorboard=cfg.metrics.tensorboard)
+            if self.rank == 0:
+                (Path(cfg.job.dump_folder) / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
 
     def log(self, message: str) -> None:
         if self.rank == 0:
             print(message, flush=True)
 
     def resume(self) -> None:
-        if self.manager is None:
-            return
-        step = self.manager.load(self.state, step=self.cfg.checkpoint.load_step)
+        """Load checkpoint.load_step, or the newest committed step if any (done by the constructor)."""
+        load_step = self.cfg.checkpoint.load_step
+        try:
+            step = self.manager.load(self.state, step=load_step)
+        except ckpt.CheckpointError as exc:
+            if load_step is not None and isinstance(exc, ckpt.CheckpointNotFoundError):
+                raise exits.Refused(f"checkpoint.load_step={load_step}: {exc}") from exc
+            raise exits.Failed(f"the checkpoint to resume from cannot be loaded: {exc}") from exc
         if step is not None:
             self.log(f"resumed from checkpoint step {step} ({self.manager.root})")
 
@@ -166,10 +192,9 @@ class Trainer:
         cfg, t = self.cfg, self.cfg.training
         if cfg.checkpoint.create_seed_checkpoint:
             self.manager.save(0, self.state, force=True)
-            self.manager.close()
+            self.close_checkpoints()
             self.log(f"seed checkpoint written to {self.manager.root / 'step-00000000'}")
             return []
-        self.resume()
         last = t.steps if stop_at is None else min(stop_at, t.steps)
         with scheduled_garbage_collection(t.gc_freq) as collect_garbage:
             return self._train_until(last, collect_garbage)
@@ -184,10 +209,19 @@ class Trainer:
             step = self.train_state.step
             loss = self.train_step()
             self.train_state.tokens_seen += tokens_per_step
+            failure = None
             if self.manager is not None:
                 before = self.manager.stats.stall_s
-                self.manager.save(step, self.state, force=step == t.steps)
-            losses.append(all_reduce_mean(loss))
+                try:
+                    self.manager.save(step, self.state, force=step == t.steps)
+                except ckpt.CheckpointError as exc:
+                    failure = exc
+            # The mean loss and "did a save fail on any rank?" in one all-reduce: every rank stops at
+            # the same step, also when the failure of a background write reached one rank first.
+            mean_loss, any_failed = all_reduce_mean(torch.stack([loss, loss.new_tensor(float(failure is not None))]))
+            if any_failed:
+                raise exits.save_failed(self.manager, failure)
+            losses.append(mean_loss)
             window_steps += 1
             if self.manager is not None:
                 stall += self.manager.stats.stall_s - before
@@ -204,43 +238,62 @@ class Trainer:
                     "mfu_pct": None if self.peak is None else 100 * self.flops_per_token * tps / self.world / self.peak,
                     "memory_gib": peak_memory_gib(self.device_type),
                     "ckpt_stall_ms": 1e3 * stall / window_steps,
+                    "ckpt_failures": 0 if self.manager is None else self.manager.stats.failures,
                 })
                 window_start, window_steps, stall = time.perf_counter(), 0, 0.0
             collect_garbage(step)
         return losses
 
-    def close(self) -> None:
+    def close_checkpoints(self) -> None:
+        """Wait for the last saves and release the folder; a failed save raises exits.Failed (on_error
+        stop) or, under on_error continue, is reported with the count of failed saves."""
+        try:
+            self.manager.close()
+        except ckpt.CheckpointError as exc:
+            raise exits.save_failed(self.manager, exc) from exc
+        failures = self.manager.stats.failures
+        if failures:
+            steps = self.manager.steps()
+            self.log(f"{failures} checkpoint save{'s' if failures > 1 else ''} failed (checkpoint.on_error=continue); "
+                     f"newest committed step: {steps[-1] if steps else 'none'}")
+
+    def close(self, *, quiet: bool = False) -> None:
+        """Release everything. ``quiet``: already failing, so a further checkpoint error is dropped
+        (the first one is reported) instead of raised."""
         try:
             if self.manager is not None:
-                self.manager.close()
+                self.close_checkpoints()
+        except (exits.Failed, ckpt.CheckpointError):
+            if not quiet:
+                raise
         finally:
-            self.metrics.close()
+            if self.metrics is not None:
+                self.metrics.close()
             if self._owns_process_group and dist.is_initialized():
                 dist.destroy_process_group()
 
 
+def _train(argv: list[str]) -> None:
+    trainer = Trainer(load_config(argv))
+    try:
+        trainer.log(f"training {trainer.cfg.model.name}/{trainer.cfg.model.flavor} ({model_mod.num_params(trainer.model):,} "
+                    f"params on this rank) on {trainer.world} x {trainer.device_type}, dp={trainer.dims.dp}, "
+                    f"micro_batch={trainer.micro_batch}, accumulation={trainer.accumulation}")
+        trainer.fit()
+    except BaseException:
+        trainer.close(quiet=True)
+        raise
+    trainer.close()
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit code (see the module docstring)."""
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
         print(__doc__)
         print(help_text())
-        return 0
-    try:
-        cfg = load_config(argv)
-        trainer = Trainer(cfg)
-    except (ConfigError, ParallelismError, ckpt.CheckpointError, DeviceUnavailableError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        return 2
-    try:
-        trainer.log(f"training {cfg.model.name}/{cfg.model.flavor} ({model_mod.num_params(trainer.model):,} params "
-                    f"on this rank) on {trainer.world} x {trainer.device_type}, dp={trainer.dims.dp}, "
-                    f"micro_batch={trainer.micro_batch}, accumulation={trainer.accumulation}")
-        trainer.fit()
-    finally:
-        trainer.close()
-    return 0
+        return exits.DONE
+    return exits.run(lambda: _train(argv))
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ def test_cli_booleans(text, expected):
 def test_bare_boolean_flag_and_none():
     cfg = load_config(["--checkpoint.enable", "--optimization.compile", "--checkpoint.keep_every", "none"])
     assert cfg.checkpoint.enable is True and cfg.optimization.compile is True and cfg.checkpoint.keep_every is None
-    cfg = load_config(["--checkpoint.load_step", "20", "--model.n_kv_heads=2", "--parallelism.dp_shard", "-1"])
+    cfg = load_config(["--checkpoint.enable", "--checkpoint.load_step", "20", "--model.n_kv_heads=2", "--parallelism.dp_shard", "-1"])
     assert cfg.checkpoint.load_step == 20 and cfg.model.n_kv_heads == 2 and cfg.parallelism.dp_shard == -1
     assert load_config(["--model.tokenizer", "none"]).model.tokenizer is None
     assert load_config(["--model.tokenizer", "/x/tokenizer.json"]).model.tokenizer == "/x/tokenizer.json"
@@ -359,7 +359,7 @@ def test_help_text_mentions_every_field():
 
 
 def test_checkpoint_save_options_carry_every_field():
-    from ckpt.options import AsyncMode, Compression, SaveOptions
+    from ckpt.options import AsyncMode, Compression, FailurePolicy, SaveOptions
 
     cfg = load_config(["--checkpoint.interval", "7", "--checkpoint.keep", "2", "--checkpoint.keep_every", "20",
                        "--checkpoint.full_every", "4", "--checkpoint.compress", "ZSTD", "--checkpoint.zstd_level", "5"])
@@ -368,6 +368,9 @@ def test_checkpoint_save_options_carry_every_field():
     assert (opts.interval, opts.keep, opts.keep_every, opts.full_every, opts.zstd_level) == (7, 2, 20, 4, 5)
     assert opts.compress is Compression.ZSTD and opts.async_mode is AsyncMode.DOUBLE_BUFFER
     assert opts.device_type == "cpu" and opts.user_metadata == {"config": cfg.to_dict()}
+    assert opts.on_error is FailurePolicy.STOP  # the default: a failed save stops the run
+    opts = load_config(["--checkpoint.on_error", "Continue"]).checkpoint.save_options(device_type=None, user_metadata={})
+    assert opts.on_error is FailurePolicy.CONTINUE
 
     opts = load_config(["--checkpoint.async_mode", "sync"]).checkpoint.save_options(device_type=None, user_metadata={})
     assert opts.async_mode is AsyncMode.SYNC and opts.compress is Compression.NONE and opts.keep_every is None
@@ -376,9 +379,9 @@ def test_checkpoint_save_options_carry_every_field():
 
 
 def test_checkpoint_choices_are_the_engine_enums():
-    from ckpt.options import AsyncMode, Compression, choices
+    from ckpt.options import AsyncMode, Compression, FailurePolicy, choices
 
-    for key, kind in (("async_mode", AsyncMode), ("compress", Compression)):
+    for key, kind in (("async_mode", AsyncMode), ("compress", Compression), ("on_error", FailurePolicy)):
         for value in choices(kind):
             assert getattr(load_config([f"--checkpoint.{key}", value]).checkpoint, key) == value
         with pytest.raises(ConfigError, match=rf"checkpoint\.{key}='bogus' is invalid: must be one of "

@@ -1,0 +1,201 @@
+"""How the trainer ends: exit code 2 and one line for a run refused before training (nothing
+written), 1 and one line for a run that failed (a checkpoint not loaded or, under on_error=stop,
+not saved), 0 when done; checkpoint.on_error=continue trains on and counts failed saves."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ckpt.root import CheckpointRoot
+from tests.dist import run_ranks
+from tests.trainer.test_train import REPO, _args
+
+# Runs the trainer CLI with every data file of the named steps failing as on a full disk.
+_FAILING_WRITES = """
+import errno, sys
+import ckpt.write
+real = ckpt.write.write_file
+def write_file(path, *args, **kwargs):
+    if any(f"step-{s:08d}.tmp" in str(path) for s in FAIL):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+    return real(path, *args, **kwargs)
+ckpt.write.write_file = write_file
+from trainer.train import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _cli(argv: list[str], fail_steps: tuple[int, ...] = ()) -> subprocess.CompletedProcess:
+    program = _FAILING_WRITES.replace("FAIL", repr(tuple(fail_steps)))
+    return subprocess.run([sys.executable, "-c", program, *argv], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("error: ") and "Traceback" not in stderr
+    return lines[0]
+
+
+def _main(argv: list[str], capsys) -> tuple[int, str]:
+    from trainer.train import main
+
+    capsys.readouterr()
+    code = main(argv)
+    return code, capsys.readouterr().err
+
+
+def _steps(folder: Path) -> list[int]:
+    return CheckpointRoot(folder / "checkpoints").steps()
+
+
+def test_vocab_smaller_than_the_tokenizer_is_refused_before_anything_is_written(tmp_path):
+    result = _cli(_args(str(tmp_path / "run"), model__vocab_size=100))
+    assert result.returncode == 2
+    line = _one_line(result.stderr)
+    assert "model.vocab_size=100" in line and "258" in line
+    assert not (tmp_path / "run").exists()
+
+
+def _tiny_tokenizer(tmp_path: Path) -> str:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<s>": 0, "</s>": 1, "[UNK]": 2, **{chr(c): 3 + i for i, c in enumerate(range(ord("a"), ord("z") + 1))}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.save(str(tmp_path / "tokenizer.json"))
+    return str(tmp_path / "tokenizer.json")
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ({"model__flavor": "bogus"}, "model.flavor='bogus'"),
+    ({"model__n_heads": 3}, "model.n_heads=3"),
+    ({"model__hidden_dim": 12, "model__n_heads": 4}, "model.hidden_dim=12"),
+    ({"training__dataset": "{tmp}/missing"}, "training.dataset="),
+    ({"training__dataset": "{tmp}/empty_dir"}, "no .txt or .jsonl files"),
+    ({"training__dataset": "{tmp}/empty.txt"}, "holds no documents"),
+    ({"training__dataset": "{tmp}/data.csv"}, "expected a .txt or .jsonl file"),
+    ({"training__dataset": "{tmp}/bad.jsonl"}, "expected an object with a string 'text' field"),
+    ({"training__seq_len": 10**8}, "training.seq_len=100000000"),
+    ({"model__tokenizer": "{tmp}/missing.json"}, "model.tokenizer="),
+    ({"model__tokenizer": "{tokenizer}", "model__vocab_size": 10}, "model.vocab_size=10"),
+    ({"checkpoint__enable": "false", "checkpoint__load_step": 5}, "checkpoint.load_step=5"),
+    ({"checkpoint__folder": "{tmp}/a_file/checkpoints"}, "checkpoint.folder="),
+])
+def test_configs_that_cannot_work_are_refused_with_one_line(tmp_path, capsys, extra, expected):
+    (tmp_path / "empty_dir").mkdir()
+    (tmp_path / "empty.txt").write_text("\n\n")
+    (tmp_path / "data.csv").write_text("a,b\n")
+    (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n[1, 2]\n')
+    (tmp_path / "a_file").write_text("")
+    names = {"tmp": tmp_path, "tokenizer": _tiny_tokenizer(tmp_path) if "{tokenizer}" in str(extra) else ""}
+    extra = {key: str(value).format(**names) for key, value in extra.items()}
+    run = tmp_path / "run"
+    code, err = _main(_args(str(run), **extra), capsys)
+    assert code == 2
+    assert expected in _one_line(err)
+    assert not (run / "config.json").exists() and not (run / "metrics.jsonl").exists()
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+
+
+def test_missing_load_step_is_refused_and_an_unreadable_checkpoint_fails(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _main(_args(str(run), steps=2, checkpoint__interval=2), capsys)[0] == 0
+    config = (run / "config.json").read_text()
+    code, err = _main(_args(str(run), steps=4, checkpoint__load_step=3), capsys)
+    assert code == 2
+    line = _one_line(err)
+    assert "checkpoint.load_step=3" in line and "committed steps: 2" in line
+    assert (run / "config.json").read_text() == config  # nothing written
+
+    data = next((run / "checkpoints" / "step-00000002" / "data").iterdir())
+    blob = bytearray(data.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    data.write_bytes(bytes(blob))
+    with pytest.warns(UserWarning, match="checkpoint step 2 cannot be loaded"):
+        code, err = _main(_args(str(run), steps=4), capsys)
+    assert code == 1
+    assert "cannot be loaded" in _one_line(err)
+
+
+def test_a_second_trainer_on_a_locked_folder_writes_nothing(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("sentinel config\n")
+    (run / "metrics.jsonl").write_text("sentinel metrics\n")
+    lock = CheckpointRoot(run / "checkpoints")
+    lock.lock()  # the running job
+    try:
+        result = _cli(_args(str(run)))
+    finally:
+        lock.unlock()
+    assert result.returncode == 2
+    assert "another CheckpointManager is writing" in _one_line(result.stderr)
+    assert (run / "config.json").read_text() == "sentinel config\n"
+    assert (run / "metrics.jsonl").read_text() == "sentinel metrics\n"
+
+
+def test_a_failed_save_under_on_error_stop_exits_1_each_time(tmp_path):
+    run = tmp_path / "run"
+    argv = _args(str(run), steps=6, checkpoint__interval=2)
+    result = _cli(argv, fail_steps=(4,))
+    assert result.returncode == 1
+    line = _one_line(result.stderr)
+    assert "step-00000004" in line and "No space left on device" in line and "on_error" in line
+    assert _steps(run) == [2]
+    again = _cli(argv, fail_steps=(4,))  # a restart resumes from step 2 and stops at the same save
+    assert again.returncode == 1 and "resumed from checkpoint step 2" in again.stdout
+    assert "step-00000004" in _one_line(again.stderr)
+    assert _cli(argv).returncode == 0 and _steps(run) == [2, 4, 6]
+
+
+def test_a_failed_save_under_on_error_continue_trains_on_and_counts_it(tmp_path):
+    run = tmp_path / "run"
+    result = _cli(_args(str(run), steps=8, checkpoint__interval=2, checkpoint__on_error="continue",
+                        metrics__log_freq=2), fail_steps=(2,))
+    assert result.returncode == 0, result.stderr
+    warning, = result.stderr.strip().splitlines()  # one line per failed save, no traceback
+    assert warning.startswith("warning: checkpoint save failed") and "No space left on device" in warning
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["step"] == 8 and records[-1]["ckpt_failures"] == 1
+    assert "1 checkpoint save failed" in result.stdout
+    assert _steps(run) == [4, 6, 8]
+
+
+def _fail_on_one_rank(rank: int, world: int, root: str) -> tuple[int, int]:
+    import errno
+
+    import ckpt
+    import ckpt.write
+    from trainer.train import main
+
+    real_write, real_save = ckpt.write.write_file, ckpt.CheckpointManager.save
+
+    def write_file(path, *args, **kwargs):  # rank 1's disk is full at step 4: the engine tells every rank
+        if rank == 1 and "step-00000004.tmp" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_write(path, *args, **kwargs)
+
+    def save(self, step, state, **kwargs):  # only rank 0 learns of a failure at step 3: it must not run alone
+        if rank == 0 and step == 3:
+            raise ckpt.CheckpointWriteError("injected: rank 0 alone")
+        return real_save(self, step, state, **kwargs)
+
+    ckpt.write.write_file = write_file
+    propagated = main(_args(f"{root}/write", steps=8, checkpoint__interval=2))
+    ckpt.write.write_file, ckpt.CheckpointManager.save = real_write, save
+    alone = main(_args(f"{root}/alone", steps=8, checkpoint__interval=2))
+    return propagated, alone
+
+
+def test_a_save_failing_on_one_rank_stops_every_rank(tmp_path):
+    assert run_ranks(2, _fail_on_one_rank, str(tmp_path)) == [(1, 1), (1, 1)]
+    assert _steps(tmp_path / "write") == [2] and _steps(tmp_path / "alone") == [2]

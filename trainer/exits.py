@@ -1,0 +1,91 @@
+"""How a trainer run ends: its exit code, and exactly one line on stderr for an expected failure.
+
+The codes (the table is also in :mod:`trainer.train`'s docstring, i.e. ``--help``, and README):
+
+* :data:`DONE` 0: trained to ``training.steps`` or wrote the seed checkpoint;
+* :data:`FAILED` 1: the run started, then a checkpoint could not be loaded or (``checkpoint.on_error
+  = stop``) saved: :class:`Failed`, or any :class:`~ckpt.errors.CheckpointError` from training;
+* :data:`REFUSED` 2: refused before training, nothing written: :class:`Refused`,
+  :class:`~trainer.config.ConfigError`, :class:`~trainer.parallel.ParallelismError`.
+
+Anything else is a bug or an accident (out of memory, a lost peer) and keeps its traceback (exit 1,
+Python's). The line is this process's: under torchrun each rank that fails prints its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import warnings
+from typing import Callable, Iterator
+
+from ckpt.errors import CheckpointError
+from ckpt.manager import CheckpointManager
+from trainer.config_schema import ConfigError
+from trainer.parallel import ParallelismError
+
+DONE, FAILED, REFUSED = 0, 1, 2
+
+
+class Refused(Exception):
+    """The run cannot start as asked (the checkpoint folder is locked or cannot be created, the
+    step to load is not committed); raised before anything is written."""
+
+
+class Failed(Exception):
+    """The run started and then failed in a way the trainer expects (a checkpoint save or load)."""
+
+
+_REFUSALS = (Refused, ConfigError, ParallelismError)
+_FAILURES = (Failed, CheckpointError)
+
+
+@contextlib.contextmanager
+def refusing(what: str) -> Iterator[None]:
+    """Start-up work: a CheckpointError or OSError in the block becomes :class:`Refused`, its
+    message prefixed with ``what`` (e.g. ``checkpoint.folder='/x'``); refusals pass through."""
+    try:
+        yield
+    except _REFUSALS:
+        raise
+    except (CheckpointError, OSError) as exc:
+        raise Refused(f"{what}: {exc}") from exc
+
+
+def save_failed(manager: CheckpointManager, failure: CheckpointError | None) -> Failed:
+    """What a run stops with when a save failed under on_error=stop: ``failure`` is this rank's
+    error, or None when another rank's reached it first (this rank's own copy arrives with its
+    pending write, so wait for it); names the step a restart resumes from."""
+    if failure is None:
+        try:
+            manager.wait()
+        except CheckpointError as exc:
+            failure = exc
+    steps = manager.steps()
+    then = f"a restart resumes from step {steps[-1]}" if steps else "no step is committed"
+    return Failed(f"{failure or 'a checkpoint save failed on another rank'} (checkpoint.on_error=stop; {then})")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def run(body: Callable[[], None]) -> int:
+    """Call ``body``; return :data:`DONE`, or print an expected error as one ``error: ...`` line
+    on stderr and return its code. Other exceptions propagate with their traceback. Meanwhile each
+    warning (e.g. a failed save under on_error=continue) is printed as one ``warning: ...`` line,
+    and the engine's log records of the same events are not printed a second time by logging's
+    last-resort handler (handlers configured by the user still get them)."""
+    format_warning, engine_log, no_echo = warnings.formatwarning, logging.getLogger("ckpt"), logging.NullHandler()
+    warnings.formatwarning = lambda message, *_args, **_kwargs: f"warning: {_one_line(str(message))}\n"
+    engine_log.addHandler(no_echo)
+    try:
+        body()
+    except _REFUSALS + _FAILURES as exc:
+        print(f"error: {_one_line(str(exc)) or type(exc).__name__}", file=sys.stderr, flush=True)
+        return REFUSED if isinstance(exc, _REFUSALS) else FAILED
+    finally:
+        warnings.formatwarning = format_warning
+        engine_log.removeHandler(no_echo)
+    return DONE
