@@ -15,7 +15,6 @@ Python's). The line is this process's: under torchrun each rank that fails print
 from __future__ import annotations
 
 import contextlib
-import logging
 import sys
 import warnings
 from typing import Callable, Iterator
@@ -74,12 +73,10 @@ def _one_line(text: str) -> str:
 def run(body: Callable[[], None]) -> int:
     """Call ``body``; return :data:`DONE`, or print an expected error as one ``error: ...`` line
     on stderr and return its code. Other exceptions propagate with their traceback. Meanwhile each
-    warning (e.g. a failed save under on_error=continue) is printed as one ``warning: ...`` line,
-    and the engine's log records of the same events are not printed a second time by logging's
-    last-resort handler (handlers configured by the user still get them)."""
-    format_warning, engine_log, no_echo = warnings.formatwarning, logging.getLogger("ckpt"), logging.NullHandler()
+    warning (e.g. a failed save under on_error=continue) is printed as one ``warning: ...`` line
+    (the engine's log records of the same events go only to handlers the user configured)."""
+    format_warning = warnings.formatwarning
     warnings.formatwarning = lambda message, *_args, **_kwargs: f"warning: {_one_line(str(message))}\n"
-    engine_log.addHandler(no_echo)
     try:
         body()
     except _REFUSALS + _FAILURES as exc:
@@ -87,5 +84,4 @@ def run(body: Callable[[], None]) -> int:
         return REFUSED if isinstance(exc, _REFUSALS) else FAILED
     finally:
         warnings.formatwarning = format_warning
-        engine_log.removeHandler(no_echo)
     return DONE
