@@ -53,10 +53,11 @@ def run_on_src(fn: Callable[[], None], group: dist.ProcessGroup | None, *, distr
         raise agreed
 
 
-def any_rank(flag: bool, group: dist.ProcessGroup | None, *, distributed: bool) -> bool:
-    """True on every rank when ``flag`` is true on at least one rank of ``group``."""
+def any_rank(flags: tuple[bool, ...], group: dist.ProcessGroup | None, *, distributed: bool) -> tuple[bool, ...]:
+    """For each flag: true on every rank when it is true on at least one rank of ``group`` (one
+    all-reduce for all of them)."""
     if not distributed:
-        return flag
-    tensor = torch.tensor([int(flag)])
+        return tuple(bool(f) for f in flags)
+    tensor = torch.tensor([int(bool(f)) for f in flags])
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
-    return bool(tensor.item())
+    return tuple(bool(v) for v in tensor.tolist())

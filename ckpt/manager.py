@@ -125,13 +125,20 @@ class CheckpointManager:
         self._check_open()
         if not force and step % self.options.interval:
             return False
-        if self._agree_any(bool(self._errors)):  # one rank noticed: all finish their writes, all raise
-            self._drain()
-            self._raise_background_error(stacklevel=3)
         start = time.perf_counter()
         if self._stager is not None:
             self._stager.wait_snapshot()  # the previous snapshot must be complete before the next one
         tree, _ = export_state(state)
+        signature = None if self._stager is None else tensor_signature(tree)
+        # One agreement among the ranks: did a save fail anywhere, is a buffer set free everywhere
+        # (skip policy), may this one be a delta everywhere.
+        failed, busy, full = self._agree_any(
+            bool(self._errors),
+            self._stager is not None and self.options.policy is BusyPolicy.SKIP and not self._stager.has_free_set(),
+            self._stager is not None and not self._deltas.eligible(signature))
+        if failed:  # one rank noticed: all finish their writes, all raise (or warn) here
+            self._drain()
+            self._raise_background_error(stacklevel=3)
         if self._stager is None:
             self._root.record_base(step, None)
             try:
@@ -144,13 +151,12 @@ class CheckpointManager:
             finally:
                 self._account(start)
             return True
-        if self.options.policy is BusyPolicy.SKIP and self._agree_any(not self._stager.has_free_set()):
+        if busy:
             self.stats.skipped += 1
             warnings.warn(f"checkpoint of step {step} skipped: both staging buffers are still being written",
                           stacklevel=2)
             return False
-        signature = tensor_signature(tree)
-        delta = not self._agree_any(not self._deltas.eligible(signature))
+        delta = not full
         base = self._deltas.base_snapshot() if delta else None
         snapshot = self._stager.stage(tree, keep_previous=delta)
         self._deltas.started(step, snapshot, signature, delta=delta)
@@ -229,8 +235,8 @@ class CheckpointManager:
             log.error("checkpoint error while closing after a failure: %s", background)
 
     # -- internals ---------------------------------------------------------------------------------
-    def _agree_any(self, flag: bool) -> bool:
-        return any_rank(flag, self._control_pg, distributed=self._distributed)
+    def _agree_any(self, *flags: bool) -> tuple[bool, ...]:
+        return any_rank(flags, self._control_pg, distributed=self._distributed)
 
     def _write(self, step: int, tree: dict, base: DeltaBase | None = None) -> None:
         writer = Writer(self._root.step_path(step), overwrite=True, step=step, base=base, options=self.options)
