@@ -1,0 +1,93 @@
+"""Fixtures shared by every test directory: a real S3-protocol server (moto) on loopback.
+
+* ``s3_server`` (session): a :class:`tests.s3server.MotoServer`, started the first time a test asks
+  for it and stopped at the end of the session. If it cannot start the test errors (no skip:
+  CI installs ``moto[server]``); its log is in the session's basetemp, ``moto/server.log``.
+* ``s3_bucket`` (function): a fresh, uniquely named, empty bucket, a
+  :class:`tests.s3server.S3Bucket` (``.name``, ``.url``, ``.endpoint_url``, ``.storage_options``).
+* ``s3_proxy`` (function): a :class:`tests.s3server.LoopbackProxy` in front of ``s3_server``
+  (``.drop()``, ``.restore()``, ``.endpoint_url``, ``.storage_options``); closed at teardown.
+* ``aws_env`` (function): the standard variables AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
+  AWS_SECRET_ACCESS_KEY and AWS_DEFAULT_REGION point at ``s3_server`` (other AWS variables and
+  the user's ~/.aws files are hidden); returns them as a dict.
+
+s3fs caches filesystem instances (fsspec's instance cache, keyed on the constructor's arguments),
+so an instance made before the environment or the endpoint changed would be reused. Tests that
+rely on the environment should build ``s3fs.S3FileSystem(skip_instance_cache=True)`` or call
+``s3fs.S3FileSystem.clear_instance_cache()``; every fixture here clears that cache at setup and
+teardown.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import s3server
+
+
+def _clear_s3fs_cache() -> None:
+    try:
+        import s3fs
+    except ImportError:
+        return
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s3server.MotoServer]:
+    with pytest.MonkeyPatch.context() as mp:
+        # An HTTP(S)_PROXY in the environment must not capture loopback requests.
+        for var in ("NO_PROXY", "no_proxy"):
+            mp.setenv(var, ",".join(filter(None, [os.environ.get(var), "127.0.0.1", "localhost"])))
+        server = s3server.MotoServer(log_path=tmp_path_factory.mktemp("moto") / "server.log")
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: s3server.MotoServer) -> Iterator[s3server.S3Bucket]:
+    _clear_s3fs_cache()
+    name = s3server.make_bucket(s3_server.endpoint_url, f"ckpt-test-{uuid.uuid4().hex[:16]}")
+    yield s3server.S3Bucket(name, s3_server.endpoint_url)
+    _clear_s3fs_cache()
+
+
+@pytest.fixture
+def s3_proxy(s3_server: s3server.MotoServer) -> Iterator[s3server.LoopbackProxy]:
+    _clear_s3fs_cache()
+    proxy = s3server.LoopbackProxy.to(s3_server.endpoint_url)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+        _clear_s3fs_cache()
+
+
+_HIDDEN_AWS_VARS = (
+    "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
+    "AWS_REGION", "AWS_ENDPOINT_URL_S3", "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS",
+)
+
+
+@pytest.fixture
+def aws_env(
+    s3_server: s3server.MotoServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Iterator[dict[str, str]]:
+    env = s3server.aws_env(s3_server.endpoint_url)
+    for var in _HIDDEN_AWS_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    _clear_s3fs_cache()
+    yield env
+    _clear_s3fs_cache()
