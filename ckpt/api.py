@@ -23,6 +23,7 @@ from .format import Manifest
 from .planner import SafeLoadPlanner
 from .read import read_manifest
 from .state import export_state, stored_whole
+from .storage import locate
 
 
 def _distributed() -> bool:
@@ -57,20 +58,23 @@ def save(
     files_per_rank: int = 1,
     process_group: dist.ProcessGroup | None = None,
     no_dist: bool = False,
+    storage_options: dict | None = None,
 ) -> None:
     """Save ``state`` as a sharded checkpoint directory at ``path`` (or, with ``merged=True``, as one
     consolidated ``.safetensors`` file gathered tensor by tensor).
 
+    ``path`` is a directory or a URL (``s3://bucket/run/step-1``; ``storage_options`` go to fsspec).
     Collective across the ranks of ``process_group`` (default: the default group, when one is
     initialised); ``no_dist=True`` saves from this process alone."""
     if merged:
         from .merged import save_merged
 
         save_merged(state, path, overwrite=overwrite, user_metadata=user_metadata, process_group=process_group,
-                    no_dist=no_dist)
+                    no_dist=no_dist, storage_options=storage_options)
         return
     state_dict, _ = export_state(state)
-    writer = Writer(path, overwrite=overwrite, step=step, files_per_rank=files_per_rank, user_metadata=user_metadata)
+    writer = Writer(path, overwrite=overwrite, step=step, files_per_rank=files_per_rank, user_metadata=user_metadata,
+                    storage_options=storage_options)
     write_tree(state_dict, writer, process_group=process_group, no_dist=no_dist or not _distributed())
 
 
@@ -97,6 +101,7 @@ def load(
     strict: bool = True,
     process_group: dist.ProcessGroup | None = None,
     no_dist: bool = False,
+    storage_options: dict | None = None,
 ) -> Manifest:
     """Load the checkpoint at ``path`` into ``state`` in place, resharding to the current layout.
 
@@ -105,6 +110,7 @@ def load(
 
     Tensors are filled in place; modules, optimizers and stateful objects get ``load_state_dict``;
     plain values in dicts are replaced. Returns the checkpoint's manifest."""
+    path = locate(path, storage_options)
     manifest = read_manifest(path)  # fails here, readably, before DCP wraps anything
     whole = stored_whole(set(manifest.values), [*manifest.values, *manifest.tensors])
     state_dict, restore = export_state(state, whole)

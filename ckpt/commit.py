@@ -1,6 +1,9 @@
-"""The commit protocol: a checkpoint is visible complete or not at all.
+"""The commit protocol: a checkpoint is visible complete or not at all, on every kind of mount.
 
-POSIX contract (local disk, NFS, Lustre and other file systems with atomic rename):
+A checkpoint directory is committed exactly when it holds ``manifest.json``; the manifest is always
+the last thing written. The strategy depends on the mount (:attr:`Storage.atomic_rename`):
+
+POSIX (local disk, NFS, Lustre: atomic rename):
 
 1. All ranks write under ``<parent>/<name>.tmp-<id>/`` (chosen by the coordinator and handed to every
    rank in its plan); each rank fsyncs each of its data files before reporting success.
@@ -8,28 +11,37 @@ POSIX contract (local disk, NFS, Lustre and other file systems with atomic renam
    ``manifest.json`` there and fsyncs it.
 3. It renames the tmp directory to ``<name>`` and fsyncs the parent. The rename is the commit point.
 
-A reader only opens directories named without ``.tmp-`` that hold a ``manifest.json``; a save that
-died at any point leaves at most a ``.tmp-`` directory, which the next writer of the same target
-(or a manager starting on the root) deletes. Overwriting a committed target (only when asked) moves
-it aside to ``<name>.old-<id>`` first and deletes it after the new one is in place; if a crash
-strikes between the two renames, the next writer moves the old copy back, so a committed target is
-never lost.
+   A dead save leaves at most a ``.tmp-`` directory, which the next writer of the same target (or a
+   manager starting on the root) deletes. Overwriting a committed target (only when asked) moves it
+   aside to ``<name>.old-<id>`` first and deletes it after the new one is in place; if a crash strikes
+   between the two renames, the next writer moves the old copy back.
 
-A single-file checkpoint (:mod:`ckpt.merged`) follows the same steps with a :class:`PendingFile`:
-written and fsync'd under ``<name>.tmp-<id>``, then renamed over the target (atomic for a file).
+Object stores (S3 and other fsspec mounts: no rename, no fsync):
+
+1. All ranks write their data objects straight under ``<name>/data/``, named with a tag unique to the
+   attempt (``data/<tag>.rank-00000.bin``), so objects of two attempts never mix; each upload is
+   completed and its size checked before the rank reports success.
+2. The coordinator writes ``<name>/manifest.json`` (one PUT: atomic). That is the commit point. When
+   it replaced an older manifest (an overwrite), the objects only the old one referenced go next.
+
+   A prefix without a manifest does not exist for readers. Objects no manifest references — a dead
+   attempt's — are deleted by the next writer of the target or a manager starting on the root.
+
+A single-file checkpoint (:mod:`ckpt.merged`) is a :class:`PendingFile`: on POSIX written and fsync'd
+under ``<name>.tmp-<id>`` and renamed over the target; on an object store one upload that appears
+whole when it completes.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import uuid
-from pathlib import Path
+from dataclasses import dataclass
 
-from .errors import CheckpointExistsError
-from .fileio import fsync_dir, write_all, write_file_durably
-from .format import DATA_DIR, MANIFEST_NAME
+from .errors import CheckpointError, CheckpointExistsError
+from .format import DATA_DIR, MANIFEST_NAME, Manifest
+from .storage import Location, locate
 
 log = logging.getLogger(__name__)
 
@@ -37,140 +49,206 @@ TMP_MARK = ".tmp-"
 OLD_MARK = ".old-"
 
 
-def uncommitted_reason(path: Path) -> str | None:
+@dataclass(frozen=True)
+class Attempt:
+    """One save of ``target`` in progress: its files go under ``directory``, data files named with
+    ``tag`` (empty on POSIX, where the tmp directory already isolates the attempt)."""
+
+    target: Location
+    directory: Location
+    tag: str = ""
+
+
+def uncommitted_reason(path: Location | str | os.PathLike) -> str | None:
     """Why ``path`` is not a committed checkpoint directory (None when it is one)."""
-    path = Path(path)
+    path = locate(path)
     if TMP_MARK in path.name or OLD_MARK in path.name:
         return f"{path} is the leftover of an unfinished save, not a checkpoint"
+    if (path / MANIFEST_NAME).is_file():
+        return None
     if not path.is_dir():
         return f"no checkpoint at {path}"
-    if not (path / MANIFEST_NAME).is_file():
-        return f"{path} is not a committed checkpoint (no {MANIFEST_NAME})"
-    return None
+    return f"{path} is not a committed checkpoint (no {MANIFEST_NAME})"
 
 
-def is_committed(path: Path) -> bool:
+def is_committed(path: Location | str | os.PathLike) -> bool:
     return uncommitted_reason(path) is None
 
 
-def _claim(target: Path, *, overwrite: bool) -> Path:
-    """Clean up after earlier dead saves of ``target``, refuse to replace it unless asked, and
-    return a fresh tmp name beside it."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+def _new_tag() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def _refuse_existing(target: Location, *, overwrite: bool) -> None:
+    if not overwrite and (target / MANIFEST_NAME).is_file():
+        raise CheckpointExistsError(f"{target} already exists; pass overwrite=True to replace it", path=str(target))
+
+
+def begin(target: Location | str | os.PathLike, *, overwrite: bool) -> Attempt:
+    """Clean up after earlier dead saves of ``target``, refuse to replace it unless asked, and start
+    a fresh attempt (see the module docstring)."""
+    target = locate(target)
+    storage = target.storage
+    storage.makedirs(target.parent.path)
     collect_garbage(target)
+    if not storage.atomic_rename:
+        _refuse_existing(target, overwrite=overwrite)
+        return Attempt(target, target, _new_tag())
     if target.exists() and not overwrite:
-        raise CheckpointExistsError(f"{target} already exists; pass overwrite=True to replace it", path=target)
-    return target.parent / f"{target.name}{TMP_MARK}{uuid.uuid4().hex[:12]}"
+        raise CheckpointExistsError(f"{target} already exists; pass overwrite=True to replace it", path=str(target))
+    tmp = target.parent / f"{target.name}{TMP_MARK}{_new_tag()}"
+    storage.makedirs((tmp / DATA_DIR).path)
+    return Attempt(target, tmp)
 
 
-def begin(target: Path, *, overwrite: bool) -> Path:
-    """Create a fresh tmp directory for a save of ``target`` (see :func:`_claim`)."""
-    tmp = _claim(Path(target), overwrite=overwrite)
-    (tmp / DATA_DIR).mkdir(parents=True)
-    return tmp
-
-
-def finish(tmp: Path, target: Path, manifest: bytes, *, overwrite: bool) -> None:
-    """Make the fully written ``tmp`` directory visible as ``target`` (steps 2 and 3 above)."""
-    fsync_dir(tmp / DATA_DIR)
-    write_file_durably(tmp / MANIFEST_NAME, manifest)
-    fsync_dir(tmp)
+def finish(attempt: Attempt, manifest: Manifest, *, overwrite: bool) -> None:
+    """Make the fully written attempt visible as its target (the commit point)."""
+    target, storage = attempt.target, attempt.target.storage
+    raw = manifest.to_json()
+    if not storage.atomic_rename:
+        _refuse_existing(target, overwrite=overwrite)
+        storage.write_bytes((target / MANIFEST_NAME).path, raw)
+        _remove_unreferenced(target, manifest.data_files())
+        return
+    tmp = attempt.directory
+    storage.sync_dir((tmp / DATA_DIR).path)
+    storage.write_bytes((tmp / MANIFEST_NAME).path, raw)
+    storage.sync_dir(tmp.path)
     _publish(tmp, target, overwrite=overwrite)
 
 
-def _publish(tmp: Path, target: Path, *, overwrite: bool) -> None:
-    """The commit point: rename ``tmp`` to ``target``; a directory already there is moved aside
+def _publish(tmp: Location, target: Location, *, overwrite: bool) -> None:
+    """POSIX commit point: rename ``tmp`` to ``target``; a directory already there is moved aside
     first (it cannot be replaced atomically) and deleted once the new one is in place."""
+    storage = target.storage
     old = None
     if target.exists():
         if not overwrite:
-            raise CheckpointExistsError(f"{target} appeared while saving; not replaced", path=target)
+            raise CheckpointExistsError(f"{target} appeared while saving; not replaced", path=str(target))
         if target.is_dir():
-            old = target.parent / f"{target.name}{OLD_MARK}{uuid.uuid4().hex[:12]}"
-            os.rename(target, old)
-    os.replace(tmp, target)
-    fsync_dir(target.parent)
+            old = target.parent / f"{target.name}{OLD_MARK}{_new_tag()}"
+            storage.rename(target.path, old.path)
+    storage.rename(tmp.path, target.path)
+    storage.sync_dir(target.parent.path)
     if old is not None:
-        _remove(old)
+        storage.remove_tree(old.path)
 
 
-def abort(tmp: Path) -> None:
-    _remove(tmp)
+def abort(attempt: Attempt) -> None:
+    """Remove what a failed attempt wrote (safe to call twice)."""
+    storage = attempt.target.storage
+    if storage.atomic_rename:
+        storage.remove_tree(attempt.directory.path)
+        return
+    if not (attempt.target / MANIFEST_NAME).is_file():
+        storage.remove_tree(attempt.target.path)
+        return
+    data = attempt.target / DATA_DIR
+    for name in data.list():
+        if name.startswith(attempt.tag + "."):
+            storage.remove((data / name).path)
 
 
-def _remove(path: Path) -> None:
-    if Path(path).is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        Path(path).unlink(missing_ok=True)
+def _remove_unreferenced(target: Location, referenced: set[str]) -> None:
+    """Object stores: delete data objects under ``target`` that its manifest does not reference."""
+    data = target / DATA_DIR
+    for name in data.list():
+        if f"{DATA_DIR}/{name}" not in referenced:
+            log.info("removing %s: no manifest references it", data / name)
+            target.storage.remove((data / name).path)
 
 
 class PendingFile:
-    """A single-file checkpoint being written: a fresh tmp file beside ``target``, published whole
-    by :meth:`publish` (fsync, close, rename, fsync the parent) or removed by :meth:`abort`."""
+    """A single-file checkpoint being written, published whole by :meth:`publish` or removed by
+    :meth:`abort` (see the module docstring)."""
 
-    def __init__(self, target: str | os.PathLike, *, overwrite: bool):
-        self.target, self.overwrite = Path(target), overwrite
-        self.tmp = _claim(self.target, overwrite=overwrite)
-        self._fd: int | None = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    def __init__(self, target: Location | str | os.PathLike, *, overwrite: bool):
+        self.target = target = locate(target)
+        self.overwrite = overwrite
+        storage = target.storage
+        storage.makedirs(target.parent.path)
+        if storage.atomic_rename:
+            collect_garbage(target)
+            self.tmp = target.parent / f"{target.name}{TMP_MARK}{_new_tag()}"
+        else:
+            self.tmp = target
+        if not overwrite and target.exists():
+            raise CheckpointExistsError(f"{target} already exists; pass overwrite=True to replace it",
+                                        path=str(target))
+        self._handle = storage.create(self.tmp.path)
 
     def write(self, data) -> None:
-        write_all(self._fd, memoryview(data))
+        self._handle.write(data)
 
     def publish(self) -> None:
-        os.fsync(self._fd)
-        self._close()
-        _publish(self.tmp, self.target, overwrite=self.overwrite)
+        self._handle.close()
+        if self.tmp != self.target:
+            _publish(self.tmp, self.target, overwrite=self.overwrite)
 
     def abort(self) -> None:
-        self._close()
-        _remove(self.tmp)
-
-    def _close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._handle.abort()
 
 
-def collect_garbage(target: Path) -> None:
-    """Delete leftovers of dead saves of ``target``; restore a committed copy moved aside by a crash."""
-    parent = Path(target).parent
-    if not parent.is_dir():
+def collect_garbage(target: Location | str | os.PathLike) -> None:
+    """Delete leftovers of dead saves of ``target``; on POSIX, restore a committed copy moved aside
+    by a crash; on object stores, delete data objects its manifest does not reference (all of them
+    when it has none)."""
+    target = locate(target)
+    storage = target.storage
+    if not storage.atomic_rename:
+        manifest = _readable_manifest(target)
+        if manifest is None and not (target / MANIFEST_NAME).is_file():
+            if target.is_dir():
+                log.info("removing %s: a save that never committed", target)
+                storage.remove_tree(target.path)
+        elif manifest is not None:
+            _remove_unreferenced(target, manifest.data_files())
         return
-    name = Path(target).name
-    for entry in parent.iterdir():
-        if entry.name.startswith(name + TMP_MARK):
-            log.info("removing stale tmp entry %s", entry)
-            _remove(entry)
-    for entry in sorted(parent.glob(name + OLD_MARK + "*")):
-        if not target.exists() and (entry / MANIFEST_NAME).is_file():
-            log.warning("restoring %s from %s (a replacing save died mid-commit)", target, entry)
-            os.rename(entry, target)
-            fsync_dir(parent)
+    parent, name = target.parent, target.name
+    entries = parent.list()
+    for entry in entries:
+        if entry.startswith(name + TMP_MARK):
+            log.info("removing stale tmp entry %s", parent / entry)
+            storage.remove_tree((parent / entry).path)
+    for entry in sorted(e for e in entries if e.startswith(name + OLD_MARK)):
+        old = parent / entry
+        if not target.exists() and (old / MANIFEST_NAME).is_file():
+            log.warning("restoring %s from %s (a replacing save died mid-commit)", target, old)
+            storage.rename(old.path, target.path)
+            storage.sync_dir(parent.path)
         else:
-            _remove(entry)
+            storage.remove_tree(old.path)
 
 
-def collect_root_garbage(root: Path) -> None:
-    """:func:`collect_garbage` for every target under ``root`` that has leftovers (manager start-up)."""
-    root = Path(root)
-    if not root.is_dir():
-        return
+def _readable_manifest(target: Location) -> Manifest | None:
+    from .read import read_manifest  # the read side imports this module
+
+    try:
+        return read_manifest(target)
+    except CheckpointError:
+        return None
+
+
+def collect_root_garbage(root: Location | str | os.PathLike) -> None:
+    """:func:`collect_garbage` for every target under ``root`` that has leftovers (manager start-up;
+    on object stores the caller passes every step, see :meth:`ckpt.root.CheckpointRoot.lock`)."""
+    root = locate(root)
     targets = set()
-    for entry in root.iterdir():
+    for entry in root.list():
         for mark in (TMP_MARK, OLD_MARK):
-            if mark in entry.name:
-                targets.add(entry.name.split(mark, 1)[0])
+            if mark in entry:
+                targets.add(entry.split(mark, 1)[0])
     for name in sorted(targets):
         collect_garbage(root / name)
 
 
-def delete(path: Path) -> None:
+def delete(path: Location | str | os.PathLike) -> None:
     """Delete a committed checkpoint: the manifest goes first, so a crash mid-way leaves no
     half-deleted checkpoint that readers could mistake for a whole one."""
-    path = Path(path)
+    path = locate(path)
+    storage = path.storage
     manifest = path / MANIFEST_NAME
-    if manifest.exists():
-        manifest.unlink()
-        fsync_dir(path)
-    shutil.rmtree(path, ignore_errors=True)
+    if manifest.is_file():
+        storage.remove(manifest.path)
+        storage.sync_dir(path.path)
+    storage.remove_tree(path.path)

@@ -18,7 +18,6 @@ import io
 import os
 from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,6 +32,7 @@ from .errors import CheckpointError, InvalidManifestError, InvalidOptionError
 from .format import Chunk, Manifest, ValueEntry
 from .options import SaveOptions
 from .read import ChunkSource, read_manifest
+from .storage import Location, locate
 from .write import build_manifest, write_rank
 
 
@@ -42,15 +42,13 @@ def _done(value: Any) -> Future:
     return future
 
 
-def _is_local_path(checkpoint_id: str | os.PathLike) -> bool:
-    return "://" not in str(checkpoint_id)
-
-
 @dataclass(frozen=True)
 class _RankTarget:
-    """What the coordinator tells each rank in its plan: where to write and under which rank id."""
+    """What the coordinator tells each rank in its plan: where to write (a path on the writer's own
+    mount: no storage options travel between ranks), the attempt's tag and the rank id."""
 
-    tmp_dir: str
+    directory: str
+    tag: str
     rank: int
 
 
@@ -58,7 +56,8 @@ class Writer(StorageWriter):
     """Writes a checkpoint directory in our format; commits it atomically on ``finish``.
 
     Args:
-        path: the checkpoint directory to create (``dcp.save(checkpoint_id=...)`` may set it instead).
+        path: the checkpoint directory to create, a path or a URL such as ``s3://bucket/run/step-1``
+            (``dcp.save(checkpoint_id=...)`` may set it instead).
         overwrite: replace an existing committed checkpoint at ``path`` (atomically) instead of failing.
         step: recorded in the manifest.
         base: a :class:`~ckpt.delta.DeltaBase`: the checkpoint is then a delta, each chunk stored
@@ -68,6 +67,7 @@ class Writer(StorageWriter):
         options: a :class:`~ckpt.options.SaveOptions`; the writer uses ``files_per_rank``,
             ``compress``, ``zstd_level``, ``encode_threads`` and ``user_metadata``. Those fields
             may also be given as keyword arguments (``Writer(path, files_per_rank=4)``).
+        storage_options: passed to fsspec for a URL (credentials, ``client_kwargs``); never stored.
     """
 
     def __init__(
@@ -79,25 +79,27 @@ class Writer(StorageWriter):
         base: DeltaBase | None = None,
         kind: str | None = None,
         options: SaveOptions | None = None,
+        storage_options: dict | None = None,
         **option_overrides: Any,
     ):
         super().__init__()
+        self.storage_options = storage_options
         self.options = (options or SaveOptions()).replace(**option_overrides)
         if kind is not None and (kind not in ("full", "delta") or (kind == "delta") != (base is not None)):
             raise InvalidOptionError("kind", kind, "must be 'delta' exactly when base=DeltaBase(...) is given")
         if base is not None and not isinstance(base, DeltaBase):
             raise TypeError(f"base must be a ckpt.delta.DeltaBase, not {type(base).__name__}")
-        self.path = Path(path) if path is not None else None
+        self.path = locate(path, storage_options) if path is not None else None
         if base is not None and (base.step == step or (self.path is not None and base.name == self.path.name)):
             raise InvalidOptionError("base", base.name, f"a delta cannot be its own base (step {base.step})")
         self.overwrite, self.step, self.base = overwrite, step, base
-        self.tmp_dir: Path | None = None
+        self.attempt: commit.Attempt | None = None
 
     # -- DCP protocol ------------------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id is not None:
-            self.path = Path(checkpoint_id)
-        self.tmp_dir = None
+            self.path = locate(checkpoint_id, self.storage_options)
+        self.attempt = None
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         if self.path is None:
@@ -107,28 +109,29 @@ class Writer(StorageWriter):
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
-        self.tmp_dir = commit.begin(self.path, overwrite=self.overwrite)
+        self.attempt = commit.begin(self.path, overwrite=self.overwrite)
         return [
-            dataclasses.replace(plan, storage_data=_RankTarget(str(self.tmp_dir), rank))
+            dataclasses.replace(plan, storage_data=_RankTarget(self.attempt.directory.path, self.attempt.tag, rank))
             for rank, plan in enumerate(plans)
         ]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
         target: _RankTarget = plan.storage_data
-        return _done(write_rank(Path(target.tmp_dir), target.rank, plan.items, planner, self.options, self.base))
+        directory = Location(self.path.storage, target.directory)
+        return _done(write_rank(directory, target.rank, plan.items, planner, self.options, self.base, target.tag))
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         manifest = build_manifest(metadata, results, step=self.step, base=self.base, user=self.options.user_metadata)
-        commit.finish(self.tmp_dir, self.path, manifest.to_json(), overwrite=self.overwrite)
+        commit.finish(self.attempt, manifest, overwrite=self.overwrite)
 
     def abort(self) -> None:
-        """Remove this save's tmp directory after a failure (coordinator only; safe to call twice)."""
-        if self.tmp_dir is not None:
-            commit.abort(self.tmp_dir)
+        """Remove what this save wrote after a failure (coordinator only; safe to call twice)."""
+        if self.attempt is not None:
+            commit.abort(self.attempt)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
-        return _is_local_path(checkpoint_id)
+        return isinstance(checkpoint_id, (str, os.PathLike))
 
     def storage_meta(self) -> StorageMeta | None:
         return StorageMeta(checkpoint_id=str(self.path))
@@ -137,18 +140,21 @@ class Writer(StorageWriter):
 class Reader(StorageReader):
     """Reads a checkpoint written by :class:`Writer`, for any current layout (DCP reshards).
 
-    ``manifest`` may be passed when the caller already read and validated it.
+    ``path`` is a directory or a URL (``storage_options`` go to fsspec); ``manifest`` may be passed
+    when the caller already read and validated it.
     """
 
-    def __init__(self, path: str | os.PathLike | None = None, *, manifest: Manifest | None = None):
+    def __init__(self, path: str | os.PathLike | None = None, *, manifest: Manifest | None = None,
+                 storage_options: dict | None = None):
         super().__init__()
-        self.path = Path(path) if path is not None else None
+        self.storage_options = storage_options
+        self.path = locate(path, storage_options) if path is not None else None
         self.manifest = manifest
         self._unreadable: CheckpointError | None = None
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id is not None:
-            self.path = Path(checkpoint_id)
+            self.path = locate(checkpoint_id, self.storage_options)
             self.manifest = None
 
     # No **kwargs: DCP would otherwise retry a failed read as "rank-local metadata".
@@ -217,7 +223,7 @@ class Reader(StorageReader):
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
-        return _is_local_path(checkpoint_id)
+        return isinstance(checkpoint_id, (str, os.PathLike))
 
 
 def _direct_target(planner: LoadPlanner, items: list, chunk: Chunk, dtype: torch.dtype) -> torch.Tensor | None:

@@ -134,3 +134,8 @@ class DeviceUnavailableError(CheckpointError):
 def _short_list(names: list[str], limit: int = 20) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f" … (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+class StorageError(CheckpointError, OSError):
+    """A mount could not be reached or refused an operation (connection lost, permission denied,
+    server errors). The message names the mount by URL only: credentials never appear in it."""

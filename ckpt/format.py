@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from .errors import UnsupportedFormatError
-from .fileio import checksum
+from .blobs import checksum
 
 FORMAT_NAME = "ckpt"
 FORMAT_VERSION = 2
@@ -97,9 +97,10 @@ def dtype_name(dtype: torch.dtype) -> str:
         raise UnsupportedFormatError(f"dtype {dtype} cannot be stored") from None
 
 
-def data_file_name(rank: int, part: int = 0) -> str:
-    """Relative name of a rank's data file: ``data/rank-00003.bin`` (``-p1`` etc. for extra parts)."""
-    return f"{DATA_DIR}/rank-{rank:05d}" + (f"-p{part}" if part else "") + ".bin"
+def data_file_name(rank: int, part: int = 0, tag: str = "") -> str:
+    """Relative name of a rank's data file: ``data/rank-00003.bin`` (``-p1`` etc. for extra parts;
+    on object stores prefixed by the save attempt's tag: ``data/<tag>.rank-00003.bin``)."""
+    return f"{DATA_DIR}/" + (f"{tag}." if tag else "") + f"rank-{rank:05d}" + (f"-p{part}" if part else "") + ".bin"
 
 
 @dataclass(frozen=True)
@@ -241,6 +242,11 @@ class Manifest:
             storage_data=storage,
             version=self.dcp_version,
         )
+
+    def data_files(self) -> set[str]:
+        """Names of the data files the manifest references."""
+        files = {c.blob.file for entry in self.tensors.values() for c in entry.chunks}
+        return files | {v.blob.file for v in self.values.values() if v.blob is not None}
 
     def total_tensor_bytes(self) -> int:
         return sum(c.blob.length for e in self.tensors.values() for c in e.chunks)

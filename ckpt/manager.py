@@ -32,7 +32,6 @@ import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -75,10 +74,11 @@ class CheckpointManager:
     Collective: every rank constructs it, and calls ``save``/``load``/``close`` in the same order.
     """
 
-    def __init__(self, root: str | os.PathLike, options: SaveOptions | None = None, **overrides: Any):
+    def __init__(self, root: str | os.PathLike, options: SaveOptions | None = None, *,
+                 storage_options: dict | None = None, **overrides: Any):
         self.options = options = (options or SaveOptions()).replace(**overrides)
-        self.root = Path(root)
-        self._root = CheckpointRoot(root)
+        self._root = CheckpointRoot(root, storage_options)
+        self.root = self._root.path
         self.stats = SaveStats()
         self._distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self._distributed else 0

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,6 +25,7 @@ from .collective import broadcast_error
 from .commit import PendingFile
 from .errors import CheckpointError, CheckpointWriteError, UnsupportedFormatError
 from .state import export_state
+from .storage import locate
 from .write import tensor_bytes
 
 SAFETENSORS_DTYPES = {
@@ -45,8 +45,9 @@ def save_merged(
     user_metadata: dict | None = None,
     process_group: dist.ProcessGroup | None = None,
     no_dist: bool = False,
+    storage_options: dict | None = None,
 ) -> None:
-    path = Path(path)
+    path = locate(path, storage_options)
     distributed = not no_dist and dist.is_available() and dist.is_initialized()
     rank = dist.get_rank(process_group) if distributed else 0
     flat, paths = flatten_state_dict(export_state(state)[0])

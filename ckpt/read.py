@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import io
 import os
-import stat
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -36,28 +34,25 @@ from .errors import (
     InvalidManifestError,
     UnsafeCheckpointError,
 )
-from .fileio import checksum, pread_into
+from .blobs import checksum
 from .format import MANIFEST_NAME, Blob, Chunk, Manifest, ValueEntry, is_data_file_name
+from .storage import Location, ReadHandle, locate
 
 MAX_MANIFEST_BYTES = 1 << 30
 MAX_CHAIN = 100_000
 
 
-def read_manifest(path: str | os.PathLike) -> Manifest:
-    """Parse and validate the manifest of the committed checkpoint at ``path``."""
-    path = Path(path)
+def read_manifest(path: str | os.PathLike | Location, storage_options: dict | None = None) -> Manifest:
+    """Parse and validate the manifest of the committed checkpoint at ``path`` (a directory or a URL)."""
+    path = locate(path, storage_options)
     reason = commit.uncommitted_reason(path)
     if reason is not None:
-        raise CheckpointNotFoundError(reason, path=path, file=MANIFEST_NAME)
-    dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        raise CheckpointNotFoundError(reason, path=str(path), file=MANIFEST_NAME)
     try:
-        fd = open_beneath(dir_fd, MANIFEST_NAME, where=path)
-    finally:
-        os.close(dir_fd)
-    with os.fdopen(fd, "rb") as stream:
-        if os.fstat(fd).st_size > MAX_MANIFEST_BYTES:
-            raise InvalidManifestError(f"{path / MANIFEST_NAME} is absurdly large", path=path, file=MANIFEST_NAME)
-        raw = stream.read(MAX_MANIFEST_BYTES + 1)
+        raw = path.storage.read_bytes(path.path, MANIFEST_NAME, MAX_MANIFEST_BYTES)
+    except ValueError:
+        raise InvalidManifestError(f"{path / MANIFEST_NAME} is absurdly large", path=str(path),
+                                   file=MANIFEST_NAME) from None
     try:
         return Manifest.from_json(raw, source=str(path / MANIFEST_NAME))
     except CheckpointError as exc:
@@ -65,65 +60,37 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
         raise
 
 
-def open_beneath(dir_fd: int, name: str, *, where: Path) -> int:
-    """Open the regular file ``name`` ("a" or "a/b") below the directory ``dir_fd`` for reading,
-    following no symbolic link on the way (a link swapped in between checks cannot escape)."""
-    parts = name.split("/")
-    opened: list[int] = []
-    try:
-        parent = dir_fd
-        for part in parts[:-1]:
-            parent = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
-            opened.append(parent)
-        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=parent)
-    except FileNotFoundError:
-        raise CorruptCheckpointError(f"{where}: {name} is missing", path=where, file=name) from None
-    except OSError as exc:  # ELOOP (a link), ENOTDIR: the name leads out of plain files and folders
-        raise InvalidManifestError(f"{where}: {name} is not a plain file inside the checkpoint "
-                                   f"({os.strerror(exc.errno)}); refused", path=where, file=name) from None
-    finally:
-        for fd_ in opened:
-            os.close(fd_)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise InvalidManifestError(f"{where}: {name} is not a regular file; refused", path=where, file=name)
-    return fd
-
-
 class DataFiles:
     """Read access to the data files of one checkpoint directory (names as validated in its
     manifest, opened below the directory without following links)."""
 
-    def __init__(self, root: Path):
-        self.root = Path(root)
-        self._dir_fd: int | None = None
-        self._fds: dict[str, tuple[int, int]] = {}
+    def __init__(self, root: Location):
+        self.root = root
+        self._handles: dict[str, ReadHandle] = {}
 
-    def _open(self, name: str) -> tuple[int, int]:
-        if name not in self._fds:
+    def _open(self, name: str) -> ReadHandle:
+        if name not in self._handles:
             if not is_data_file_name(name):
-                raise InvalidManifestError(f"{self.root}: illegal data file name {name!r}", path=self.root, file=name)
-            if self._dir_fd is None:
-                self._dir_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
-            fd = open_beneath(self._dir_fd, name, where=self.root)
-            self._fds[name] = (fd, os.fstat(fd).st_size)
-        return self._fds[name]
+                raise InvalidManifestError(f"{self.root}: illegal data file name {name!r}", path=str(self.root),
+                                           file=name)
+            self._handles[name] = self.root.storage.open_read(self.root.path, name)
+        return self._handles[name]
 
-    def check(self, blob: Blob, *, what: str) -> int:
+    def check(self, blob: Blob, *, what: str) -> ReadHandle:
         """Refuse a blob that lies beyond the end of its file; call before allocating for it."""
-        fd, size = self._open(blob.file)
-        if blob.offset + blob.length > size:
+        handle = self._open(blob.file)
+        if blob.offset + blob.length > handle.size:
             raise CorruptCheckpointError(
-                f"{self.root}: {blob.file} is truncated ({size} bytes) - {what} needs bytes "
+                f"{self.root}: {blob.file} is truncated ({handle.size} bytes) - {what} needs bytes "
                 f"{blob.offset}..{blob.offset + blob.length}",
-                path=self.root, file=blob.file, tensor=what,
+                path=str(self.root), file=blob.file, tensor=what,
             )
-        return fd
+        return handle
 
     def read_into(self, blob: Blob, buffer: memoryview, *, what: str) -> None:
         """Fill ``buffer`` (exactly ``blob.length`` bytes) with the blob's stored bytes, unverified."""
-        fd = self.check(blob, what=what)
-        if pread_into(fd, buffer, blob.offset) != blob.length:
+        handle = self.check(blob, what=what)
+        if handle.read_into(buffer, blob.offset) != blob.length:
             raise CorruptCheckpointError(f"{self.root}: short read of {what} from {blob.file}",
                                          path=self.root, file=blob.file, tensor=what)
 
@@ -144,22 +111,20 @@ class DataFiles:
             )
 
     def close(self) -> None:
-        for fd, _ in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
-        if self._dir_fd is not None:
-            os.close(self._dir_fd)
-            self._dir_fd = None
+        for handle in self._handles.values():
+            handle.close()
+        self._handles.clear()
 
 
 class ChunkSource:
     """Verified, decoded chunks and values of one checkpoint (and, through it, of its chain)."""
 
-    def __init__(self, path: str | os.PathLike, manifest: Manifest | None = None, *, _seen: tuple = ()):
-        self.path = Path(path)
+    def __init__(self, path: str | os.PathLike | Location, manifest: Manifest | None = None, *,
+                 storage_options: dict | None = None, _seen: tuple = ()):
+        self.path = locate(path, storage_options)
         self.manifest = manifest if manifest is not None else read_manifest(self.path)
         self.files = DataFiles(self.path)
-        self._seen = _seen + (self.path.resolve(),)
+        self._seen = _seen + (self.path.storage.identity(self.path.path),)
         self._base: ChunkSource | None = None
         self._index: dict[tuple[str, tuple], Chunk] | None = None
 
@@ -233,17 +198,17 @@ class ChunkSource:
                 raise CorruptCheckpointError(f"{self.path} stores delta chunks but names no base",
                                              path=self.path, file=MANIFEST_NAME)
             path = self.path.parent / name
-            if path.resolve() in self._seen or len(self._seen) >= MAX_CHAIN:
+            if path.storage.identity(path.path) in self._seen or len(self._seen) >= MAX_CHAIN:
                 raise CorruptCheckpointError(f"{self.path}: the delta chain through {name} loops",
-                                             path=self.path, file=MANIFEST_NAME)
+                                             path=str(self.path), file=MANIFEST_NAME)
             try:
-                if path.is_symlink():
+                if path.storage.is_link(path.path):
                     raise InvalidManifestError(f"{path} is a symbolic link; a base must be a sibling checkpoint")
                 self._base = ChunkSource(path, _seen=self._seen)
             except CheckpointError as exc:
                 raise CorruptCheckpointError(
                     f"delta chain broken: {self.path.name} needs its base {name}, which cannot be opened ({exc})",
-                    path=path, file=exc.file) from None
+                    path=str(path), file=exc.file) from None
         return self._base
 
     # -- values ------------------------------------------------------------------------------

@@ -10,26 +10,29 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from pathlib import Path
 from typing import Callable
 
 from . import commit
-from .format import Chunk, Manifest, TensorEntry, ValueEntry
+from .format import DATA_DIR, Chunk, Manifest, TensorEntry, ValueEntry
 from .read import ChunkSource
+from .storage import locate
 from .write import Payload, write_file
 
 
 def materialize(source_path: str | os.PathLike, out: str | os.PathLike | None = None, *,
-                overwrite: bool = False, progress: Callable[[int], None] | None = None) -> Manifest:
-    """Write ``source_path`` (any checkpoint) as a full checkpoint at ``out`` (default: in place).
+                overwrite: bool = False, progress: Callable[[int], None] | None = None,
+                storage_options: dict | None = None) -> Manifest:
+    """Write ``source_path`` (any checkpoint; a path or URL) as a full checkpoint at ``out``
+    (default: in place).
 
     ``progress(n)`` is called with the raw bytes of each chunk as it is written."""
-    source_path = Path(source_path)
-    out = source_path if out is None else Path(out)
-    in_place = out.resolve() == source_path.resolve()
+    source_path = locate(source_path, storage_options)
+    out = source_path if out is None else locate(out, storage_options)
+    in_place = out.storage is source_path.storage and \
+        out.storage.identity(out.path) == source_path.storage.identity(source_path.path)
     with ChunkSource(source_path) as source:
         old = source.manifest
-        tmp = commit.begin(out, overwrite=overwrite or in_place)
+        attempt = commit.begin(out, overwrite=overwrite or in_place)
         try:
             by_file: dict[str, list[Payload]] = defaultdict(list)
             for key, entry in old.tensors.items():
@@ -44,17 +47,20 @@ def materialize(source_path: str | os.PathLike, out: str | os.PathLike | None = 
                                 created=old.created, dcp_version=old.dcp_version, user=dict(old.user))
             manifest.tensors = {key: TensorEntry(e.dtype, e.shape, []) for key, e in old.tensors.items()}
             manifest.values = {key: v for key, v in old.values.items() if v.blob is None}
-            for name, payloads in sorted(by_file.items()):
-                for (key, chunk), blob in write_file(tmp / name, name, payloads):
+            for number, (old_name, payloads) in enumerate(sorted(by_file.items())):
+                # object stores: names unique to this attempt (see ckpt.commit)
+                name = f"{DATA_DIR}/{attempt.tag}.file-{number:05d}.bin" if attempt.tag else old_name
+                for (key, chunk), blob in write_file(attempt.directory, name, payloads):
                     record = ValueEntry(old.values[key].encoding, blob=blob) if chunk is None else \
                         Chunk(chunk.offsets, chunk.sizes, blob)
                     manifest.add_record(key, record)
             manifest.sort_chunks()
-            commit.finish(tmp, out, manifest.to_json(), overwrite=overwrite or in_place)
+            commit.finish(attempt, manifest, overwrite=overwrite or in_place)
         except BaseException:
-            commit.abort(tmp)
+            commit.abort(attempt)
             raise
     return manifest
+
 
 
 def _decoder(source: ChunkSource, key: str, chunk: Chunk, progress):

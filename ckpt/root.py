@@ -3,7 +3,11 @@
     <root>/step-00000100/              committed (it holds manifest.json; see ckpt.commit)
     <root>/step-00000100.tmp-<id>/     a save in progress, or a dead one: invisible to readers
     <root>/step-00000100.old-<id>/     a committed copy moved aside by an overwriting save
-    <root>/.lock                       flock'ed by the one writer of this root
+    <root>/.lock                       the one writer's lock (flock on POSIX, a lease on object
+                                       stores); it names the holder's host and pid
+
+The root is a directory or a URL (``s3://bucket/run``); every access goes through its mount
+(:mod:`ckpt.storage`).
 
 :class:`CheckpointRoot` owns the step naming, the list of committed steps (the manifests are the
 truth), the writer's lock, the start-up clean-up after dead saves and the map of delta bases
@@ -15,15 +19,14 @@ deletes newest first, so no listed step ever depends on one already gone (the ma
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import re
-from pathlib import Path
 
 from . import commit
-from .errors import CheckpointError, CheckpointLockedError
+from .errors import CheckpointError
 from .read import read_manifest
+from .storage import Location, holder_text, locate
 
 log = logging.getLogger(__name__)
 
@@ -37,36 +40,38 @@ def step_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
-def step_path(root: str | os.PathLike, step: int) -> Path:
-    return Path(root) / step_name(step)
+def step_path(root: str | os.PathLike | Location, step: int, storage_options: dict | None = None) -> Location:
+    return locate(root, storage_options) / step_name(step)
 
 
-def committed_steps(root: str | os.PathLike) -> list[int]:
+def committed_steps(root: str | os.PathLike | Location, storage_options: dict | None = None) -> list[int]:
     """Steps with a committed checkpoint under ``root``, ascending."""
-    return CheckpointRoot(root).steps()
+    return CheckpointRoot(root, storage_options).steps()
 
 
 class CheckpointRoot:
-    """The checkpoints of one run under ``path`` (see the module docstring)."""
+    """The checkpoints of one run under ``path``, a directory or URL (see the module docstring)."""
 
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
+    def __init__(self, path: str | os.PathLike | Location, storage_options: dict | None = None):
+        self.path = locate(path, storage_options)
         self._bases: dict[int, int | None] = {}
-        self._lock_fd: int | None = None
+        self._lock = None
 
-    def step_path(self, step: int) -> Path:
+    def step_path(self, step: int) -> Location:
         return self.path / step_name(step)
+
+    def step_dirs(self) -> dict[int, Location]:
+        """Every ``step-N`` entry under the root, committed or not."""
+        found = {}
+        for name in self.path.list():
+            match = STEP_DIR.match(name)
+            if match:
+                found[int(match.group(1))] = self.path / name
+        return found
 
     def committed(self) -> list[int]:
         """Steps whose directory holds a manifest, ascending (loadable or not)."""
-        if not self.path.is_dir():
-            return []
-        steps = []
-        for entry in self.path.iterdir():
-            match = STEP_DIR.match(entry.name)
-            if match and commit.is_committed(entry):
-                steps.append(int(match.group(1)))
-        return sorted(steps)
+        return sorted(step for step, path in self.step_dirs().items() if commit.is_committed(path))
 
     def steps(self) -> list[int]:
         """Committed steps that can be loaded as far as the listing can tell, ascending: a delta
@@ -93,30 +98,29 @@ class CheckpointRoot:
 
     # -- the writer's side -------------------------------------------------------------------
     def lock(self) -> None:
-        """Become the root's one writer: create it, take ``.lock`` and delete what dead saves left
-        (tmp dirs, moved-aside copies, step dirs without a manifest: an interrupted deletion)."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise CheckpointLockedError(f"another CheckpointManager is writing to {self.path}") from None
-        self._lock_fd = fd
+        """Become the root's one writer: create it, take ``.lock`` (refused with the holder's host
+        and pid while another writer has it) and delete what dead saves left (tmp dirs, moved-aside
+        copies, step dirs without a manifest: an interrupted deletion or, on object stores, a save
+        that never committed; objects no manifest references)."""
+        storage = self.path.storage
+        storage.makedirs(self.path.path)
+        self._lock = storage.lock((self.path / LOCK_NAME).path, holder=holder_text())
         try:
             commit.collect_root_garbage(self.path)
-            for entry in self.path.iterdir():
-                if STEP_DIR.match(entry.name) and entry.is_dir() and not commit.is_committed(entry):
-                    log.info("removing %s: no manifest (an interrupted deletion)", entry)
-                    commit.delete(entry)
+            for path in self.step_dirs().values():
+                if not storage.atomic_rename:
+                    commit.collect_garbage(path)
+                elif path.is_dir() and not commit.is_committed(path):
+                    log.info("removing %s: no manifest (an interrupted deletion)", path)
+                    commit.delete(path)
         except BaseException:
             self.unlock()
             raise
 
     def unlock(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def record_base(self, step: int, base_step: int | None) -> None:
         """Note what a checkpoint being written builds on (None: a full checkpoint)."""

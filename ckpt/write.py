@@ -24,7 +24,6 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
@@ -34,12 +33,13 @@ from torch.distributed.checkpoint.planner import SavePlanner, WriteItem, WriteIt
 from torch.distributed.checkpoint.storage import WriteResult
 
 from . import codec, values
+from .blobs import aligned, checksum
 from .codec import Encoded
 from .delta import DeltaBase
 from .errors import UnsafeCheckpointError
-from .fileio import Writeback, aligned, checksum, write_all
 from .format import Blob, Chunk, Manifest, TensorEntry, ValueEntry, data_file_name
 from .options import Compression, SaveOptions
+from .storage import Location
 from .values import Leaf
 
 
@@ -114,9 +114,10 @@ class Payload:
     nbytes: int  # estimate, for balancing work across files
 
 
-def write_rank(tmp_dir: Path, rank: int, items: list[WriteItem], planner: SavePlanner, options: SaveOptions,
-               base: DeltaBase | None = None) -> list[WriteResult]:
-    """Write this rank's share of a save under ``tmp_dir``; one WriteResult (a record) per item."""
+def write_rank(directory: Location, rank: int, items: list[WriteItem], planner: SavePlanner, options: SaveOptions,
+               base: DeltaBase | None = None, tag: str = "") -> list[WriteResult]:
+    """Write this rank's share of a save under ``directory`` (data files named with the attempt's
+    ``tag``, see :mod:`ckpt.commit`); one WriteResult (a record) per item."""
     encoder = ChunkEncoder(options.compress, base, options.zstd_level)
     results: list[WriteResult] = []
     payloads: list[Payload] = []
@@ -136,8 +137,8 @@ def write_rank(tmp_dir: Path, rank: int, items: list[WriteItem], planner: SavePl
         buckets = _balance(payloads, options.files_per_rank)
         with ThreadPoolExecutor(len(buckets), thread_name_prefix="ckpt-write") as writers:
             futures = [
-                writers.submit(write_file, tmp_dir / data_file_name(rank, part), data_file_name(rank, part),
-                               bucket, encoders=encoders, window=2 * threads)
+                writers.submit(write_file, directory, data_file_name(rank, part, tag), bucket,
+                               encoders=encoders, window=2 * threads)
                 for part, bucket in enumerate(buckets)
             ]
             for future in futures:
@@ -195,13 +196,13 @@ def _in_order(payloads: Iterable[Payload], pool: ThreadPoolExecutor | None, wind
         yield done, future.result()
 
 
-def write_file(path: Path, rel_name: str, payloads: Iterable[Payload], *,
+def write_file(directory: Location, rel_name: str, payloads: Iterable[Payload], *,
                encoders: ThreadPoolExecutor | None = None, window: int = 4) -> list[tuple[object, Blob]]:
-    """Write ``payloads`` into a new file at ``path``; fsync it; return where each one went."""
+    """Write ``payloads`` into the new file ``directory/rel_name``, durably (see
+    :class:`~ckpt.storage.base.WriteHandle`); return where each one went."""
     placed: list[tuple[object, int, int, Future, Encoded | None]] = []
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    handle = directory.storage.create((directory / rel_name).path)
     try:
-        writeback = Writeback(fd)
         with ThreadPoolExecutor(1, thread_name_prefix="ckpt-hash") as hasher:
             end = 0
             for payload, data in _in_order(payloads, encoders, window):
@@ -209,15 +210,15 @@ def write_file(path: Path, rel_name: str, payloads: Iterable[Payload], *,
                 view = memoryview(encoded.data if encoded else data).cast("B")
                 start = aligned(end, len(view))
                 if start > end:
-                    write_all(fd, memoryview(bytes(start - end)))
+                    handle.write(bytes(start - end))
                 digest = hasher.submit(checksum, view)
-                write_all(fd, view)
+                handle.write(view)
                 end = start + len(view)
-                writeback.advance(end)
                 placed.append((payload.key, start, len(view), digest, encoded))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        handle.close()
+    except BaseException:
+        handle.abort()
+        raise
     return [
         (key, Blob(file=rel_name, offset=start, length=length, checksum=digest.result(),
                    **({} if enc is None else {"codec": enc.codec, "raw_length": enc.raw_length, "planes": enc.planes})))

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import ckpt
+from ckpt.root import step_name
 
 DATA_FILE = "data/rank-00000.bin"
 WEIGHT, BIAS = "encoder.weight", "encoder.bias"
@@ -62,3 +63,8 @@ def save_fresh(path: Path, seed: int = 0) -> dict:
 
 def file_fingerprint(path: Path) -> tuple[bytes, int]:
     return path.read_bytes(), path.stat().st_mtime_ns
+
+
+def step_path(root, step: int) -> Path:
+    """A step's checkpoint directory under a local root, as a Path (tests edit its files)."""
+    return Path(root) / step_name(step)

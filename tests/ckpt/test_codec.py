@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import ckpt
 from ckpt import codec
-from ckpt.root import step_path
+from tests.ckpt.checkpoints import step_path
 from tests import models
 from tests.ckpt.chains import load_mixed as _load
 from tests.ckpt.chains import train_with_chain as _train_with_chain

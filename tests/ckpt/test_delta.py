@@ -10,7 +10,7 @@ import torch
 
 import ckpt
 from ckpt.manager import CheckpointManager
-from ckpt.root import step_path
+from tests.ckpt.checkpoints import step_path
 from tests import models
 from tests.ckpt.chains import Mixed
 from tests.ckpt.chains import expected_state as _expected

@@ -12,7 +12,8 @@ from torch import nn
 
 import ckpt
 from ckpt.manager import CheckpointManager
-from ckpt.root import committed_steps, step_path
+from ckpt.root import committed_steps
+from tests.ckpt.checkpoints import step_path
 from tests import models
 from tests.dist import run_ranks
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import ckpt
-from ckpt.root import step_path
+from tests.ckpt.checkpoints import step_path
 from ckpt.replay import materialize
 from tests import models
 from tests.ckpt.chains import load_mixed as _load

@@ -43,7 +43,8 @@ def test_retention_keeps_what_retained_deltas_need(tmp_path):
 def test_retention_deletes_dependents_first(tmp_path, monkeypatch):
     """A crash between two deletions must not leave a listed delta whose base is gone: the newest
     doomed step goes first. Provoked: the run dies (here: raises) after the first deletion."""
-    from ckpt.root import CheckpointRoot, step_path
+    from ckpt.root import CheckpointRoot
+    from tests.ckpt.checkpoints import step_path
 
     deleted = []
     original = CheckpointRoot.delete

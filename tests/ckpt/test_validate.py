@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 import ckpt
-from ckpt.fileio import checksum
+from ckpt.blobs import checksum
 from ckpt.format import seal, unseal
 from ckpt.manager import CheckpointManager
-from ckpt.root import step_path
+from tests.ckpt.checkpoints import step_path
 from tests import models
 
 MANIFEST = "manifest.json"

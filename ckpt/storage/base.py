@@ -1,0 +1,143 @@
+"""The storage seam's interface: what the engine asks of a mount, and :class:`Location`.
+
+Paths are strings in the mount's own syntax with ``/`` separators: a file system path for the local
+mount, ``bucket/prefix/...`` for an fsspec one. The engine composes them only through
+:class:`Location` (``location / "manifest.json"``), so no module outside :mod:`ckpt.storage` calls
+``os`` or ``open`` on checkpoint files.
+
+Durability is the storage's business: :meth:`WriteHandle.close` returns only when the file's bytes
+are as durable as the mount makes them (fsync on POSIX; the upload completed and its size checked
+on an object store) and :meth:`Storage.write_bytes` likewise. Whether a directory can be renamed
+atomically (:attr:`Storage.atomic_rename`) decides the commit protocol (:mod:`ckpt.commit`).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class ReadHandle(Protocol):
+    """One file opened for positional reads."""
+
+    size: int
+
+    def read_into(self, buffer: memoryview, offset: int) -> int:
+        """Fill ``buffer`` from ``offset``; the bytes read (fewer only at the end of the file)."""
+
+    def close(self) -> None: ...
+
+
+class WriteHandle(Protocol):
+    """One new file being written sequentially."""
+
+    def write(self, data) -> None: ...
+
+    def close(self) -> int:
+        """Finish the file durably and check it: returns its size."""
+
+    def abort(self) -> None:
+        """Give up the file: nothing of it stays visible (safe after a failed write)."""
+
+
+class Storage:
+    """A mount: the file operations the engine uses (see the module docstring)."""
+
+    scheme = "file"
+    is_local = True
+    atomic_rename = True  # directories can be renamed atomically (the POSIX commit protocol)
+
+    def display(self, path: str) -> str:
+        """The path as a URL fit for messages and manifests (never credentials)."""
+        raise NotImplementedError
+
+    def join(self, path: str, name: str) -> str:
+        return posixpath.join(path, name) if path else name
+
+    # listing
+    def list(self, path: str) -> list[str]: raise NotImplementedError
+    def is_dir(self, path: str) -> bool: raise NotImplementedError
+    def is_file(self, path: str) -> bool: raise NotImplementedError
+    def is_link(self, path: str) -> bool: return False
+    def exists(self, path: str) -> bool: return self.is_file(path) or self.is_dir(path)
+    def identity(self, path: str) -> str: return path  # equal for two paths naming the same entry
+
+    # reading: ``name`` ("a" or "a/b") is looked up below ``directory`` and may not leave it
+    def open_read(self, directory: str, name: str) -> ReadHandle: raise NotImplementedError
+
+    def read_bytes(self, directory: str, name: str, limit: int) -> bytes:
+        """The whole file, refused (ValueError) when larger than ``limit``."""
+        handle = self.open_read(directory, name)
+        try:
+            if handle.size > limit:
+                raise ValueError(f"{name} holds {handle.size} bytes, more than {limit}")
+            buffer = bytearray(handle.size)
+            got = handle.read_into(memoryview(buffer), 0)
+            return bytes(buffer[:got])
+        finally:
+            handle.close()
+
+    # writing
+    def makedirs(self, path: str) -> None: raise NotImplementedError
+    def create(self, path: str) -> WriteHandle: raise NotImplementedError
+    def write_bytes(self, path: str, data: bytes) -> None: raise NotImplementedError
+    def sync_dir(self, path: str) -> None: pass
+    def rename(self, src: str, dst: str) -> None: raise NotImplementedError
+
+    # deleting (a missing path is not an error)
+    def remove(self, path: str) -> None: raise NotImplementedError
+    def remove_tree(self, path: str) -> None: raise NotImplementedError
+
+    # the root's writer lock
+    def lock(self, path: str, *, holder: str):
+        """Take the exclusive writer lock at ``path``; returns an object with ``release()``.
+        Raises CheckpointLockedError naming the holder when another writer has it."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Location:
+    """A path on a mount: ``Location(storage, path)``; compose with ``/``."""
+
+    storage: Storage
+    path: str
+
+    def __truediv__(self, name: str) -> "Location":
+        return Location(self.storage, self.storage.join(self.path, name))
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.path.rstrip("/"))
+
+    @property
+    def parent(self) -> "Location":
+        return Location(self.storage, posixpath.dirname(self.path.rstrip("/")) or ".")
+
+    @property
+    def is_local(self) -> bool:
+        return self.storage.is_local
+
+    def __str__(self) -> str:
+        return self.storage.display(self.path)
+
+    def __fspath__(self) -> str:
+        """A local location is an ``os.PathLike`` (``open``, ``shutil`` and ``pathlib`` take it)."""
+        if not self.storage.is_local:
+            raise TypeError(f"{self} is not on a local file system")
+        return self.path
+
+    def __repr__(self) -> str:
+        return f"Location({str(self)!r})"
+
+    def list(self) -> list[str]:
+        return self.storage.list(self.path)
+
+    def is_dir(self) -> bool:
+        return self.storage.is_dir(self.path)
+
+    def is_file(self) -> bool:
+        return self.storage.is_file(self.path)
+
+    def exists(self) -> bool:
+        return self.storage.exists(self.path)

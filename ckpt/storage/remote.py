@@ -1,0 +1,360 @@
+"""Every other mount, through fsspec: ``s3://`` (s3fs; S3-compatible stores such as OBS, MinIO and
+Ceph RGW through an endpoint URL) and anything else fsspec speaks.
+
+Object stores have no rename and no fsync, so :attr:`atomic_rename` is False and :mod:`ckpt.commit`
+uses the object-store protocol. A new file is one object: on S3 it goes up as a multipart upload
+whose parts are sent in parallel while the writer produces the next ones (a small file is one PUT);
+elsewhere through the filesystem's own stream. Either way ``close`` returns only after the upload
+completed and the stored object's size equals the bytes written (buffered data silently dropped is
+the failure this guards against). Reads are ranged requests, in parallel for large blobs.
+
+Credentials come from ``storage_options`` or the environment (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ...) and stay inside the filesystem object: :meth:`display` and every error
+message name the mount by ``scheme://path`` only.
+
+The root's lock is a lease: ``.lock`` holds the holder's host, pid, a token and the time it was
+last renewed; a heartbeat renews it while held. A lock not renewed for :data:`LEASE_SECONDS`, or
+held by a dead process on this host, is taken over.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+from ..errors import CheckpointError, CheckpointLockedError, CorruptCheckpointError, StorageError
+from .base import Storage
+
+log = logging.getLogger(__name__)
+
+PART_BYTES = 32 << 20  # multipart part size (S3 allows 5 MiB .. 5 GiB)
+PARALLEL_PARTS = 4  # parts in flight per file, which also bounds the writer's buffered bytes
+RANGE_BYTES = 16 << 20  # one ranged GET
+LEASE_SECONDS = 60.0
+
+
+class FsspecStorage(Storage):
+    is_local = False
+    atomic_rename = False
+
+    def __init__(self, fs, scheme: str):
+        self.fs, self.scheme = fs, scheme
+        self._is_s3 = "s3" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+    def display(self, path: str) -> str:
+        return f"{self.scheme}://{path}"
+
+    @contextmanager
+    def _io(self, path: str, what: str):
+        """Turn a backend failure into a StorageError naming the URL (never the options)."""
+        try:
+            yield
+        except CheckpointError:
+            raise
+        except Exception as exc:
+            raise StorageError(f"{what} {self.display(path)} failed: {type(exc).__name__}: {_short(exc)}",
+                               path=self.display(path)) from None
+
+    def _fresh(self, path: str) -> None:
+        self.fs.invalidate_cache(path)
+
+    def list(self, path: str) -> list[str]:
+        with self._io(path, "listing"):
+            self._fresh(path)
+            try:
+                entries = self.fs.ls(path, detail=False)
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+        prefix = path.rstrip("/") + "/"
+        return sorted({e.rstrip("/")[len(prefix):].split("/", 1)[0] for e in entries if e.startswith(prefix)} - {""})
+
+    def is_dir(self, path: str) -> bool:
+        with self._io(path, "checking"):
+            self._fresh(path)
+            return self.fs.isdir(path)
+
+    def is_file(self, path: str) -> bool:
+        with self._io(path, "checking"):
+            self._fresh(path)
+            return self.fs.isfile(path)
+
+    def open_read(self, directory: str, name: str) -> "RemoteReader":
+        path = self.join(directory, name)
+        with self._io(path, "opening"):
+            self._fresh(path)
+            try:
+                size = self.fs.size(path)
+            except FileNotFoundError:
+                raise CorruptCheckpointError(f"{self.display(directory)}: {name} is missing",
+                                             path=self.display(directory), file=name) from None
+        return RemoteReader(self, path, size)
+
+    def makedirs(self, path: str) -> None:
+        with self._io(path, "creating"):
+            self.fs.makedirs(path, exist_ok=True)
+
+    def create(self, path: str):
+        if self._is_s3:
+            return S3PartsWriter(self, path)
+        return StreamWriter(self, path)
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        handle = self.create(path)
+        try:
+            handle.write(data)
+            handle.close()
+        except BaseException:
+            handle.abort()
+            raise
+
+    def rename(self, src: str, dst: str) -> None:
+        raise NotImplementedError(f"{self.scheme} has no atomic rename")
+
+    def remove(self, path: str) -> None:
+        with self._io(path, "deleting"):
+            try:
+                self.fs.rm_file(path)
+            except FileNotFoundError:
+                pass
+            self._fresh(path)
+
+    def remove_tree(self, path: str) -> None:
+        with self._io(path, "deleting"):
+            try:
+                self.fs.rm(path, recursive=True)
+            except FileNotFoundError:
+                pass
+            self._fresh(path)
+
+    def lock(self, path: str, *, holder: str) -> "LeaseLock":
+        return LeaseLock(self, path, holder)
+
+    def size(self, path: str) -> int:
+        self._fresh(path)
+        return self.fs.size(path)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return text[:300]
+
+
+class RemoteReader:
+    def __init__(self, storage: FsspecStorage, path: str, size: int):
+        self.storage, self.path, self.size = storage, path, size
+
+    def read_into(self, buffer: memoryview, offset: int) -> int:
+        view = memoryview(buffer).cast("B")
+        end = min(offset + len(view), self.size)
+        if end <= offset:
+            return 0
+        starts = range(offset, end, RANGE_BYTES)
+
+        def fetch(start: int) -> int:
+            stop = min(start + RANGE_BYTES, end)
+            data = self.storage.fs.cat_file(self.path, start=start, end=stop)
+            view[start - offset : start - offset + len(data)] = data
+            return len(data)
+
+        with self.storage._io(self.path, "reading"):
+            if len(starts) == 1:
+                got = [fetch(offset)]
+            else:
+                with ThreadPoolExecutor(min(PARALLEL_PARTS, len(starts)), thread_name_prefix="ckpt-get") as pool:
+                    got = list(pool.map(fetch, starts))
+        return sum(got)
+
+    def close(self) -> None:
+        pass
+
+
+class _CheckedWriter:
+    """Common end of an upload: compare the stored object's size with the bytes written."""
+
+    storage: FsspecStorage
+    path: str
+    size: int
+
+    def _check_size(self) -> None:
+        stored = self.storage.size(self.path)
+        if stored != self.size:
+            raise StorageError(f"{self.storage.display(self.path)} holds {stored} bytes after upload, "
+                               f"{self.size} were written", path=self.storage.display(self.path))
+
+
+class StreamWriter(_CheckedWriter):
+    """A file through the filesystem's own write stream (non-S3 fsspec mounts)."""
+
+    def __init__(self, storage: FsspecStorage, path: str):
+        self.storage, self.path, self.size = storage, path, 0
+        with storage._io(path, "creating"):
+            self.stream = storage.fs.open(path, "wb")
+
+    def write(self, data) -> None:
+        view = memoryview(data).cast("B")
+        with self.storage._io(self.path, "writing"):
+            self.stream.write(view)
+        self.size += len(view)
+
+    def close(self) -> int:
+        with self.storage._io(self.path, "writing"):
+            self.stream.close()
+            self._check_size()
+        return self.size
+
+    def abort(self) -> None:
+        try:
+            self.stream.close()
+        except Exception:
+            pass
+        try:
+            self.storage.remove(self.path)
+        except CheckpointError:
+            log.warning("could not remove the aborted upload %s", self.storage.display(self.path))
+
+
+class S3PartsWriter(_CheckedWriter):
+    """One S3 object written as a multipart upload, :data:`PARALLEL_PARTS` parts in flight."""
+
+    def __init__(self, storage: FsspecStorage, path: str, part_bytes: int = PART_BYTES):
+        self.storage, self.path, self.size, self.part_bytes = storage, path, 0, part_bytes
+        self.bucket, self.key, _ = storage.fs.split_path(path)
+        self.buffer = bytearray()
+        self.upload_id: str | None = None
+        self.parts: list = []
+        self.pool: ThreadPoolExecutor | None = None
+
+    def _call(self, method: str, **kwargs):
+        return self.storage.fs.call_s3(method, Bucket=self.bucket, Key=self.key, **kwargs)
+
+    def write(self, data) -> None:
+        view = memoryview(data).cast("B")
+        self.size += len(view)
+        while len(view):
+            take = min(self.part_bytes - len(self.buffer), len(view))
+            self.buffer += view[:take]
+            view = view[take:]
+            if len(self.buffer) >= self.part_bytes:
+                self._send_part()
+
+    def _send_part(self) -> None:
+        with self.storage._io(self.path, "uploading"):
+            if self.upload_id is None:
+                self.upload_id = self._call("create_multipart_upload")["UploadId"]
+                self.pool = ThreadPoolExecutor(PARALLEL_PARTS, thread_name_prefix="ckpt-put")
+            in_flight = [f for f in self.parts if not f.done()]
+            if len(in_flight) >= PARALLEL_PARTS:
+                in_flight[0].result()
+            number, body = len(self.parts) + 1, bytes(self.buffer)
+            self.buffer = bytearray()
+            self.parts.append(self.pool.submit(self._upload_part, number, body))
+
+    def _upload_part(self, number: int, body: bytes) -> dict:
+        out = self._call("upload_part", PartNumber=number, UploadId=self.upload_id, Body=body)
+        return {"PartNumber": number, "ETag": out["ETag"]}
+
+    def close(self) -> int:
+        with self.storage._io(self.path, "uploading"):
+            if self.upload_id is None:
+                self._call("put_object", Body=bytes(self.buffer))
+            else:
+                if self.buffer:
+                    self._send_part()
+                parts = [f.result() for f in self.parts]
+                self._call("complete_multipart_upload", UploadId=self.upload_id, MultipartUpload={"Parts": parts})
+                self.upload_id = None
+                self.pool.shutdown()
+            self.buffer = bytearray()
+            self._check_size()
+        return self.size
+
+    def abort(self) -> None:
+        self.buffer = bytearray()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.upload_id is not None:
+            try:
+                self._call("abort_multipart_upload", UploadId=self.upload_id)
+            except Exception as exc:
+                log.warning("could not abort the upload of %s (%s)", self.storage.display(self.path),
+                            type(exc).__name__)
+            self.upload_id = None
+
+
+class LeaseLock:
+    """The writer lock of a root on an object store (see the module docstring)."""
+
+    def __init__(self, storage: FsspecStorage, path: str, holder: str):
+        self.storage, self.path, self.token = storage, path, uuid.uuid4().hex
+        self.record = {"holder": holder, "host": socket.gethostname(), "pid": os.getpid(), "token": self.token}
+        current = self._read()
+        if current is not None and not self._stale(current):
+            self._refuse(current)
+        self._renew()
+        current = self._read()
+        if current is None or current.get("token") != self.token:  # another writer won the race
+            self._refuse(current or {})
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._heartbeat, name="ckpt-lease", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> dict | None:
+        directory, name = self.path.rsplit("/", 1)
+        try:
+            raw = self.storage.read_bytes(directory, name, 1 << 16)
+        except CorruptCheckpointError:  # missing
+            return None
+        try:
+            record = json.loads(raw)
+            return record if isinstance(record, dict) else {}
+        except ValueError:
+            return {}
+
+    def _renew(self) -> None:
+        self.storage.write_bytes(self.path, json.dumps({**self.record, "renewed": time.time()}).encode())
+
+    @staticmethod
+    def _stale(record: dict) -> bool:
+        renewed = record.get("renewed")
+        if not isinstance(renewed, (int, float)) or time.time() - renewed > LEASE_SECONDS:
+            return True
+        if record.get("host") == socket.gethostname() and isinstance(record.get("pid"), int):
+            try:
+                os.kill(record["pid"], 0)
+            except ProcessLookupError:
+                return True
+            except PermissionError:
+                return False
+        return False
+
+    def _refuse(self, record: dict) -> None:
+        root = self.storage.display(self.path.rsplit("/", 1)[0])
+        holder = record.get("holder") or "an unknown writer"
+        raise CheckpointLockedError(f"another CheckpointManager is writing to {root} (lock held by {holder})",
+                                    path=root)
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(LEASE_SECONDS / 4):
+            try:
+                self._renew()
+            except CheckpointError as exc:
+                log.warning("could not renew the lock %s: %s", self.storage.display(self.path), exc)
+
+    def release(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(timeout=30)
+        try:
+            current = self._read()
+            if current is not None and current.get("token") == self.token:
+                self.storage.remove(self.path)
+        except CheckpointError as exc:
+            log.warning("could not release the lock %s: %s", self.storage.display(self.path), exc)
