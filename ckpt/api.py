@@ -102,6 +102,7 @@ def load(
     process_group: dist.ProcessGroup | None = None,
     no_dist: bool = False,
     storage_options: dict | None = None,
+    mirrors: tuple = (),
 ) -> Manifest:
     """Load the checkpoint at ``path`` into ``state`` in place, resharding to the current layout.
 
@@ -109,12 +110,13 @@ def load(
     model on one rank of a running job).
 
     Tensors are filled in place; modules, optimizers and stateful objects get ``load_state_dict``;
-    plain values in dicts are replaced. Returns the checkpoint's manifest."""
+    plain values in dicts are replaced. ``mirrors``: other roots (replicas) a delta's base links may
+    be read from when missing or damaged where ``path`` lies. Returns the checkpoint's manifest."""
     path = locate(path, storage_options)
     manifest = read_manifest(path)  # fails here, readably, before DCP wraps anything
     whole = stored_whole(set(manifest.values), [*manifest.values, *manifest.tensors])
     state_dict, restore = export_state(state, whole)
-    reader = Reader(path, manifest=manifest)
+    reader = Reader(path, manifest=manifest, storage_options=storage_options, mirrors=mirrors)
     try:
         with _quiet_single_process():
             dcp.load(state_dict, storage_reader=reader, planner=SafeLoadPlanner(strict=strict),

@@ -101,10 +101,11 @@ def begin(target: Location | str | os.PathLike, *, overwrite: bool) -> Attempt:
     return Attempt(target, tmp)
 
 
-def finish(attempt: Attempt, manifest: Manifest, *, overwrite: bool) -> None:
-    """Make the fully written attempt visible as its target (the commit point)."""
+def finish(attempt: Attempt, manifest: Manifest, *, overwrite: bool, raw: bytes | None = None) -> None:
+    """Make the fully written attempt visible as its target (the commit point). ``raw``: the
+    manifest's bytes when they already exist (a replica gets the primary's manifest bitwise)."""
     target, storage = attempt.target, attempt.target.storage
-    raw = manifest.to_json()
+    raw = manifest.to_json() if raw is None else raw
     if not storage.atomic_rename:
         _refuse_existing(target, overwrite=overwrite)
         storage.write_bytes((target / MANIFEST_NAME).path, raw)

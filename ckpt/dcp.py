@@ -141,13 +141,15 @@ class Reader(StorageReader):
     """Reads a checkpoint written by :class:`Writer`, for any current layout (DCP reshards).
 
     ``path`` is a directory or a URL (``storage_options`` go to fsspec); ``manifest`` may be passed
-    when the caller already read and validated it.
+    when the caller already read and validated it. ``mirrors``: other roots holding copies of the
+    links of a delta chain (replicas), tried link by link when a base is missing or damaged.
     """
 
     def __init__(self, path: str | os.PathLike | None = None, *, manifest: Manifest | None = None,
-                 storage_options: dict | None = None):
+                 storage_options: dict | None = None, mirrors: tuple = ()):
         super().__init__()
         self.storage_options = storage_options
+        self.mirrors = tuple(locate(m, storage_options) for m in mirrors)
         self.path = locate(path, storage_options) if path is not None else None
         self.manifest = manifest
         self._unreadable: CheckpointError | None = None
@@ -189,7 +191,7 @@ class Reader(StorageReader):
         for item in plan.items:
             by_record[item.storage_index].append(item)
         chunks = []
-        with ChunkSource(self.path, self.manifest) as source:
+        with ChunkSource(self.path, self.manifest, mirrors=self.mirrors) as source:
             for index, items in by_record.items():
                 record = self.storage[index]
                 if isinstance(record, ValueEntry):

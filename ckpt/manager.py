@@ -44,6 +44,7 @@ from .dcp import Writer
 from .delta import DeltaBase, DeltaPolicy, tensor_signature
 from .errors import CheckpointError, CheckpointWriteError
 from .options import AsyncMode, BusyPolicy, FailurePolicy, SaveOptions
+from .replicate import Replicator
 from .root import CheckpointRoot, step_name
 from .staging import DoubleBufferStager, single_threaded_aten
 from .state import export_state
@@ -87,6 +88,15 @@ class CheckpointManager:
         self._write_pg = dist.new_group(backend="gloo") if self._distributed else None
         run_on_src(self._root.lock if self.rank == 0 else lambda: None, self._control_pg,
                    distributed=self._distributed)
+        self._mounts = [self._root, *(CheckpointRoot(url, storage_options) for url in options.replicas)]
+        self._replicator = None
+        if options.replicas:
+            groups = [dist.new_group(backend="gloo") if self._distributed else None for _ in options.replicas]
+            self._replicator = Replicator(
+                CheckpointRoot(self._root.path), self._mounts[1:], groups=groups, distributed=self._distributed,
+                keep=options.keep, keep_every=options.keep_every, read_back=options.replica_read_back,
+                backlog=options.replica_backlog, retry_initial=options.replica_retry_initial,
+                retry_max=options.replica_retry_max)
         self._deltas = DeltaPolicy(options.full_every)
         self._stager = None
         if options.async_mode is AsyncMode.DOUBLE_BUFFER:
@@ -193,32 +203,41 @@ class CheckpointManager:
         self._check_open()
         self.wait()
 
-        def load(target: dict, path) -> None:
-            load_checkpoint(target, path, strict=strict, process_group=self._control_pg)
+        def load(target: dict, path, mirrors) -> None:
+            load_checkpoint(target, path, strict=strict, process_group=self._control_pg, mirrors=mirrors)
 
         if step is not None:
-            return resume.load_step(self._root, state, step, load)
-        return resume.load_latest(self._root, state, load)
+            return resume.load_step(self._mounts, state, step, load)
+        return resume.load_latest(self._mounts, state, load)
+
+    def replication_status(self) -> dict[int, dict[str, str]]:
+        """``{step: {replica url: state}}``: pending, copying, committed, failed or dropped (see
+        :mod:`ckpt.replicate`); empty without replicas."""
+        return {} if self._replicator is None else self._replicator.status()
 
     def steps(self) -> list[int]:
         """Committed steps under the root, ascending."""
         return self._root.steps()
 
     def close(self) -> None:
-        """Wait for every save, free the staging buffers, release the root. Raises a background error."""
+        """Wait for every save and, up to ``close_timeout`` seconds, for pending replication; free the
+        staging buffers, release the root. Raises a background error."""
         if self._closed:
             return
         try:
             self.wait()
         finally:
             self._closed = True
+            if self._replicator is not None and not self._replicator.close(self.options.close_timeout):
+                log.warning("replication unfinished at close (%s); the next manager on this root catches up",
+                            self._replicator.status())
             for hook in self._hooks:
                 hook.remove()
             if self._stager is not None:
                 self._stager.close()
             self._writer.shutdown(wait=True)
             self._root.unlock()
-            for group in (self._control_pg, self._write_pg):
+            for group in (self._control_pg, self._write_pg, *(self._replicator.groups if self._replicator else ())):
                 if group is not None:
                     dist.destroy_process_group(group)
 
@@ -254,6 +273,8 @@ class CheckpointManager:
         self._after_commit(step)
 
     def _after_commit(self, step: int) -> None:
+        if self._replicator is not None:
+            self._replicator.submit(step)
         if self.rank != 0:
             return
         with self._inflight_lock:

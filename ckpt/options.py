@@ -86,6 +86,15 @@ class SaveOptions:
         encode_threads: threads encoding (compressing, delta-coding) chunks; None: one per core.
         device_type: "cuda"/"npu"/"cpu" for staging; None: the accelerator in use, else cpu.
         user_metadata: JSON-able dict recorded in every manifest (``Manifest.user``).
+        replicas: URLs or directories every committed step is copied to in the background
+            (:mod:`ckpt.replicate`); load falls back to them when the primary's copy is bad.
+        replica_read_back: after copying, read every blob back from the replica and verify it
+            (default: sizes are checked).
+        replica_backlog: steps waiting per replica before the oldest waiting one is dropped.
+        replica_retry_initial / replica_retry_max: backoff of a failed copy, seconds (doubling).
+        close_timeout: seconds ``close()`` waits for pending replication.
+        catalog: the LMDB catalog directory; None: ``<root>/.catalog`` for a local root, no
+            catalog for a URL root; "" turns it off.
     """
 
     interval: int = 1
@@ -101,6 +110,13 @@ class SaveOptions:
     encode_threads: int | None = None
     device_type: str | None = None
     user_metadata: dict = field(default_factory=dict)
+    replicas: tuple[str, ...] = ()
+    replica_read_back: bool = False
+    replica_backlog: int = 16
+    replica_retry_initial: float = 1.0
+    replica_retry_max: float = 60.0
+    close_timeout: float = 300.0
+    catalog: str | None = None
 
     def __post_init__(self) -> None:
         compress = Compression.NONE if self.compress is None else self.compress
@@ -109,7 +125,13 @@ class SaveOptions:
         object.__setattr__(self, "on_error", as_enum(FailurePolicy, self.on_error, "on_error"))
         object.__setattr__(self, "compress", as_enum(Compression, compress, "compress"))
         object.__setattr__(self, "user_metadata", dict(self.user_metadata or {}))
-        for name in ("interval", "keep", "full_every", "zstd_level", "files_per_rank"):
+        replicas = (self.replicas,) if isinstance(self.replicas, str) else tuple(self.replicas or ())
+        object.__setattr__(self, "replicas", tuple(str(r) for r in replicas))
+        for name in ("replica_retry_initial", "replica_retry_max", "close_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise InvalidOptionError(name, value, "must be a number of seconds >= 0")
+        for name in ("interval", "keep", "full_every", "zstd_level", "files_per_rank", "replica_backlog"):
             _positive(name, getattr(self, name))
         for name in ("keep_every", "encode_threads"):
             if getattr(self, name) is not None:

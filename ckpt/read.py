@@ -19,6 +19,7 @@ load, replay and tool takes to a checkpoint's bytes.
 from __future__ import annotations
 
 import io
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable, Iterator
@@ -38,12 +39,20 @@ from .blobs import checksum
 from .format import MANIFEST_NAME, Blob, Chunk, Manifest, ValueEntry, is_data_file_name
 from .storage import Location, ReadHandle, locate
 
+log = logging.getLogger(__name__)
+
 MAX_MANIFEST_BYTES = 1 << 30
 MAX_CHAIN = 100_000
 
 
 def read_manifest(path: str | os.PathLike | Location, storage_options: dict | None = None) -> Manifest:
     """Parse and validate the manifest of the committed checkpoint at ``path`` (a directory or a URL)."""
+    return read_manifest_bytes(path, storage_options)[0]
+
+
+def read_manifest_bytes(path: str | os.PathLike | Location, storage_options: dict | None = None
+                        ) -> tuple[Manifest, bytes]:
+    """:func:`read_manifest`, also returning the manifest's bytes as stored."""
     path = locate(path, storage_options)
     reason = commit.uncommitted_reason(path)
     if reason is not None:
@@ -54,7 +63,7 @@ def read_manifest(path: str | os.PathLike | Location, storage_options: dict | No
         raise InvalidManifestError(f"{path / MANIFEST_NAME} is absurdly large", path=str(path),
                                    file=MANIFEST_NAME) from None
     try:
-        return Manifest.from_json(raw, source=str(path / MANIFEST_NAME))
+        return Manifest.from_json(raw, source=str(path / MANIFEST_NAME)), raw
     except CheckpointError as exc:
         exc.path = str(path)
         raise
@@ -67,6 +76,10 @@ class DataFiles:
     def __init__(self, root: Location):
         self.root = root
         self._handles: dict[str, ReadHandle] = {}
+
+    def open(self, name: str) -> ReadHandle:
+        """The data file ``name`` (validated, below the directory), opened once."""
+        return self._open(name)
 
     def _open(self, name: str) -> ReadHandle:
         if name not in self._handles:
@@ -120,12 +133,13 @@ class ChunkSource:
     """Verified, decoded chunks and values of one checkpoint (and, through it, of its chain)."""
 
     def __init__(self, path: str | os.PathLike | Location, manifest: Manifest | None = None, *,
-                 storage_options: dict | None = None, _seen: tuple = ()):
+                 storage_options: dict | None = None, mirrors: tuple[Location, ...] = (), _seen: tuple = ()):
         self.path = locate(path, storage_options)
         self.manifest = manifest if manifest is not None else read_manifest(self.path)
         self.files = DataFiles(self.path)
+        self.mirrors = tuple(mirrors)  # other roots holding copies of the chain's links
         self._seen = _seen + (self.path.storage.identity(self.path.path),)
-        self._base: ChunkSource | None = None
+        self._bases: list[ChunkSource | CheckpointError] | None = None
         self._index: dict[tuple[str, tuple], Chunk] | None = None
 
     # -- tensors -----------------------------------------------------------------------------
@@ -165,15 +179,7 @@ class ChunkSource:
         """The chunk's raw bytes (a uint8 array), verified and decoded through the chain."""
         blob = chunk.blob
         stored = self.files.read(blob, what=key) if blob.length else b""
-        base = None
-        if blob.codec in codec.NEEDS_BASE:
-            source = self.base()
-            base_chunk = source.find(key, chunk.offsets, chunk.sizes)
-            if base_chunk is None:
-                raise CorruptCheckpointError(
-                    f"delta chain broken: {key} in {self.path.name} has no matching chunk in its base "
-                    f"{source.path.name}", path=source.path, file=MANIFEST_NAME, tensor=key)
-            base = source.raw(key, base_chunk)
+        base = self._base_raw(key, chunk) if blob.codec in codec.NEEDS_BASE else None
         try:
             return codec.decode(blob.codec, stored, raw_length=blob.decoded_length,
                                 itemsize=self.manifest.tensors[key].dtype.itemsize,
@@ -189,27 +195,54 @@ class ChunkSource:
         chunk = self._index.get((key, tuple(offsets)))
         return chunk if chunk is not None and chunk.sizes == tuple(sizes) else None
 
-    def base(self) -> "ChunkSource":
-        """The base checkpoint of this delta, opened on first use (a sibling directory that is
-        not a symbolic link: reads stay inside the root)."""
-        if self._base is None:
+    def _base_raw(self, key: str, chunk: Chunk) -> np.ndarray:
+        """The raw bytes of the base's chunk at the same offsets: from the sibling base checkpoint,
+        else from the same link on a mirror (link by link: each link may come from another mount)."""
+        failure: CheckpointError | None = None
+        for source in self.bases():
+            if isinstance(source, CheckpointError):
+                failure = failure or source
+                continue
+            base_chunk = source.find(key, chunk.offsets, chunk.sizes)
+            if base_chunk is None:
+                failure = failure or CorruptCheckpointError(
+                    f"delta chain broken: {key} in {self.path.name} has no matching chunk in its base "
+                    f"{source.path}", path=str(source.path), file=MANIFEST_NAME, tensor=key)
+                continue
+            try:
+                raw = source.raw(key, base_chunk)
+            except CorruptCheckpointError as exc:
+                failure = failure or exc
+                continue
+            if source.path.parent != self.path.parent:
+                log.info("%s: base chunk %s served by %s", self.path.name, key, source.path)
+            return raw
+        raise failure
+
+    def bases(self) -> list["ChunkSource | CheckpointError"]:
+        """This delta's base checkpoint on its own mount, then on each mirror: an open source, or
+        the error that kept it from opening (a sibling that is not a symbolic link: reads stay
+        inside the roots)."""
+        if self._bases is None:
             name = self.manifest.base
             if name is None:
                 raise CorruptCheckpointError(f"{self.path} stores delta chunks but names no base",
-                                             path=self.path, file=MANIFEST_NAME)
-            path = self.path.parent / name
-            if path.storage.identity(path.path) in self._seen or len(self._seen) >= MAX_CHAIN:
-                raise CorruptCheckpointError(f"{self.path}: the delta chain through {name} loops",
                                              path=str(self.path), file=MANIFEST_NAME)
-            try:
-                if path.storage.is_link(path.path):
-                    raise InvalidManifestError(f"{path} is a symbolic link; a base must be a sibling checkpoint")
-                self._base = ChunkSource(path, _seen=self._seen)
-            except CheckpointError as exc:
-                raise CorruptCheckpointError(
-                    f"delta chain broken: {self.path.name} needs its base {name}, which cannot be opened ({exc})",
-                    path=str(path), file=exc.file) from None
-        return self._base
+            self._bases = [self._open_base(root / name, name) for root in (self.path.parent, *self.mirrors)]
+        return self._bases
+
+    def _open_base(self, path: Location, name: str) -> "ChunkSource | CheckpointError":
+        if path.storage.identity(path.path) in self._seen or len(self._seen) >= MAX_CHAIN:
+            raise CorruptCheckpointError(f"{self.path}: the delta chain through {name} loops",
+                                         path=str(self.path), file=MANIFEST_NAME)
+        try:
+            if path.storage.is_link(path.path):
+                raise InvalidManifestError(f"{path} is a symbolic link; a base must be a sibling checkpoint")
+            return ChunkSource(path, mirrors=self.mirrors, _seen=self._seen)
+        except CheckpointError as exc:
+            return CorruptCheckpointError(
+                f"delta chain broken: {self.path.name} needs its base {name}, which cannot be opened ({exc})",
+                path=str(path), file=exc.file)
 
     # -- values ------------------------------------------------------------------------------
     def value(self, key: str, entry: ValueEntry) -> Any:
@@ -234,8 +267,9 @@ class ChunkSource:
 
     def close(self) -> None:
         self.files.close()
-        if self._base is not None:
-            self._base.close()
+        for source in self._bases or ():
+            if isinstance(source, ChunkSource):
+                source.close()
 
     def __enter__(self) -> "ChunkSource":
         return self
