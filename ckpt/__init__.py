@@ -3,8 +3,10 @@
     import ckpt
     ckpt.save({"model": model, "optim": optimizer, "step": 100}, "ckpts/step-00000100")
     ckpt.load({"model": model, "optim": optimizer, "step": 0}, "ckpts/step-00000100")
+    ckpt.save(state, "s3://bucket/run/step-00000100")          # any fsspec URL (storage_options=...)
 
-    with ckpt.CheckpointManager("ckpts", interval=100, keep=3) as manager:   # async, retained
+    with ckpt.CheckpointManager("ckpts", interval=100, keep=3,       # async, retained, replicated
+                                replicas=["/mnt/shared/run1", "s3://bucket/run1"]) as manager:
         manager.attach(optimizer)
         ...
         manager.save(step, state)
@@ -30,6 +32,7 @@ from .errors import (
     InvalidManifestError,
     InvalidOptionError,
     SnapshotSkipped,
+    StorageError,
     UnsafeCheckpointError,
     UnsupportedFormatError,
 )
@@ -50,5 +53,5 @@ __all__ = [
     "CheckpointRoot", "DeltaBase", "DoubleBufferStager",
     "CheckpointError", "CheckpointExistsError", "CheckpointLockedError", "CheckpointNotFoundError",
     "CheckpointWriteError", "CorruptCheckpointError", "DeviceUnavailableError", "IncompatibleCheckpointError",
-    "InvalidManifestError", "InvalidOptionError", "SnapshotSkipped", "UnsafeCheckpointError", "UnsupportedFormatError",
+    "InvalidManifestError", "InvalidOptionError", "SnapshotSkipped", "StorageError", "UnsafeCheckpointError", "UnsupportedFormatError",
 ]

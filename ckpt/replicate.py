@@ -281,7 +281,7 @@ class _MountWorker:
             except Exception as exc:
                 failures += 1
                 delay = min(self.owner.retry_initial * 2 ** (failures - 1), self.owner.retry_max)
-                self.set_state(step, FAILED, f"attempt {failures}: {exc}; retrying in {delay:.0f} s")
+                self.set_state(step, FAILED, f"attempt {failures}: {exc}; retrying in {delay:.1f} s")
             give_up = self.owner.wait_or_deadline(delay)
             if any_rank((give_up,), self.group, distributed=self.owner.distributed)[0]:
                 self.set_state(step, PENDING, "abandoned at close; copied when a manager next starts")

@@ -97,6 +97,8 @@ class FsspecStorage(Storage):
         return RemoteReader(self, path, size)
 
     def makedirs(self, path: str) -> None:
+        if self._is_s3:  # no directories on S3 (and s3fs would create a missing bucket)
+            return
         with self._io(path, "creating"):
             self.fs.makedirs(path, exist_ok=True)
 

@@ -1,0 +1,418 @@
+"""The catalog: a local LMDB index of a run's steps across its mounts. A cache — the manifests on the
+mounts are the truth; :func:`open_catalog` rebuilds it from them whenever it is missing, unreadable,
+of another schema version, or disagrees with the primary's listing.
+
+    catalog = open_catalog(Catalog.default_path(primary), [primary, replica])
+    catalog.record_commit(str(primary), 100, manifest)       # the manager, after a commit
+    catalog.set_state(str(replica), 100, "copying")            # replication, as it goes
+    for info in catalog.steps(): print(info.step, info.kind, info.mounts)
+
+Records are JSON (utf-8) values in LMDB's main database (schema :data:`SCHEMA_VERSION`):
+
+    meta/schema              {"version": 1}
+    meta/mounts              ["<primary url>", "<replica url>", ...]
+    step/<step:012d>         {"kind", "base_step", "bytes", "raw_bytes", "tensors", "created"}
+    mount/<url>/<step:012d>  {"state", "when", "detail"}     state: one of :data:`STATES`
+    chunks/<step:012d>       [[key, [offsets...], file, checksum], ...]   every tensor chunk
+
+``bytes`` is the sum of the stored lengths of every blob (tensor chunks and values), ``raw_bytes``
+the same decoded. The step record and chunk checksums are the primary's where the primary has the
+step (data file names differ between mounts on object stores; checksums do not). A mount is named
+by its display URL (``str(location)``; an absolute path for a local mount), which never holds
+credentials; a URL given as text has any ``user:password@`` removed.
+
+Concurrency: every public write is one LMDB write transaction, so readers (other threads, other
+processes) see a call's records whole or not at all and never block the writer (LMDB MVCC; the
+environment is opened with ``lock=True``, which registers readers so pages they still see are not
+reused). Writers within one process are serialised by a :class:`threading.Lock` held for the whole
+transaction (LMDB's own writer mutex serialises processes). Manifests are read before a rebuild's
+transaction begins, so the lock is never held across mount I/O.
+
+Every LMDB failure is raised as :class:`~ckpt.errors.CheckpointError`; a damaged record or an
+invalid LMDB file as :class:`~ckpt.errors.CorruptCheckpointError`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
+
+import lmdb
+
+from .errors import CheckpointError, CorruptCheckpointError
+from .format import Manifest
+from .read import read_manifest
+from .root import CheckpointRoot
+from .storage import Location
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+STATES = ("pending", "copying", "committed", "failed", "deleted")
+ACTIVE_STATES = ("pending", "copying", "committed")  # a step is kept while some mount is in one
+UNREADABLE = "unreadable manifest: "  # detail prefix of a "failed" state: listed, manifest unreadable
+MAP_SIZE = 1 << 30  # sparse on Linux: the file grows with the data
+LMDB_FILES = ("data.mdb", "lock.mdb")
+DIR_NAME = ".catalog"
+
+_SCHEMA, _MOUNTS = b"meta/schema", b"meta/mounts"
+_DAMAGE = (lmdb.InvalidError, lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.VersionMismatchError,
+           lmdb.BadValsizeError)  # the files are damaged (not: busy, missing, no permission)
+
+
+def _error(path: str, what: str, exc: BaseException) -> CheckpointError:
+    kind = CorruptCheckpointError if isinstance(exc, _DAMAGE) else CheckpointError
+    return kind(f"{what} the catalog {path} failed: {exc}", path=path)
+
+
+@dataclass(frozen=True)
+class MountState:
+    state: str
+    when: float
+    detail: str = ""
+
+
+@dataclass
+class StepInfo:
+    """What the catalog knows of one step; ``kind`` and the sizes are None when no mount committed it."""
+
+    step: int
+    kind: str | None = None
+    base_step: int | None = None
+    bytes: int | None = None
+    created: float | None = None
+    raw_bytes: int | None = None
+    tensors: int | None = None
+    mounts: dict[str, MountState] = field(default_factory=dict)
+
+
+def mount_id(mount: str | os.PathLike | Location) -> str:
+    """The catalog's name for a mount: its display URL, an absolute path when local, no credentials."""
+    if isinstance(mount, Location):
+        return os.path.abspath(mount.path) if mount.is_local else str(mount).rstrip("/")
+    text = os.fspath(mount)
+    if text.startswith("file://"):
+        text = text[len("file://"):]
+    if "://" not in text:
+        return os.path.abspath(text)
+    parts = urlsplit(text)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=netloc)).rstrip("/")
+
+
+def _step_key(step: int) -> bytes:
+    return b"step/%012d" % step
+
+
+def _chunks_key(step: int) -> bytes:
+    return b"chunks/%012d" % step
+
+
+def _mount_key(mount: str, step: int) -> bytes:
+    return b"mount/" + mount.encode() + b"/%012d" % step
+
+
+def _encode(doc) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _step_record(manifest: Manifest) -> dict:
+    blobs = [c.blob for e in manifest.tensors.values() for c in e.chunks]
+    blobs += [v.blob for v in manifest.values.values() if v.blob is not None]
+    return {"kind": manifest.kind, "base_step": manifest.base_step, "bytes": sum(b.length for b in blobs),
+            "raw_bytes": sum(b.decoded_length for b in blobs), "tensors": len(manifest.tensors),
+            "created": manifest.created}
+
+
+def _chunk_records(manifest: Manifest) -> list:
+    return [[key, list(c.offsets), c.blob.file, c.blob.checksum]
+            for key, entry in sorted(manifest.tensors.items()) for c in entry.chunks]
+
+
+class Catalog:
+    """The LMDB environment in the local directory ``path`` (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike, *, readonly: bool = False):
+        self.path = os.fspath(path)
+        self.readonly = readonly
+        self._write_lock = threading.Lock()
+        self.created = False  # this call made a new, empty catalog
+        options = dict(map_size=MAP_SIZE, max_dbs=4, subdir=True, readonly=readonly, lock=True,
+                       create=not readonly, max_readers=256)
+        try:
+            if not readonly:
+                os.makedirs(self.path, exist_ok=True)
+            try:
+                self._env = lmdb.open(self.path, **options)
+            except lmdb.Error as exc:
+                if not readonly or isinstance(exc, _DAMAGE) or not os.path.isfile(os.path.join(self.path, "data.mdb")):
+                    raise
+                # lock.mdb cannot be opened (read-only media, no permission): read without the
+                # reader table; only safe while no writer is active, which such media implies
+                self._env = lmdb.open(self.path, **dict(options, lock=False))
+        except (lmdb.Error, OSError) as exc:
+            raise _error(self.path, "opening", exc) from None
+        try:
+            version = self._get(_SCHEMA)
+            if version is None and not readonly:
+                with self._write() as txn:
+                    if txn.get(_SCHEMA) is None:
+                        txn.put(_SCHEMA, _encode({"version": SCHEMA_VERSION}))
+                        self.created = True
+                version = {"version": SCHEMA_VERSION}
+            if version is None:
+                raise CheckpointError(f"{self.path} holds no catalog", path=self.path)
+            if not isinstance(version, dict) or version.get("version") != SCHEMA_VERSION:
+                raise CorruptCheckpointError(f"catalog {self.path} has schema {version!r}; this build reads "
+                                             f"version {SCHEMA_VERSION}", path=self.path)
+        except BaseException:
+            self._env.close()
+            raise
+
+    @staticmethod
+    def default_path(primary: Location) -> str | None:
+        """``<primary>/.catalog`` for a local primary; None for a URL (configure a local path)."""
+        return os.path.join(os.path.abspath(primary.path), DIR_NAME) if primary.is_local else None
+
+    # -- LMDB plumbing -------------------------------------------------------------------------
+    @contextmanager
+    def _write(self):
+        if self.readonly:
+            raise CheckpointError(f"catalog {self.path} is open read-only", path=self.path)
+        with self._write_lock:
+            try:
+                with self._env.begin(write=True) as txn:
+                    yield txn
+            except lmdb.Error as exc:
+                raise _error(self.path, "writing", exc) from None
+
+    @contextmanager
+    def _read(self):
+        try:
+            with self._env.begin() as txn:
+                yield txn
+        except lmdb.Error as exc:
+            raise _error(self.path, "reading", exc) from None
+
+    def _decode(self, key: bytes, raw: bytes | None):
+        if raw is None:
+            return None
+        try:
+            return json.loads(bytes(raw))
+        except ValueError:
+            raise CorruptCheckpointError(f"catalog {self.path}: record {key.decode(errors='replace')} is not "
+                                         f"valid JSON", path=self.path) from None
+
+    def _get(self, key: bytes):
+        with self._read() as txn:
+            return self._decode(key, txn.get(key))
+
+    def _scan(self, txn, prefix: bytes):
+        cursor = txn.cursor()
+        if cursor.set_range(prefix):
+            for key, value in cursor:
+                if not key.startswith(prefix):
+                    break
+                yield bytes(key), self._decode(key, value)
+
+    # -- mounts --------------------------------------------------------------------------------
+    def set_mounts(self, urls: list) -> None:
+        """The run's mounts, primary first (URLs, paths or Locations)."""
+        with self._write() as txn:
+            txn.put(_MOUNTS, _encode([mount_id(u) for u in urls]))
+
+    def mounts(self) -> list[str]:
+        found = self._get(_MOUNTS) or []
+        if not isinstance(found, list) or not all(isinstance(u, str) for u in found):
+            raise CorruptCheckpointError(f"catalog {self.path}: bad mount list", path=self.path)
+        return found
+
+    # -- writes --------------------------------------------------------------------------------
+    def record_commit(self, mount, step: int, manifest: Manifest, when: float | None = None) -> None:
+        """``step`` was committed on ``mount``: its record, chunk checksums and mount state, at once."""
+        mount = mount_id(mount)
+        with self._write() as txn:
+            self._put_commit(txn, mount, step, manifest, time.time() if when is None else when)
+
+    def _put_commit(self, txn, mount: str, step: int, manifest: Manifest, when: float) -> None:
+        primary = (self._decode(_MOUNTS, txn.get(_MOUNTS)) or [None])[0]
+        if mount == primary or txn.get(_step_key(step)) is None:
+            txn.put(_step_key(step), _encode(_step_record(manifest)))
+            txn.put(_chunks_key(step), _encode(_chunk_records(manifest)))
+        txn.put(_mount_key(mount, step), _encode({"state": "committed", "when": when, "detail": ""}))
+
+    def set_state(self, mount, step: int, state: str, when: float | None = None, detail: str = "") -> None:
+        if state not in STATES:
+            raise ValueError(f"catalog state {state!r} is not one of {', '.join(STATES)}")
+        with self._write() as txn:
+            txn.put(_mount_key(mount_id(mount), step),
+                    _encode({"state": state, "when": time.time() if when is None else when, "detail": detail}))
+
+    def forget(self, mount, step: int) -> None:
+        """``step`` was deleted on ``mount``; when no mount still has it (or is copying it), the
+        step's records go too."""
+        mount = mount_id(mount)
+        with self._write() as txn:
+            txn.delete(_mount_key(mount, step))
+            states = self._mount_states(txn).get(step, {})
+            if not any(s.state in ACTIVE_STATES for s in states.values()):
+                for url in states:
+                    txn.delete(_mount_key(url, step))
+                txn.delete(_step_key(step))
+                txn.delete(_chunks_key(step))
+
+    # -- reads ---------------------------------------------------------------------------------
+    def _mount_states(self, txn) -> dict[int, dict[str, MountState]]:
+        found: dict[int, dict[str, MountState]] = {}
+        for key, doc in self._scan(txn, b"mount/"):
+            try:
+                url, step = key[len(b"mount/"):-13].decode(), int(key[-12:])
+                found.setdefault(step, {})[url] = MountState(doc["state"], float(doc["when"]), str(doc["detail"]))
+            except (ValueError, TypeError, KeyError):
+                raise CorruptCheckpointError(f"catalog {self.path}: bad record {key!r}", path=self.path) from None
+        return found
+
+    def _info(self, step: int, doc: dict | None, mounts: dict[str, MountState]) -> StepInfo:
+        if doc is None:
+            return StepInfo(step, mounts=mounts)
+        try:
+            return StepInfo(step, kind=doc["kind"], base_step=doc["base_step"], bytes=int(doc["bytes"]),
+                            created=float(doc["created"]), raw_bytes=int(doc["raw_bytes"]),
+                            tensors=int(doc["tensors"]), mounts=mounts)
+        except (TypeError, KeyError, ValueError):
+            raise CorruptCheckpointError(f"catalog {self.path}: bad record for step {step}", path=self.path) from None
+
+    def steps(self) -> list[StepInfo]:
+        """Every step with a record or a mount state, ascending."""
+        with self._read() as txn:
+            states = self._mount_states(txn)
+            records = {}
+            for key, doc in self._scan(txn, b"step/"):
+                try:
+                    records[int(key[len(b"step/"):])] = doc
+                except ValueError:
+                    raise CorruptCheckpointError(f"catalog {self.path}: bad key {key!r}", path=self.path) from None
+        return [self._info(step, records.get(step), states.get(step, {})) for step in sorted(states.keys() | records.keys())]
+
+    def step(self, step: int) -> StepInfo | None:
+        with self._read() as txn:
+            doc = self._decode(_step_key(step), txn.get(_step_key(step)))
+            states = self._mount_states(txn).get(step, {})
+        return None if doc is None and not states else self._info(step, doc, states)
+
+    def checksums(self, step: int) -> dict[tuple[str, tuple[int, ...]], str]:
+        """``{(tensor key, chunk offsets): checksum}`` of the step's chunks (empty when unknown)."""
+        records = self._get(_chunks_key(step)) or []
+        try:
+            return {(key, tuple(offsets)): digest for key, offsets, _file, digest in records}
+        except (TypeError, ValueError):
+            raise CorruptCheckpointError(f"catalog {self.path}: bad chunk records for step {step}",
+                                         path=self.path) from None
+
+    # -- the truth -----------------------------------------------------------------------------
+    def rebuild(self, mounts: list[Location]) -> None:
+        """Replace everything with what the mounts hold (primary first): every committed step's
+        manifest is read (an unreadable one is recorded "failed" with the error), then the whole
+        catalog is swapped in one transaction. A replica that cannot be listed is left out with a
+        warning; the primary's listing failing raises."""
+        found = []  # (mount, step, manifest or error text)
+        for index, location in enumerate(mounts):
+            root = CheckpointRoot(location)
+            try:
+                committed = root.committed()
+            except CheckpointError as exc:
+                if index == 0:
+                    raise
+                log.warning("catalog rebuild: cannot list %s (%s); its states are left out", location, exc)
+                continue
+            for step in committed:
+                try:
+                    found.append((mount_id(location), step, read_manifest(root.step_path(step))))
+                except CheckpointError as exc:
+                    found.append((mount_id(location), step, " ".join(str(exc).split())))
+        now = time.time()
+        with self._write() as txn:
+            with txn.cursor() as cursor:
+                keys = [bytes(key) for key in cursor.iternext(values=False)]
+            for key in keys:
+                if key != _SCHEMA:
+                    txn.delete(key)
+            txn.put(_MOUNTS, _encode([mount_id(m) for m in mounts]))
+            for mount, step, manifest in found:
+                if isinstance(manifest, Manifest):
+                    self._put_commit(txn, mount, step, manifest, manifest.created or now)
+                else:
+                    txn.put(_mount_key(mount, step),
+                            _encode({"state": "failed", "when": now, "detail": UNREADABLE + manifest}))
+
+    def listed_on(self, mount) -> set[int]:
+        """Steps the catalog believes ``mount`` lists: committed, or committed but unreadable."""
+        mount = mount_id(mount)
+        return {step for step, states in self._mount_states_now().items()
+                if mount in states and (states[mount].state == "committed"
+                                        or states[mount].detail.startswith(UNREADABLE))}
+
+    def _mount_states_now(self):
+        with self._read() as txn:
+            return self._mount_states(txn)
+
+    def is_consistent_with(self, primary: Location) -> bool:
+        """Whether the steps recorded on ``primary`` are exactly those it lists (no manifest read)."""
+        return self.listed_on(primary) == set(CheckpointRoot(primary).committed())
+
+    def close(self) -> None:
+        self._env.close()
+
+    def __enter__(self) -> "Catalog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _discard(path: str) -> None:
+    """Remove the LMDB files of a damaged catalog (only those: the directory may hold other things)."""
+    if os.path.isfile(path) or os.path.islink(path):
+        raise CheckpointError(f"catalog path {path} is a file, not a directory; remove it or choose another",
+                              path=path)
+    for name in LMDB_FILES:
+        try:
+            os.remove(os.path.join(path, name))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise CheckpointError(f"cannot remove the damaged catalog file {name} in {path}: {exc}",
+                                  path=path) from None
+
+
+def open_catalog(path: str | os.PathLike, mounts: list[Location], *, rebuild: bool = False) -> Catalog:
+    """The catalog at ``path`` for ``mounts`` (primary first), rebuilt from the manifests when it is
+    new, unreadable (its LMDB files are then deleted, with a warning), of another schema, inconsistent
+    with the primary's listing, or when ``rebuild`` asks; its mount list set to ``mounts``."""
+    path = os.fspath(path)
+    try:
+        catalog = Catalog(path)
+        try:
+            catalog.mounts()
+            catalog.steps()  # every record parses
+        except BaseException:
+            catalog.close()
+            raise
+    except CorruptCheckpointError as exc:
+        log.warning("catalog %s is unreadable (%s); rebuilding it from the manifests", path, exc)
+        _discard(path)
+        catalog = Catalog(path)
+    try:
+        if (rebuild or catalog.created or [mount_id(m) for m in mounts] != catalog.mounts()
+                or not catalog.is_consistent_with(mounts[0])):
+            catalog.rebuild(mounts)
+    except BaseException:
+        catalog.close()
+        raise
+    return catalog

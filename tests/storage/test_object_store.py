@@ -1,0 +1,146 @@
+"""Checkpoints straight on an object store (a real S3-protocol server on loopback): the storage seam,
+the object-store commit protocol, the lease lock, and credentials that never leak."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import fsspec
+import pytest
+import torch
+
+import ckpt
+from ckpt import commit
+from ckpt.format import MANIFEST_NAME
+from ckpt.root import CheckpointRoot
+from ckpt.storage import locate
+from ckpt.storage.remote import S3PartsWriter
+from tests.ckpt.checkpoints import assert_state_equal, blank_state, make_state
+from tests.s3server import TEST_KEY, TEST_SECRET
+
+
+def _s3(bucket):
+    return fsspec.filesystem("s3", skip_instance_cache=True, **bucket.storage_options)
+
+
+def _objects(bucket, prefix="") -> dict[str, bytes]:
+    fs = _s3(bucket)
+    return {path: fs.cat_file(path) for path in fs.find(f"{bucket.name}/{prefix}")}
+
+
+def test_save_and_load_straight_to_s3_bitwise(s3_bucket):
+    url = f"{s3_bucket.url}/run/step-00000001"
+    state = make_state(1)
+    ckpt.save(state, url, storage_options=s3_bucket.storage_options)
+    live = blank_state()
+    manifest = ckpt.load(live, url, storage_options=s3_bucket.storage_options)
+    assert_state_equal(live, state)
+    assert manifest.step is None and ckpt.read_manifest(url, s3_bucket.storage_options).tensors.keys() == \
+        manifest.tensors.keys()
+    names = sorted(p.rsplit("/", 1)[-1] for p in _objects(s3_bucket, "run/step-00000001"))
+    assert names[-1] == MANIFEST_NAME and all(".rank-00000" in n for n in names[:-1])  # attempt-tagged
+
+
+def test_the_standard_aws_environment_variables_alone_are_enough(s3_bucket, aws_env):
+    url = f"{s3_bucket.url}/env/step-1"
+    state = make_state(2)
+    ckpt.save(state, url)
+    live = blank_state()
+    ckpt.load(live, url)
+    assert_state_equal(live, state)
+
+
+def test_a_prefix_without_manifest_does_not_exist_and_a_retry_never_mixes_attempts(s3_bucket):
+    options = s3_bucket.storage_options
+    target = locate(f"{s3_bucket.url}/run/step-00000002", options)
+    dead = commit.begin(target, overwrite=False)  # a save that died after writing its data
+    target.storage.write_bytes((target / f"data/{dead.tag}.rank-00000.bin").path, b"half a checkpoint")
+    with pytest.raises(ckpt.CheckpointNotFoundError, match="no manifest"):
+        ckpt.read_manifest(target)
+    assert CheckpointRoot(f"{s3_bucket.url}/run", options).steps() == []
+
+    first, second = make_state(3), make_state(4)
+    ckpt.save(first, str(target), storage_options=options)  # collects the dead attempt's object
+    ckpt.save(second, str(target), storage_options=options, overwrite=True)
+    data = [p for p in _objects(s3_bucket, "run/step-00000002") if "/data/" in p]
+    referenced = {f.split("/", 1)[1] for f in ckpt.read_manifest(target).data_files()}
+    assert len(data) == 1 and {p.rsplit("/", 1)[-1] for p in data} == referenced  # nothing of the others
+    live = blank_state()
+    ckpt.load(live, target)
+    assert_state_equal(live, second)
+
+
+def test_large_files_go_up_in_parallel_parts_and_their_size_is_checked(s3_bucket, monkeypatch):
+    storage = locate(s3_bucket.url, s3_bucket.storage_options).storage
+    payload = torch.randint(0, 255, (12 << 20,), dtype=torch.uint8).numpy().tobytes()
+    writer = S3PartsWriter(storage, f"{s3_bucket.name}/big.bin", part_bytes=5 << 20)
+    for start in range(0, len(payload), 3 << 20):
+        writer.write(payload[start:start + (3 << 20)])
+    assert writer.close() == len(payload) and len(writer.parts) == 3
+    assert _s3(s3_bucket).cat_file(f"{s3_bucket.name}/big.bin") == payload
+
+    # An object store that silently dropped buffered bytes: the size check refuses the file.
+    monkeypatch.setattr(type(storage), "size", lambda self, path: 5)
+    short = S3PartsWriter(storage, f"{s3_bucket.name}/short.bin")
+    short.write(b"0123456789")
+    with pytest.raises(ckpt.StorageError, match="holds 5 bytes after upload, 10 were written"):
+        short.close()
+
+
+def test_manager_on_an_s3_root_saves_retains_and_resumes(s3_bucket):
+    root = f"{s3_bucket.url}/managed"
+    states = [make_state(seed) for seed in range(4)]
+    with ckpt.CheckpointManager(root, interval=1, keep=2, storage_options=s3_bucket.storage_options) as manager:
+        for step, state in enumerate(states, start=1):
+            manager.save(step, state)
+    assert CheckpointRoot(root, s3_bucket.storage_options).steps() == [3, 4]
+    with ckpt.CheckpointManager(root, storage_options=s3_bucket.storage_options) as manager:
+        live = blank_state()
+        assert manager.load(live) == 4
+    assert_state_equal(live, states[3])
+
+
+def test_two_managers_on_one_s3_root_the_second_is_refused_naming_the_holder(s3_bucket):
+    root = f"{s3_bucket.url}/locked"
+    with ckpt.CheckpointManager(root, storage_options=s3_bucket.storage_options):
+        with pytest.raises(ckpt.CheckpointLockedError, match=f"pid {os.getpid()}") as info:
+            ckpt.CheckpointManager(root, storage_options=s3_bucket.storage_options)
+        assert "host " in str(info.value)
+    with ckpt.CheckpointManager(root, storage_options=s3_bucket.storage_options):  # released at close
+        pass
+
+
+def test_a_lease_left_by_a_dead_process_on_this_host_is_taken_over(s3_bucket):
+    import json
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lock = locate(f"{s3_bucket.url}/stale/.lock", s3_bucket.storage_options)
+    lock.storage.write_bytes(lock.path, json.dumps({"holder": "a dead one", "host": socket.gethostname(),
+                                                    "pid": int(dead.stdout), "token": "x",
+                                                    "renewed": time.time()}).encode())
+    with ckpt.CheckpointManager(f"{s3_bucket.url}/stale", storage_options=s3_bucket.storage_options):
+        pass
+
+
+def test_credentials_never_reach_files_logs_or_errors(s3_bucket, caplog, tmp_path):
+    caplog.set_level(logging.INFO)  # (botocore's own DEBUG lines show the access key id: AWS's choice)
+    caplog.set_level(logging.DEBUG, logger="ckpt")
+    root = f"{s3_bucket.url}/secret"
+    with ckpt.CheckpointManager(root, interval=1, keep=1, replicas=[str(tmp_path / "replica")],
+                                storage_options=s3_bucket.storage_options) as manager:
+        manager.save(1, make_state(5))
+        manager.save(2, make_state(6))
+    with pytest.raises(ckpt.CheckpointNotFoundError) as missing:
+        ckpt.load(blank_state(), f"{root}/step-00000009", storage_options=s3_bucket.storage_options)
+    with pytest.raises(ckpt.CheckpointError) as refused:  # a bucket that does not exist
+        ckpt.save(make_state(7), "s3://no-such-bucket-here/step-1", storage_options=s3_bucket.storage_options)
+    written = b"".join(_objects(s3_bucket).values())
+    written += b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+    said = caplog.text + str(missing.value) + str(refused.value) + repr(refused.value)
+    for secret in (TEST_KEY, TEST_SECRET):
+        assert secret.encode() not in written and secret not in said
