@@ -82,6 +82,11 @@ def coerce(section: str, key: str, value: Any) -> Any:
         if isinstance(value, str):
             return value
         raise ConfigError(f"{name} expects a string, got {value!r} ({type(value).__name__})")
+    if typing.get_origin(base) is list:  # a YAML/TOML list, or comma-separated on the command line
+        items = value.split(",") if isinstance(value, str) else value
+        if isinstance(items, (list, tuple)) and all(isinstance(item, str) for item in items):
+            return [item.strip() for item in items if item.strip()]
+        raise ConfigError(f"{name} expects a list of strings (or one comma-separated string), got {value!r}")
     raise TypeError(f"unsupported annotation for {name}: {base!r}")  # pragma: no cover
 
 

@@ -9,7 +9,7 @@ parses or validates; :class:`trainer.config.Config` composes the sections.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ckpt.options import AsyncMode, Compression, FailurePolicy, SaveOptions, choices
@@ -129,7 +129,17 @@ class CheckpointConfig:
     enable: bool = False
     """Save checkpoints and resume from them."""
     folder: str = "checkpoints"
-    """Checkpoint folder, relative to job.dump_folder unless absolute (or a URL)."""
+    """Checkpoint folder (the primary mount), relative to job.dump_folder unless absolute or a URL
+    such as s3://bucket/run (credentials from the standard AWS environment variables)."""
+    replicas: list[str] = field(default_factory=list)
+    """Further mounts every committed checkpoint is copied to in the background (directories on a
+    shared file system, s3://bucket/prefix URLs); resuming falls back to them when the primary's
+    copy is missing or damaged. On the command line: comma-separated."""
+    replica_read_back: bool = False
+    """After copying a checkpoint to a replica, read it back and verify every checksum (default:
+    sizes are checked)."""
+    close_timeout: float = 300.0
+    """Seconds the end of the run waits for pending replication."""
     interval: int = 10
     """Save at every step that is a multiple of `interval`."""
     async_mode: str = AsyncMode.DOUBLE_BUFFER.value
@@ -166,7 +176,9 @@ class CheckpointConfig:
         return SaveOptions(
             interval=self.interval, keep=self.keep, keep_every=self.keep_every, async_mode=self.async_mode,
             on_error=self.on_error, full_every=self.full_every, compress=self.compress,
-            zstd_level=self.zstd_level, device_type=device_type, user_metadata=user_metadata)
+            zstd_level=self.zstd_level, device_type=device_type, user_metadata=user_metadata,
+            replicas=tuple(self.replicas), replica_read_back=self.replica_read_back,
+            close_timeout=self.close_timeout)
 
 
 @dataclass

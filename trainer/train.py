@@ -136,7 +136,7 @@ class Trainer:
         self.flops_per_token = model_mod.flops_per_token(self.model_args, t.seq_len)
         self.peak = peak_flops(device_name(self.device_type))
         if c.enable or c.create_seed_checkpoint:  # the lock first: a second run is refused before it writes
-            folder = Path(c.folder) if os.path.isabs(c.folder) else Path(cfg.job.dump_folder) / c.folder
+            folder = c.folder if "://" in c.folder or os.path.isabs(c.folder) else str(Path(cfg.job.dump_folder) / c.folder)
             options = c.save_options(device_type=self.device_type, user_metadata={"config": cfg.to_dict()})
             if c.create_seed_checkpoint:  # the run exists to write it
                 options = options.replace(on_error=ckpt.FailurePolicy.STOP)

@@ -147,3 +147,21 @@ def test_scheduled_garbage_collection_restores_the_interpreter_setting(monkeypat
         assert gc.isenabled()
         collect(3)
     assert collected == [1, 1, 1]
+
+
+def test_checkpoints_on_s3_with_a_replica_resume_from_the_replica(tmp_path, s3_bucket, aws_env):
+    """checkpoint.folder an s3:// URL (credentials from the environment), checkpoint.replicas a local
+    directory; the primary's newest step vanishes and the run resumes from the replica's copy."""
+    from ckpt.root import CheckpointRoot
+
+    folder, replica = f"{s3_bucket.url}/run", str(tmp_path / "replica")
+    extra = {"checkpoint__enable": "true", "checkpoint__folder": folder, "checkpoint__replicas": replica,
+             "checkpoint__interval": 4}
+    straight, _, _ = _run(_args(str(tmp_path / "straight"), steps=8))
+    first, _, _ = _run(_args(str(tmp_path / "job"), steps=8, **extra), stop_at=4)
+    assert CheckpointRoot(replica).steps() == [4]
+    CheckpointRoot(folder).delete(4)
+    with pytest.warns(UserWarning, match="loaded from replica"):
+        second, _, _ = _run(_args(str(tmp_path / "job"), steps=8, **extra))
+    assert first + second == straight
+    assert CheckpointRoot(folder).steps() == [8] and CheckpointRoot(replica).steps() == [4, 8]
