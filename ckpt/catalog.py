@@ -54,7 +54,7 @@ from .storage import Location
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-STATES = ("pending", "copying", "committed", "failed", "deleted")
+STATES = ("pending", "copying", "committed", "failed", "dropped", "deleted")
 ACTIVE_STATES = ("pending", "copying", "committed")  # a step is kept while some mount is in one
 UNREADABLE = "unreadable manifest: "  # detail prefix of a "failed" state: listed, manifest unreadable
 MAP_SIZE = 1 << 30  # sparse on Linux: the file grows with the data

@@ -94,12 +94,14 @@ class Writer(StorageWriter):
             raise InvalidOptionError("base", base.name, f"a delta cannot be its own base (step {base.step})")
         self.overwrite, self.step, self.base = overwrite, step, base
         self.attempt: commit.Attempt | None = None
+        self.manifest: Manifest | None = None  # the committed manifest, on the coordinator
 
     # -- DCP protocol ------------------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id is not None:
             self.path = locate(checkpoint_id, self.storage_options)
         self.attempt = None
+        self.manifest = None
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         if self.path is None:
@@ -123,6 +125,7 @@ class Writer(StorageWriter):
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         manifest = build_manifest(metadata, results, step=self.step, base=self.base, user=self.options.user_metadata)
         commit.finish(self.attempt, manifest, overwrite=self.overwrite)
+        self.manifest = manifest
 
     def abort(self) -> None:
         """Remove what this save wrote after a failure (coordinator only; safe to call twice)."""

@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 from . import resume, retention
 from .api import load as load_checkpoint, write_tree
+from .catalog import Catalog, open_catalog
 from .collective import any_rank, run_on_src
 from .dcp import Writer
 from .delta import DeltaBase, DeltaPolicy, tensor_signature
@@ -89,6 +90,7 @@ class CheckpointManager:
         run_on_src(self._root.lock if self.rank == 0 else lambda: None, self._control_pg,
                    distributed=self._distributed)
         self._mounts = [self._root, *(CheckpointRoot(url, storage_options) for url in options.replicas)]
+        self._catalog = self._open_catalog() if self.rank == 0 else None
         self._replicator = None
         if options.replicas:
             groups = [dist.new_group(backend="gloo") if self._distributed else None for _ in options.replicas]
@@ -96,7 +98,7 @@ class CheckpointManager:
                 CheckpointRoot(self._root.path), self._mounts[1:], groups=groups, distributed=self._distributed,
                 keep=options.keep, keep_every=options.keep_every, read_back=options.replica_read_back,
                 backlog=options.replica_backlog, retry_initial=options.replica_retry_initial,
-                retry_max=options.replica_retry_max)
+                retry_max=options.replica_retry_max, on_state=self._record_replica_state)
         self._deltas = DeltaPolicy(options.full_every)
         self._stager = None
         if options.async_mode is AsyncMode.DOUBLE_BUFFER:
@@ -236,6 +238,8 @@ class CheckpointManager:
             if self._stager is not None:
                 self._stager.close()
             self._writer.shutdown(wait=True)
+            if self._catalog is not None:
+                self._catalog.close()
             self._root.unlock()
             for group in (self._control_pg, self._write_pg, *(self._replicator.groups if self._replicator else ())):
                 if group is not None:
@@ -254,12 +258,39 @@ class CheckpointManager:
             log.error("checkpoint error while closing after a failure: %s", background)
 
     # -- internals ---------------------------------------------------------------------------------
+    def _open_catalog(self) -> Catalog | None:
+        """Rank 0's LMDB catalog (a cache of the mounts' manifests; see ckpt.catalog), or None."""
+        path = self.options.catalog if self.options.catalog is not None else Catalog.default_path(self._root.path)
+        if not path:
+            return None
+        try:
+            return open_catalog(path, [mount.path for mount in self._mounts])
+        except CheckpointError as exc:
+            log.warning("checkpoint catalog %s unavailable (%s); continuing without it", path, exc)
+            return None
+
+    def _catalog_call(self, method: str, *args) -> None:
+        if self._catalog is None:
+            return
+        try:
+            getattr(self._catalog, method)(*args)
+        except Exception as exc:  # a cache: never let it fail a save
+            log.warning("checkpoint catalog update (%s) failed: %s", method, exc)
+
+    def _record_replica_state(self, mount: str, step: int, state: str, detail: str) -> None:
+        if state == "deleted":
+            self._catalog_call("forget", mount, step)
+        else:
+            self._catalog_call("set_state", mount, step, state, None, detail[:500])
+
     def _agree_any(self, *flags: bool) -> tuple[bool, ...]:
         return any_rank(flags, self._control_pg, distributed=self._distributed)
 
     def _write(self, step: int, tree: dict, base: DeltaBase | None = None) -> None:
         writer = Writer(self._root.step_path(step), overwrite=True, step=step, base=base, options=self.options)
         write_tree(tree, writer, process_group=self._write_pg, no_dist=not self._distributed)
+        if writer.manifest is not None:  # the coordinator
+            self._catalog_call("record_commit", self._root.path, step, writer.manifest)
 
     def _persist(self, step: int, snapshot: Future, base: tuple[int, Future] | None) -> None:
         """The writer thread: wait for the snapshot (and the base's), write, commit, retain."""
@@ -288,6 +319,7 @@ class CheckpointManager:
         for old in sorted(doomed, reverse=True):  # dependents first: no listed delta outlives its base
             log.info("retention: deleting step %d", old)
             self._root.delete(old)
+            self._catalog_call("forget", self._root.path, old)
 
     def _finished(self, step: int, future: Future) -> None:
         with self._inflight_lock:

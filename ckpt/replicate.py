@@ -80,10 +80,15 @@ def _blobs_by_file(manifest: Manifest) -> dict[str, list[tuple[str, Blob]]]:
     return {name: [blobs[k] for k in sorted(blobs)] for name, blobs in by_file.items()}
 
 
-def copy_file(source: DataFiles, target: Location, name: str, blobs: list[tuple[str, Blob]]) -> int:
-    """Stream the data file ``name`` from ``source`` to ``target/name``, verifying every blob as it
-    passes; returns the bytes written. A mismatch aborts the file (nothing of it stays)."""
+def copy_file(source: DataFiles, target: Location, name: str, blobs: list[tuple[str, Blob]],
+              size: int | None = None) -> int:
+    """Stream the data file ``name`` (``size`` bytes, as its manifest records) from ``source`` to
+    ``target/name``, verifying every blob as it passes; returns the bytes written. A mismatch
+    aborts the file (nothing of it stays)."""
     reader = source.open(name)
+    if size is not None and reader.size != size:
+        raise CorruptCheckpointError(f"{source.root}: {name} holds {reader.size} bytes, its manifest says {size}",
+                                     path=str(source.root), file=name)
     out = target.storage.create((target / name).path)
     buffer = memoryview(bytearray(min(SLICE, max(reader.size, 1))))
     position = 0
@@ -171,7 +176,7 @@ def copy_step(source: Location, target: Location, *, read_back: bool = False, gr
         files = DataFiles(source)
         try:
             for name in mine:
-                copied += copy_file(files, directory, name, blobs.get(name, []))
+                copied += copy_file(files, directory, name, blobs.get(name, []), manifest.files.get(name))
         finally:
             files.close()
         if read_back:

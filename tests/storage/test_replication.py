@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import ckpt
+from ckpt.catalog import Catalog
 from ckpt.read import ChunkSource
 from ckpt.replicate import COMMITTED, copy_step
 from ckpt.root import CheckpointRoot
@@ -94,6 +95,10 @@ def test_load_falls_back_to_a_replica_bitwise_when_the_primary_copy_is_bad(tmp_p
     primary, replica = tmp_path / "a", tmp_path / "b"
     with ckpt.CheckpointManager(primary, interval=1, keep=5, replicas=[str(replica)], **FAST_RETRY) as manager:
         saved = _train(manager, [1, 2, 3])
+    with Catalog(primary / ".catalog", readonly=True) as catalog:  # the manager's index of both mounts
+        assert catalog.mounts() == [str(primary), str(replica)]
+        assert [(i.step, i.kind, {m: s.state for m, s in i.mounts.items()}) for i in catalog.steps()] == \
+            [(s, "full", {str(primary): "committed", str(replica): "committed"}) for s in (1, 2, 3)]
     data = step_path(primary, 3) / "data" / "rank-00000.bin"
     raw = bytearray(data.read_bytes())
     raw[100] ^= 0xFF

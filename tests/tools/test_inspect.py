@@ -1,4 +1,4 @@
-"""tools.inspect, the ckpt-inspect CLI: the steps x mounts table (and --json), --verify finding a
+"""tools.inspection, the ckpt-inspect CLI: the steps x mounts table (and --json), --verify finding a
 flipped byte by file and tensor, one checkpoint's summary, --rebuild-catalog, one error line and
 exit 1 for bad input, exit 2 for bad usage, URLs through the AWS environment."""
 
@@ -16,7 +16,7 @@ import torch
 import ckpt
 from ckpt.catalog import Catalog, open_catalog
 from ckpt.storage import locate
-from tools.inspect import human, main
+from tools.inspection import human, main
 
 
 def _state(seed: int) -> dict:
@@ -28,7 +28,7 @@ def _state(seed: int) -> dict:
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("inspect") / "run"
-    with ckpt.CheckpointManager(root, interval=1, full_every=3) as manager:
+    with ckpt.CheckpointManager(root, interval=1, full_every=3, catalog="") as manager:  # tests make their own
         for step in range(1, 5):
             manager.save(step, _state(step))
     return root
@@ -164,6 +164,6 @@ def test_urls_through_the_aws_environment(s3_bucket, aws_env, capsys):
 
 
 def test_help_in_a_subprocess():
-    result = subprocess.run([sys.executable, "-m", "tools.inspect", "--help"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "tools.inspection", "--help"], capture_output=True, text=True,
                             timeout=120, cwd=Path(__file__).parents[2])
     assert result.returncode == 0 and "examples:" in result.stdout and "--verify" in result.stdout

@@ -73,16 +73,22 @@ def note(text: str) -> None:
 
 
 # -- mounts and the catalog ----------------------------------------------------------------------
-def read_catalog(path: str | None, *, explicit: bool = False, quiet: bool = False
+def read_catalog(path: str | None, root: Location, *, explicit: bool = False, quiet: bool = False
                  ) -> tuple[list[str], dict[int, StepInfo]]:
-    """The catalog's mounts and steps, read only; nothing when there is none or it is unreadable."""
+    """The catalog's mounts and steps, read only; nothing when there is none, it is unreadable, or it
+    indexes another primary than ``root`` (a copied root carries its original's catalog)."""
     if path is None or not os.path.isfile(os.path.join(path, "data.mdb")):
         if explicit:
             note(f"no catalog at {path}")
         return [], {}
     try:
         with Catalog(path, readonly=True) as catalog:
-            return catalog.mounts(), {info.step: info for info in catalog.steps()}
+            mounts, steps = catalog.mounts(), {info.step: info for info in catalog.steps()}
+        if mounts and mounts[0] != mount_id(root):
+            if not quiet:
+                note(f"catalog ignored (it indexes {mounts[0]}, not {mount_id(root)}); run --rebuild-catalog")
+            return [], {}
+        return mounts, steps
     except CheckpointError as exc:
         if not quiet:
             note(f"catalog ignored ({' '.join(str(exc).split())}); run --rebuild-catalog")
@@ -187,7 +193,7 @@ def print_listing(root: Location, catalog_path, mounts, rows, as_json: bool) -> 
 def listing(args, root: Location, *, rebuilt: bool = False) -> int:
     check_root(root)
     catalog_path = args.catalog or Catalog.default_path(root)
-    catalog_mounts, catalog = read_catalog(catalog_path, explicit=args.catalog is not None and not rebuilt)
+    catalog_mounts, catalog = read_catalog(catalog_path, root, explicit=args.catalog is not None and not rebuilt)
     mounts = mount_list(root, catalog_mounts, args.mount)
     rows = step_rows(mounts, listings(mounts), catalog)
     if not rows and not catalog and not CheckpointRoot(root).step_dirs():
@@ -199,7 +205,7 @@ def listing(args, root: Location, *, rebuilt: bool = False) -> int:
 def rebuild(args, root: Location) -> int:
     check_root(root)
     path = args.catalog or Catalog.default_path(root)
-    catalog_mounts, _ = read_catalog(path, quiet=True)  # a damaged one is rebuilt from ROOT and --mount
+    catalog_mounts, _ = read_catalog(path, root, quiet=True)  # a damaged one is rebuilt from ROOT and --mount
     mounts = mount_list(root, catalog_mounts, args.mount)
     open_catalog(path, [location for _url, location in mounts], rebuild=True).close()
     if not args.json:
@@ -214,7 +220,7 @@ def verify(args, target: Location) -> int:
         mounts, roots = [str(target.parent)], []
     else:
         check_root(target)
-        catalog_mounts, _ = read_catalog(args.catalog or Catalog.default_path(target),
+        catalog_mounts, _ = read_catalog(args.catalog or Catalog.default_path(target), target,
                                          explicit=args.catalog is not None)
         mounts_found = mount_list(target, catalog_mounts, args.mount)
         listed = listings(mounts_found)
