@@ -228,7 +228,8 @@ class ChunkSource:
             if name is None:
                 raise CorruptCheckpointError(f"{self.path} stores delta chunks but names no base",
                                              path=str(self.path), file=MANIFEST_NAME)
-            self._bases = [self._open_base(root / name, name) for root in (self.path.parent, *self.mirrors)]
+            roots = [self.path.parent, *(m for m in self.mirrors if m != self.path.parent)]
+            self._bases = [self._open_base(root / name, name) for root in roots]
         return self._bases
 
     def _open_base(self, path: Location, name: str) -> "ChunkSource | CheckpointError":

@@ -48,7 +48,7 @@ def _load_from(mounts: list[CheckpointRoot], holders: list[CheckpointRoot], stat
     """Load ``step`` from the first of ``holders`` whose copy loads; the last failure, or None."""
     failure = None
     for mount in holders:
-        mirrors = tuple(m.path for m in mounts if m is not mount)
+        mirrors = tuple(m.path for m in mounts)  # every link is looked for on its own mount first
         try:
             load(state, mount.step_path(step), mirrors)
         except DAMAGE as exc:
