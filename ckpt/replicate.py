@@ -245,6 +245,16 @@ class _MountWorker:
             return self.queue.popleft() if self.queue else None
 
     def _run(self) -> None:
+        try:
+            self._work()
+        except Exception:  # a bug or a broken process group: say so loudly, training goes on
+            log.exception("replication to %s stopped", self.url)
+            with self.owner.lock:
+                waiting, self.queue = list(self.queue), deque()
+            for step in waiting:
+                self.set_state(step, PENDING, "replication stopped; copied when a manager next starts")
+
+    def _work(self) -> None:
         self._catch_up()
         while (step := self._next()) is not None:
             late = self.owner.deadline is not None and time.monotonic() >= self.owner.deadline

@@ -131,10 +131,12 @@ def test_credentials_never_reach_files_logs_or_errors(s3_bucket, caplog, tmp_pat
     caplog.set_level(logging.INFO)  # (botocore's own DEBUG lines show the access key id: AWS's choice)
     caplog.set_level(logging.DEBUG, logger="ckpt")
     root = f"{s3_bucket.url}/secret"
-    with ckpt.CheckpointManager(root, interval=1, keep=1, replicas=[str(tmp_path / "replica")],
-                                storage_options=s3_bucket.storage_options) as manager:
-        manager.save(1, make_state(5))
-        manager.save(2, make_state(6))
+    for primary, replica in ((root, str(tmp_path / "replica")), (str(tmp_path / "local"), root)):
+        with ckpt.CheckpointManager(primary, interval=1, keep=1, replicas=[replica],
+                                    storage_options=s3_bucket.storage_options) as manager:
+            manager.save(1, make_state(5))
+            manager.save(2, make_state(6))
+    assert (tmp_path / "local" / ".catalog" / "data.mdb").is_file()  # it indexes the S3 mount too
     with pytest.raises(ckpt.CheckpointNotFoundError) as missing:
         ckpt.load(blank_state(), f"{root}/step-00000009", storage_options=s3_bucket.storage_options)
     with pytest.raises(ckpt.CheckpointError) as refused:  # a bucket that does not exist
@@ -144,3 +146,16 @@ def test_credentials_never_reach_files_logs_or_errors(s3_bucket, caplog, tmp_pat
     said = caplog.text + str(missing.value) + str(refused.value) + repr(refused.value)
     for secret in (TEST_KEY, TEST_SECRET):
         assert secret.encode() not in written and secret not in said
+
+
+def test_a_merged_safetensors_file_straight_to_s3(s3_bucket):
+    from safetensors.torch import load
+
+    url = f"{s3_bucket.url}/export/model.safetensors"
+    state = make_state(8)
+    ckpt.save(state, url, merged=True, storage_options=s3_bucket.storage_options)
+    with pytest.raises(ckpt.CheckpointExistsError):
+        ckpt.save(state, url, merged=True, storage_options=s3_bucket.storage_options)
+    tensors = load(_s3(s3_bucket).cat_file(f"{s3_bucket.name}/export/model.safetensors"))
+    assert all(torch.equal(tensors[k], v) for k, v in state.items() if isinstance(v, torch.Tensor))
+    assert list(_objects(s3_bucket, "export")) == [f"{s3_bucket.name}/export/model.safetensors"]
