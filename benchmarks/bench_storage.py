@@ -377,6 +377,9 @@ def run(args: argparse.Namespace) -> tuple[list[Method], list[Method], dict]:
                           f"{l.seconds:7.3f}s {nbytes / l.seconds / MiB:7.1f} MiB/s (cpu {l.client_cpu:.2f}/"
                           f"{l.server_cpu:.2f}s)", flush=True)
             info["contention"] = load.stop().describe("during the timed rounds")
+            info["server_line"] = (f"This run's moto server (pid {server.process.pid}) is a process of the machine too: "
+                                   "a busy `moto.server` among the other busy processes above is it (or a test's "
+                                   "server running beside it)")
             if args.profile:
                 info["profile"] = profile_ours(bench, args.profile)
         finally:
@@ -576,7 +579,7 @@ def report(methods1: list[Method], methods2: list[Method], info: dict, args: arg
         "Notes:",
         *notes,
         "",
-        *provenance(info["machine"], command, load=info["contention"]),
+        *provenance(info["machine"], command, load=info["contention"], extra=[info["server_line"]]),
     ]
     return "\n".join(body)
 
