@@ -254,18 +254,18 @@ class S3PartsWriter(_CheckedWriter):
             in_flight = [f for f in self.parts if not f.done()]
             if len(in_flight) >= PARALLEL_PARTS:
                 in_flight[0].result()
-            number, body = len(self.parts) + 1, bytes(self.buffer)
+            number, body = len(self.parts) + 1, self.buffer  # handed over whole: no second copy
             self.buffer = bytearray()
             self.parts.append(self.pool.submit(self._upload_part, number, body))
 
-    def _upload_part(self, number: int, body: bytes) -> dict:
+    def _upload_part(self, number: int, body: bytearray) -> dict:
         out = self._call("upload_part", PartNumber=number, UploadId=self.upload_id, Body=body)
         return {"PartNumber": number, "ETag": out["ETag"]}
 
     def close(self) -> int:
         with self.storage._io(self.path, "uploading"):
             if self.upload_id is None:
-                self._call("put_object", Body=bytes(self.buffer))
+                self._call("put_object", Body=self.buffer)
             else:
                 if self.buffer:
                     self._send_part()
