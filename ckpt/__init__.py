@@ -53,5 +53,6 @@ __all__ = [
     "CheckpointRoot", "DeltaBase", "DoubleBufferStager",
     "CheckpointError", "CheckpointExistsError", "CheckpointLockedError", "CheckpointNotFoundError",
     "CheckpointWriteError", "CorruptCheckpointError", "DeviceUnavailableError", "IncompatibleCheckpointError",
-    "InvalidManifestError", "InvalidOptionError", "SnapshotSkipped", "StorageError", "UnsafeCheckpointError", "UnsupportedFormatError",
+    "InvalidManifestError", "InvalidOptionError", "SnapshotSkipped", "StorageError", "UnsafeCheckpointError",
+    "UnsupportedFormatError",
 ]

@@ -24,8 +24,8 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from .errors import UnsupportedFormatError
 from .blobs import checksum
+from .errors import UnsupportedFormatError
 
 FORMAT_NAME = "ckpt"
 FORMAT_VERSION = 2

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from . import codec, commit, values
+from .blobs import checksum
 from .errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -35,7 +36,6 @@ from .errors import (
     InvalidManifestError,
     UnsafeCheckpointError,
 )
-from .blobs import checksum
 from .format import MANIFEST_NAME, Blob, Chunk, Manifest, ValueEntry, is_data_file_name
 from .storage import Location, ReadHandle, locate
 

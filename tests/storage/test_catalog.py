@@ -248,6 +248,6 @@ def test_errors_are_checkpoint_errors(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(CheckpointError):
         Catalog(tmp_path / "file")
-    with Catalog(tmp_path / "cat") as catalog, pytest.raises(CheckpointError, match="already open"):
+    with Catalog(tmp_path / "cat"), pytest.raises(CheckpointError, match="already open"):
         Catalog(tmp_path / "cat")  # py-lmdb refuses a second handle in one process
     assert os.path.isdir(tmp_path / "cat")

@@ -198,6 +198,7 @@ def test_every_rank_uploads_what_it_wrote(tmp_path, s3_bucket):
     s3 = f"{s3_bucket.url}/ranks"
     listed = run_ranks(2, _replicate_on_two_ranks, str(tmp_path / "a"), s3, s3_bucket.storage_options)
     assert listed[0] == sorted(Path(p).name for p in (tmp_path / "a" / "step-00000002" / "data").iterdir())
-    assert len(listed[0]) == 2 and listed[0] == listed[1] and {n.split(".")[-2][-5:] for n in listed[0]} == {"00000", "00001"}
+    assert len(listed[0]) == 2 and listed[0] == listed[1]
+    assert {n.split(".")[-2][-5:] for n in listed[0]} == {"00000", "00001"}
     for step in (1, 2):
         _verify_every_blob(CheckpointRoot(s3, s3_bucket.storage_options).step_path(step))
