@@ -43,7 +43,7 @@ from .catalog import Catalog, open_catalog
 from .collective import any_rank, run_on_src
 from .dcp import Writer
 from .delta import DeltaBase, DeltaPolicy, tensor_signature
-from .errors import CheckpointError, CheckpointWriteError
+from .errors import CheckpointError, CheckpointWriteError, InvalidOptionError
 from .options import AsyncMode, BusyPolicy, FailurePolicy, SaveOptions
 from .replicate import Replicator
 from .root import CheckpointRoot, step_name
@@ -82,6 +82,11 @@ class CheckpointManager:
         self._root = CheckpointRoot(root, storage_options)
         self.root = self._root.path
         self.stats = SaveStats()
+        self._mounts = [self._root, *(CheckpointRoot(url, storage_options) for url in options.replicas)]
+        named = [(m.path.storage.scheme, m.path.storage.identity(m.path.path)) for m in self._mounts]
+        if len(set(named)) != len(named):
+            raise InvalidOptionError("replicas", list(options.replicas),
+                                     f"must name mounts other than the root {self.root} and each other")
         self._distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self._distributed else 0
         # Background writes and the main thread's agreements each get their own gloo group.
@@ -89,7 +94,6 @@ class CheckpointManager:
         self._write_pg = dist.new_group(backend="gloo") if self._distributed else None
         run_on_src(self._root.lock if self.rank == 0 else lambda: None, self._control_pg,
                    distributed=self._distributed)
-        self._mounts = [self._root, *(CheckpointRoot(url, storage_options) for url in options.replicas)]
         self._catalog = self._open_catalog() if self.rank == 0 else None
         self._replicator = None
         if options.replicas:

@@ -202,3 +202,9 @@ def test_every_rank_uploads_what_it_wrote(tmp_path, s3_bucket):
     assert {n.split(".")[-2][-5:] for n in listed[0]} == {"00000", "00001"}
     for step in (1, 2):
         _verify_every_blob(CheckpointRoot(s3, s3_bucket.storage_options).step_path(step))
+
+
+def test_a_replica_that_is_the_root_itself_is_refused(tmp_path):
+    with pytest.raises(ckpt.InvalidOptionError, match="replicas"):
+        ckpt.CheckpointManager(tmp_path / "run", replicas=[str(tmp_path / "run" / ".." / "run")])
+    ckpt.CheckpointManager(tmp_path / "run").close()  # nothing held by the refused one
