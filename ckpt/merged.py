@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -90,30 +90,44 @@ def save_merged(
 
 
 def _header(flat: dict, names: list[str], paths: dict, user_metadata: dict) -> bytes:
-    entries: dict[str, Any] = {}
-    offset = 0
-    for name in names:
-        tensor = flat[name]
-        if tensor.dtype not in SAFETENSORS_DTYPES:
-            raise UnsupportedFormatError(f"{name}: dtype {tensor.dtype} has no safetensors code")
-        nbytes = tensor.numel() * tensor.element_size()
-        entries[name] = {
-            "dtype": SAFETENSORS_DTYPES[tensor.dtype],
-            "shape": list(tensor.shape),
-            "data_offsets": [offset, offset + nbytes],
-        }
-        offset += nbytes
     plain = {k: v for k, v in flat.items() if not isinstance(v, torch.Tensor)}
     try:
         encoded = json.dumps(values.encode(plain))
     except values.NotJSONable as exc:  # the header is text: nothing else fits there
         raise UnsupportedFormatError(f"a merged .safetensors file holds plain values as JSON only: {exc}") from None
-    entries["__metadata__"] = {
+    metadata = {
         "format": "pt",
         "ckpt.values": encoded,
         "ckpt.paths": json.dumps({k: list(p) for k, p in paths.items()}),
         "ckpt.user": json.dumps(user_metadata),
     }
+    return safetensors_header(((name, flat[name].dtype, flat[name].shape) for name in names), metadata)
+
+
+def safetensors_header(tensors: Iterable[tuple[str, torch.dtype, Sequence[int]]], metadata: dict[str, str]) -> bytes:
+    """The header of a ``.safetensors`` file whose data section holds ``tensors`` (name, dtype,
+    shape) back to back in the order given: the 8-byte little-endian length, then the JSON (padded
+    with spaces to a multiple of 8 bytes, as safetensors aligns its data section). Built from
+    metadata alone, so a writer can put it first and stream the tensors after it (this module and
+    :mod:`ckpt.consolidate`)."""
+    entries: dict[str, Any] = {}
+    offset = 0
+    for name, dtype, shape in tensors:
+        if dtype not in SAFETENSORS_DTYPES:
+            raise UnsupportedFormatError(f"{name}: dtype {dtype} has no safetensors code")
+        if name in entries or name == "__metadata__":
+            raise UnsupportedFormatError(f"{name!r} cannot be a safetensors tensor name here (repeated or reserved)")
+        numel = 1
+        for size in shape:
+            numel *= int(size)
+        nbytes = numel * dtype.itemsize
+        entries[name] = {
+            "dtype": SAFETENSORS_DTYPES[dtype],
+            "shape": [int(size) for size in shape],
+            "data_offsets": [offset, offset + nbytes],
+        }
+        offset += nbytes
+    entries["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     raw = json.dumps(entries, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # safetensors aligns the data section to 8 bytes
     return len(raw).to_bytes(8, "little") + raw
