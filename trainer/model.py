@@ -169,6 +169,8 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
+        cos, sin = cos[:s], sin[:s]  # the full tables come in: under sequence parallelism only the
+        # attention input (gathered) knows the whole sequence length.
         # -1 rather than the head counts: under tensor parallelism each rank holds a slice of heads.
         q = self.wq(x).view(b, s, -1, self.head_dim)
         k = self.wk(x).view(b, s, -1, self.head_dim)
@@ -244,13 +246,11 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens [b, s]`` → ``logits [b, s, vocab]``; a pipeline stage without embedding takes
         hidden states ``[b, s, dim]``, and one without ``output`` returns hidden states."""
+        if tokens.shape[1] > self.args.max_seq_len:
+            raise ValueError(f"sequence length {tokens.shape[1]} exceeds max_seq_len {self.args.max_seq_len}")
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        seq_len = h.shape[1]
-        if seq_len > self.args.max_seq_len:
-            raise ValueError(f"sequence length {seq_len} exceeds max_seq_len {self.args.max_seq_len}")
-        cos, sin = self.rope_cos[:seq_len], self.rope_sin[:seq_len]
         for layer in self.layers.values():
-            h = layer(h, cos, sin)
+            h = layer(h, self.rope_cos, self.rope_sin)
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h

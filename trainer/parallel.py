@@ -8,8 +8,9 @@ all (as in torchtitan): FSDP2 on a 1-rank mesh still copies every parameter in a
 buffers and runs the optimizer on DTensors, +10-30% time per step on CPU (benchmarks/RESULTS.md).
 Checkpoints do not care: plain tensors and DTensor shards load into each other by FQN.
 With ``precision = "bf16"`` FSDP2 computes in bf16 and reduces gradients in fp32 (master weights
-and optimizer state stay fp32); DDP and the unwrapped model use autocast. Tensor and pipeline
-parallelism come in part 2.
+and optimizer state stay fp32); DDP and the unwrapped model use autocast. Tensor parallelism
+(``apply_tp``) is Megatron-style with sequence parallelism; FSDP2 then shards the TP DTensors over
+the data-parallel dimensions (2-D), HSDP when ``dp_replicate > 1``.
 """
 
 from __future__ import annotations
@@ -40,10 +41,8 @@ class ParallelDims:
         for name, value in (("dp_replicate", dp_replicate), ("tp", tp), ("pp", pp)):
             if value < 1:
                 raise ParallelismError(f"parallelism.{name} must be >= 1, got {value}")
-        if tp > 1 or pp > 1:
-            raise ParallelismError(
-                f"tensor parallel (tp={tp}) and pipeline parallel (pp={pp}) arrive in trainer part 2; "
-                "this build trains with data parallelism only (tp = pp = 1)")
+        if pp > 1:
+            raise ParallelismError(f"pipeline parallel (pp={pp}) is not supported yet; use pp = 1")
         others = dp_replicate * tp * pp
         if dp_shard == -1:
             if world_size % others:
@@ -68,6 +67,51 @@ class ParallelDims:
 def dp_rank(mesh: DeviceMesh, dims: ParallelDims) -> int:
     """This rank's index among the data-parallel ranks (what the data loader shards by)."""
     return mesh.get_local_rank("dp_replicate") * dims.dp_shard + mesh.get_local_rank("dp_shard")
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Megatron-style tensor parallelism with sequence parallelism (torchtitan's plan): q/k/v and
+    w1/w3 split by output features, wo and w2 by input features, so each block needs one
+    all-gather in and one reduce-scatter out; norms and the residual stream are sharded along the
+    sequence between blocks; the embedding is split by vocabulary and the output projection
+    gathers its logits (plain tensors for the loss)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    tp = tp_mesh.size()
+    args = model.args
+    for what, count in (("model.n_heads", args.n_heads), ("model.n_kv_heads", args.kv_heads)):
+        if count % tp:
+            raise ParallelismError(f"{what} = {count} is not divisible by parallelism.tp = {tp}")
+    top = {}
+    if model.tok_embeddings is not None:
+        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    if model.norm is not None:
+        top["norm"] = SequenceParallel()
+    if model.output is not None:
+        top["output"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
+    parallelize_module(model, tp_mesh, top)
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, {
+            "attention_norm": SequenceParallel(),
+            "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                            desired_input_layouts=(Replicate(), None, None)),
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(),
+            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+            "feed_forward.w3": ColwiseParallel(),
+        })
 
 
 def apply_activation_checkpointing(model: nn.Module) -> None:
@@ -101,6 +145,10 @@ def apply_ddp(model: nn.Module, mesh: DeviceMesh, device: torch.device) -> nn.Mo
 
 def parallelize(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, *, zero_stage: int, bf16: bool,
                 activation_checkpointing: bool, compile: bool, device: torch.device) -> nn.Module:
+    if dims.tp > 1:
+        if zero_stage == 0 and dims.dp > 1:
+            raise ParallelismError("zero_stage 0 (DDP) cannot wrap a tensor-parallel model; use zero_stage >= 1")
+        apply_tp(model, mesh["tp"])
     if activation_checkpointing:
         apply_activation_checkpointing(model)
     if compile:
