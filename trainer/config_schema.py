@@ -166,6 +166,14 @@ class CheckpointConfig:
     is not committed is refused, naming the committed ones."""
     create_seed_checkpoint: bool = False
     """Initialise the model, save it as step 0 and exit (run with a single process)."""
+    initial_load_path: str | None = None
+    """A checkpoint to take the model's weights from when the run has no checkpoint of its own yet:
+    a checkpoint directory, or a root (its newest committed step); a path (relative to the working
+    directory) or a URL. E.g. the output of `ckpt-convert HF_DIR DST --from hf`. Only the weights
+    are loaded (the tensors under "model."; every one the model has must be there, in its shape and
+    dtype): the optimizer, learning-rate schedule and data position start fresh. Ignored once the
+    run has a checkpoint in checkpoint.folder (it resumes from that); works with checkpoint.enable
+    false too; with create_seed_checkpoint the seed holds these weights."""
 
     def save_options(self, *, device_type: str | None, user_metadata: dict) -> SaveOptions:
         """The engine's :class:`~ckpt.options.SaveOptions` for this section (after validation).

@@ -13,11 +13,12 @@ have seen, also with another data-parallel degree.
 Exit codes (an expected failure prints exactly one ``error: ...`` line on stderr, no traceback):
 
     0  done: trained to training.steps, or wrote the seed checkpoint
-    1  failed: the checkpoint to resume from cannot be loaded, or a save failed under
+    1  failed: the checkpoint to resume from (or initial_load_path) cannot be loaded, or a save failed under
        checkpoint.on_error=stop; committed checkpoints stay and a restart resumes from the newest
     2  refused before training, nothing written: a config that cannot work (keys, values, model shapes,
        vocab_size below the tokenizer's, dataset or tokenizer missing/empty/unreadable, layout vs world
-       size), a checkpoint folder another run holds or that cannot be created, a load_step not committed
+       size), a checkpoint folder another run holds or that cannot be created, a load_step not committed,
+       a checkpoint.initial_load_path holding no checkpoint or model weights that do not fit the model
 """
 
 from __future__ import annotations
@@ -34,8 +35,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 import ckpt
+from ckpt import commit
+from ckpt.root import CheckpointRoot, step_name
+from ckpt.storage import locate
 from trainer import data as data_mod
 from trainer import exits
 from trainer import model as model_mod
@@ -135,6 +140,7 @@ class Trainer:
                       "dataloader": self.loader, "train": self.train_state}
         self.flops_per_token = model_mod.flops_per_token(self.model_args, t.seq_len)
         self.peak = peak_flops(device_name(self.device_type))
+        self.resumed_step: int | None = None
         if c.enable or c.create_seed_checkpoint:  # the lock first: a second run is refused before it writes
             folder = c.folder if "://" in c.folder or os.path.isabs(c.folder) else str(Path(cfg.job.dump_folder) / c.folder)
             options = c.save_options(device_type=self.device_type, user_metadata={"config": cfg.to_dict()})
@@ -145,6 +151,8 @@ class Trainer:
             self.manager.attach(self.optimizer)
             if not c.create_seed_checkpoint:
                 self.resume()
+        if c.initial_load_path and self.resumed_step is None:
+            self.load_initial_weights(c.initial_load_path)
         with exits.refusing(f"job.dump_folder={cfg.job.dump_folder!r}"):
             self.metrics = MetricsLogger(cfg.job.dump_folder, enabled=self.rank == 0, tensorboard=cfg.metrics.tensorboard)
             if self.rank == 0:
@@ -164,7 +172,34 @@ class Trainer:
                 raise exits.Refused(f"checkpoint.load_step={load_step}: {exc}") from exc
             raise exits.Failed(f"the checkpoint to resume from cannot be loaded: {exc}") from exc
         if step is not None:
+            self.resumed_step = step
             self.log(f"resumed from checkpoint step {step} ({self.manager.root})")
+
+    def load_initial_weights(self, source: str) -> None:
+        """checkpoint.initial_load_path: the model's weights only, from a checkpoint directory or the
+        newest committed step of a root (done by the constructor when nothing was resumed). Refused
+        (exit 2) when it holds no checkpoint or its ``model.`` tensors are not exactly the model's;
+        a damaged checkpoint fails (exit 1)."""
+        what = f"checkpoint.initial_load_path={source!r}"
+        with exits.refusing(what):
+            path = initial_checkpoint(source)
+            manifest = ckpt.read_manifest(path)
+        live = {f"model.{key}" for key in get_model_state_dict(self.model)}
+        saved = {key for key in manifest.tensors if key.startswith("model.")}
+        if live != saved:
+            missing, unexpected = sorted(live - saved), sorted(saved - live)
+            raise exits.Refused(
+                f"{what}: its model weights do not fit this model ({len(missing)} missing: "
+                f"{', '.join(missing[:3]) or '-'}; {len(unexpected)} unexpected: {', '.join(unexpected[:3]) or '-'}); "
+                "set model.* to the shapes it was written with")
+        try:  # non-strict: whatever else it holds (an optimizer, a data position) is left out
+            ckpt.load({"model": self.model}, path, strict=False)
+        except ckpt.IncompatibleCheckpointError as exc:
+            raise exits.Refused(f"{what}: its model weights do not fit this model: {exc}") from exc
+        except ckpt.CheckpointError as exc:
+            raise exits.Failed(f"{what} cannot be loaded: {exc}") from exc
+        step = "" if manifest.step is None else f" (step {manifest.step})"
+        self.log(f"model weights loaded from {path}{step}; optimizer, schedule and data start fresh")
 
     def train_step(self) -> torch.Tensor:
         inputs, labels = self.loader.next_batch()
@@ -271,6 +306,19 @@ class Trainer:
                 self.metrics.close()
             if self._owns_process_group and dist.is_initialized():
                 dist.destroy_process_group()
+
+
+def initial_checkpoint(source: str):
+    """The checkpoint ``source`` names: itself when committed, else the newest committed step of
+    the root ``source``; CheckpointNotFoundError when there is none."""
+    location = locate(source)
+    if commit.is_committed(location):
+        return location
+    steps = CheckpointRoot(location).steps() if location.is_dir() else []
+    if not steps:
+        raise ckpt.CheckpointNotFoundError(f"{location} is neither a checkpoint (no manifest.json) nor a root "
+                                           "holding a committed step", path=str(location))
+    return location / step_name(steps[-1])
 
 
 def _train(argv: list[str]) -> None:

@@ -4,6 +4,7 @@ metrics output, seed checkpoint, clean CLI errors."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -165,3 +166,37 @@ def test_checkpoints_on_s3_with_a_replica_resume_from_the_replica(tmp_path, s3_b
         second, _, _ = _run(_args(str(tmp_path / "job"), steps=8, **extra))
     assert first + second == straight
     assert CheckpointRoot(folder).steps() == [8] and CheckpointRoot(replica).steps() == [4, 8]
+
+
+def test_initial_load_path_takes_the_model_weights_only_until_the_run_has_its_own(tmp_path, capsys):
+    """checkpoint.initial_load_path: a model-only checkpoint (what ckpt-convert --from hf writes) seeds
+    the weights; optimizer, schedule and data start fresh; once the run has saved, it resumes from its
+    own folder and the initial checkpoint is ignored. No checkpoint there, or weights of another
+    shape: refused (exit 2) with one line."""
+    import ckpt
+    from trainer import model as model_mod
+    from trainer.config import load_config
+    from trainer.train import Trainer, main
+
+    torch.manual_seed(1234)
+    initial = model_mod.build(model_mod.model_args("debug")).state_dict()
+    ckpt.save({"model": initial}, tmp_path / "init" / "step-00000000", step=0)
+    trainer = Trainer(load_config(_args(str(tmp_path / "run"), steps=2, checkpoint__interval=2,
+                                        checkpoint__initial_load_path=tmp_path / "init")))
+    try:
+        loaded = trainer.model.state_dict()
+        assert all(torch.equal(loaded[k], initial[k]) for k in initial)  # every weight, bitwise
+        assert trainer.loader.position == 0 and trainer.scheduler.last_epoch == 0  # the rest starts fresh
+        losses = trainer.fit()
+    finally:
+        trainer.close()
+    assert len(losses) == 2 and all(math.isfinite(l) for l in losses)
+    assert "model weights loaded from" in capsys.readouterr().out
+    losses, _, loader = _run(_args(str(tmp_path / "run"), steps=3, checkpoint__initial_load_path=tmp_path / "init"))
+    assert len(losses) == 1 and loader["position"] == 24  # resumed from its own step 2
+    assert "resumed from checkpoint step 2" in capsys.readouterr().out
+    for extra, words in (({"checkpoint__initial_load_path": tmp_path / "nothing"}, "neither a checkpoint"),
+                         ({"checkpoint__initial_load_path": tmp_path / "init", "model__n_layers": 2}, "do not fit")):
+        assert main(_args(str(tmp_path / "other"), steps=1, **extra)) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "checkpoint.initial_load_path" in err and words in err
