@@ -56,6 +56,11 @@ def read_manifest_bytes(path: str | os.PathLike | Location, storage_options: dic
     path = locate(path, storage_options)
     reason = commit.uncommitted_reason(path)
     if reason is not None:
+        from .dcp_import import looks_like_dcp  # only on this failure path
+
+        if path.storage.is_local and path.is_dir() and looks_like_dcp(path):
+            reason = (f"{path} is a checkpoint written by torch.distributed.checkpoint (DCP), not by ckpt; "
+                      f"convert it with: ckpt-convert {path} <dst> --from dcp")
         raise CheckpointNotFoundError(reason, path=str(path), file=MANIFEST_NAME)
     try:
         raw = path.storage.read_bytes(path.path, MANIFEST_NAME, MAX_MANIFEST_BYTES)

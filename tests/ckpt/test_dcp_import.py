@@ -1,0 +1,294 @@
+"""ckpt.dcp_import: a plain DCP (FileSystemWriter) checkpoint becomes one of ours — bitwise, reshardable,
+without ever running code from it — and ckpt.load on a raw DCP directory says how to convert it.
+
+The source is a real ``dcp.save`` of an FSDP2 model and its AdamW state on 2 ranks (state dicts from
+``get_state_dict``, as torchtitan does). Hostile inputs: a ``.metadata`` whose unpickling would run
+``os.system``/``exec`` (directly, or through ``builtins.getattr``) or monkeypatch a class, a data
+file path leaving the directory, a value that needs ``weights_only=False``, a truncated data file.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.metadata import Metadata
+
+import ckpt
+from ckpt.dcp_import import import_dcp, looks_like_dcp, read_dcp_metadata, total_tensor_bytes
+from tests import models
+from tests.dist import run_ranks
+
+EXTRA = {"a": [1, 2]}
+
+
+def _save_dcp_import_and_resume(rank: int, world: int, root: str):
+    """Train a step under FSDP2, save with plain DCP; rank 0 imports; both ranks resume from the import
+    into a fresh FSDP2 model and optimizer and must hold the saved state bitwise."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model = models.parallelize(models.build(), "fsdp")
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    models.train_step(model, optim)
+    expected = models.full_state(model, optim)
+    model_sd, optim_sd = get_state_dict(model, optim)
+    dcp.save({"model": model_sd, "optim": optim_sd, "step": 7, "extra": {"a": [1, 2]}},
+             checkpoint_id=f"{root}/dcp")
+    if rank == 0:
+        import_dcp(f"{root}/dcp", f"{root}/run/step-00000007")
+    dist.barrier()
+
+    model = models.parallelize(models.build(seed=5), "fsdp")
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    state = {"model": model, "optim": optim, "step": 0, "extra": {"a": None}}
+    ckpt.load(state, f"{root}/run/step-00000007")
+    models.assert_same(models.full_state(model, optim), expected)
+    return (expected if rank == 0 else None), state["step"], state["extra"]
+
+
+@pytest.fixture(scope="module")
+def fsdp_dcp(tmp_path_factory) -> tuple[Path, dict]:
+    """(root, expected full state): ``root/dcp`` written by DCP on 2 ranks, ``root/run/step-00000007``
+    its import (both ranks already resumed from it and checked it bitwise)."""
+    root = tmp_path_factory.mktemp("fsdp")
+    results = run_ranks(2, _save_dcp_import_and_resume, str(root))
+    assert [r[1:] for r in results] == [(7, EXTRA)] * 2
+    return root, results[0][0]
+
+
+@pytest.fixture(scope="module")
+def small_dcp(tmp_path_factory) -> Path:
+    """A single-process DCP checkpoint of a tensor and a few values (two data files)."""
+    path = tmp_path_factory.mktemp("small") / "dcp"
+    state = {"w": torch.arange(64, dtype=torch.float32).reshape(8, 8), "b": torch.ones(5, dtype=torch.bfloat16),
+             "step": 1, "seen": {3, 1}}
+    dcp.save(state, storage_writer=FileSystemWriter(path, thread_count=2), no_dist=True)
+    return path
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _leaves_nothing(dst: Path) -> None:
+    """A refused import left neither the target nor a temporary directory beside it."""
+    assert not dst.exists()
+    if dst.parent.exists():
+        assert not [p.name for p in dst.parent.iterdir() if p.name.startswith(dst.name + ".")]
+
+
+# -- the import ----------------------------------------------------------------------------------
+
+def test_fsdp2_adamw_dcp_checkpoint_imports_bitwise_and_reshards(fsdp_dcp):
+    root, expected = fsdp_dcp
+    source, imported = root / "dcp", root / "run" / "step-00000007"
+    metadata = read_dcp_metadata(source)
+    manifest = ckpt.read_manifest(imported)
+    assert manifest.step == 7 and manifest.kind == "full" and manifest.world_size == 2
+    assert sorted(manifest.files) == ["data/rank-00000.bin", "data/rank-00001.bin"]
+    # DCP's chunk boxes are kept (FSDP2 shards of vocab 13: 7 + 6 rows), and its flatten mapping
+    emb = manifest.tensors["model.emb.weight"]
+    assert [(c.offsets, c.sizes) for c in emb.chunks] == [((0, 0), (7, 16)), ((7, 0), (6, 16))]
+    assert manifest.paths == {k: tuple(v) for k, v in metadata.planner_data.items()}
+    assert manifest.total_tensor_bytes() == total_tensor_bytes(metadata)
+    assert manifest.values["extra.a"].value == [1, 2] and manifest.values["step"].value == 7
+
+    # 2 ranks (FSDP2) resumed from it in the fixture; here one process, a plain model + AdamW
+    model = models.build(seed=9)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    state = {"model": model, "optim": optim, "step": 0, "extra": {"a": None}}
+    ckpt.load(state, imported, no_dist=True)
+    models.assert_same(models.full_state(model, optim), expected)
+    assert state["step"] == 7 and state["extra"] == EXTRA
+
+
+def test_load_of_a_raw_dcp_directory_names_the_conversion(fsdp_dcp, tmp_path):
+    source = fsdp_dcp[0] / "dcp"
+    assert looks_like_dcp(source) and not looks_like_dcp(fsdp_dcp[0] / "run" / "step-00000007")
+    model = models.build()
+    for call in (lambda: ckpt.load({"model": model}, source, no_dist=True), lambda: ckpt.read_manifest(source)):
+        with pytest.raises(ckpt.CheckpointNotFoundError) as info:
+            call()
+        message = str(info.value)
+        assert "torch.distributed.checkpoint (DCP)" in message
+        assert f"ckpt-convert {source} <dst> --from dcp" in message
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ckpt.CheckpointNotFoundError, match="no manifest.json"):
+        ckpt.read_manifest(tmp_path / "empty")
+
+
+def test_values_zstd_transform_progress_and_overwrite(small_dcp, tmp_path, monkeypatch):
+    from torch.distributed.checkpoint._extension import ZStandard
+
+    real_load = torch.load
+
+    def only_weights(*args, **kwargs):
+        assert kwargs.get("weights_only") is True
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", only_weights)
+    state = {"w": torch.randn(40, 30), "step": 3, "seen": {1, 2}}
+    zstd = tmp_path / "zstd"
+    dcp.save(state, storage_writer=FileSystemWriter(zstd, _extensions=[ZStandard()]), no_dist=True)
+    assert read_dcp_metadata(zstd).storage_data  # its items carry ["stream.zstd/1"]
+    seen = []
+    manifest = import_dcp(zstd, tmp_path / "out", progress=seen.append)
+    assert seen == [40 * 30 * 4] and manifest.step is None
+    assert manifest.values["seen"].encoding == "torch_save"  # a set: no JSON for it
+    live = {"w": torch.zeros(40, 30), "step": 0, "seen": None}
+    ckpt.load(live, tmp_path / "out", no_dist=True)
+    models.assert_same(live, state)
+
+    with pytest.raises(ckpt.CheckpointExistsError):
+        import_dcp(small_dcp, tmp_path / "out")
+    import_dcp(small_dcp, tmp_path / "out", overwrite=True)
+    live = {"w": torch.zeros(8, 8), "b": torch.zeros(5, dtype=torch.bfloat16), "step": 0, "seen": None}
+    ckpt.load(live, tmp_path / "out", no_dist=True)
+    assert live["step"] == 1 and live["seen"] == {1, 3} and torch.equal(live["w"], torch.arange(64.0).reshape(8, 8))
+    assert sorted(ckpt.read_manifest(tmp_path / "out").files) == ["data/rank-00000-p1.bin", "data/rank-00000.bin"]
+    with pytest.raises(ckpt.CheckpointExistsError):
+        import_dcp(small_dcp, small_dcp, overwrite=True)
+    assert looks_like_dcp(small_dcp)
+
+
+# -- hostile .metadata ---------------------------------------------------------------------------
+
+class _Reduce:
+    """Pickles as ``func(*args)``."""
+
+    def __init__(self, func, *args):
+        self.func, self.args = func, args
+
+    def __reduce__(self):
+        return self.func, self.args
+
+
+def _getattr_system(command: str) -> bytes:
+    """``getattr(__import__("os"), "system")(command)`` spelled in pickle opcodes."""
+    return (b"cbuiltins\ngetattr\n(cbuiltins\n__import__\n(Vos\ntRVsystem\ntR(V" + command.encode() + b"\ntR.")
+
+
+def _metadata_wrapping(payload) -> bytes:
+    """A real-looking Metadata whose planner_data is ``payload`` (unpickled mid-stream)."""
+    return pickle.dumps(Metadata(state_dict_metadata={}, planner_data=payload, storage_data={}, version="1.0.0"))
+
+
+@pytest.mark.parametrize("how", ["os.system", "builtins.exec", "builtins.getattr"])
+def test_hostile_metadata_is_refused_and_runs_nothing(small_dcp, tmp_path, how):
+    marker = tmp_path / "pwned"
+    if how == "os.system":
+        payload = _metadata_wrapping(_Reduce(os.system, f"touch {marker}"))
+    elif how == "builtins.exec":
+        payload = _metadata_wrapping(_Reduce(exec, f"open({str(marker)!r}, 'w').close()"))
+    else:
+        payload = _getattr_system(f"touch {marker}")
+    pickle.loads(payload)  # the payload is real: plain unpickling runs it
+    assert marker.exists()
+    marker.unlink()
+
+    source = _copy(small_dcp, tmp_path / "dcp")
+    (source / ".metadata").write_bytes(payload)
+    for call in (lambda: read_dcp_metadata(source), lambda: import_dcp(source, tmp_path / "out")):
+        with pytest.raises(ckpt.UnsafeCheckpointError, match=f"refused global {how.replace('os.', '(os|posix).')}"):
+            call()
+    assert not marker.exists()
+    _leaves_nothing(tmp_path / "out")
+
+
+def test_metadata_gadgets_through_allowed_classes_are_refused(small_dcp, tmp_path):
+    """Admitted classes cannot be turned against the process: no BUILD on a class (it would setattr
+    on Metadata itself), no call of anything but the few admitted constructors."""
+    module = b"torch.distributed.checkpoint.metadata"
+    build_on_class = (b"\x80\x04\x8c" + bytes([len(module)]) + module + b"\x8c\x08Metadata\x93"
+                      b"N}\x8c\x04evil\x88s\x86b.")
+    new_size = pickle.dumps(_Reduce(torch.Size, [1, 2]))  # fine on its own ...
+    call_dtype = b"\x80\x04\x8c\x05torch\x8c\x07float32\x93)R."  # ... but a dtype is not callable
+    source = _copy(small_dcp, tmp_path / "dcp")
+    for payload, message in ((build_on_class, "refused setting the state"), (call_dtype, "refused call")):
+        (source / ".metadata").write_bytes(payload)
+        with pytest.raises(ckpt.UnsafeCheckpointError, match=message):
+            read_dcp_metadata(source)
+    assert not hasattr(Metadata, "evil")
+    (source / ".metadata").write_bytes(new_size)  # allowed, but not a Metadata
+    with pytest.raises(ckpt.CorruptCheckpointError, match="not DCP's Metadata"):
+        read_dcp_metadata(source)
+
+
+def _rewrite_metadata(source: Path, edit) -> None:
+    metadata = read_dcp_metadata(source)
+    edit(metadata)
+    (source / ".metadata").write_bytes(pickle.dumps(metadata))
+
+
+def test_data_paths_leaving_the_directory_are_refused(small_dcp, tmp_path):
+    for bad in ("../outside.distcp", "/etc/hostname", ".metadata"):
+        source = _copy(small_dcp, tmp_path / f"dcp{len(bad)}")
+        shutil.copy(source / "__0_0.distcp", tmp_path / "outside.distcp")
+
+        def aim(metadata, bad=bad):
+            next(iter(metadata.storage_data.values())).relative_path = bad
+
+        _rewrite_metadata(source, aim)
+        with pytest.raises(ckpt.InvalidManifestError, match="not a plain file name inside the checkpoint") as info:
+            import_dcp(source, tmp_path / "out")
+        assert bad in str(info.value)
+        _leaves_nothing(tmp_path / "out")
+
+
+def test_unknown_stream_transform_is_unsupported(small_dcp, tmp_path):
+    source = _copy(small_dcp, tmp_path / "dcp")
+
+    def encrypt(metadata):
+        next(iter(metadata.storage_data.values())).transform_descriptors = ["stream.aes/1"]
+
+    _rewrite_metadata(source, encrypt)
+    with pytest.raises(ckpt.UnsupportedFormatError, match="stream.aes/1"):
+        import_dcp(source, tmp_path / "out")
+    _leaves_nothing(tmp_path / "out")
+
+
+# -- hostile or damaged data files ---------------------------------------------------------------
+
+class Booby:
+    """Pickles as ``open(marker, "w")``: loading it with weights_only=False creates the marker."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_value_needing_weights_only_false_is_refused(tmp_path):
+    marker = tmp_path / "pwned"
+    source = tmp_path / "dcp"
+    dcp.save({"w": torch.ones(4), "obj": Booby(marker)}, checkpoint_id=source, no_dist=True)
+    stream = io.BytesIO()
+    torch.save(Booby(marker), stream)
+    torch.load(io.BytesIO(stream.getvalue()), weights_only=False)  # the payload is real
+    assert marker.exists()
+    marker.unlink()
+    with pytest.raises(ckpt.UnsafeCheckpointError, match="'obj'") as info:
+        import_dcp(source, tmp_path / "out")
+    assert info.value.tensor == "obj" and "weights_only" in str(info.value)
+    assert not marker.exists()
+    _leaves_nothing(tmp_path / "out")
+
+
+def test_truncated_data_file_is_corrupt_and_named(fsdp_dcp, tmp_path):
+    source = _copy(fsdp_dcp[0] / "dcp", tmp_path / "dcp")
+    data = source / "__1_0.distcp"
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    with pytest.raises(ckpt.CorruptCheckpointError, match=r"__1_0\.distcp is truncated") as info:
+        import_dcp(source, tmp_path / "run" / "step-00000007")
+    assert info.value.file == "__1_0.distcp"
+    _leaves_nothing(tmp_path / "run" / "step-00000007")
