@@ -215,12 +215,17 @@ def write_output(dst: str | os.PathLike | Location, specs: Sequence[TensorSpec],
             raise UnsupportedFormatError(f"{unsupported[0].key}: dtype {unsupported[0].dtype} has no safetensors "
                                          f"code ({len(unsupported)} such tensor(s)); use --format torch")
     metadata = {"format": "pt", **{str(k): str(v) for k, v in (metadata or {}).items()}}
-    stream = _Checked(specs, tensors, progress)
     dst = locate(dst, storage_options)
-    if max_shard_size is None:
-        _write_file(dst, specs, stream, format=format, overwrite=overwrite, metadata=metadata)
-        stream.finish()
-        return [str(dst)]
+    with _Checked(specs, tensors, progress) as stream:
+        if max_shard_size is None:
+            _write_file(dst, specs, stream, format=format, overwrite=overwrite, metadata=metadata)
+            return [str(dst)]
+        return _write_sharded(dst, specs, stream, format=format, max_shard_size=max_shard_size, overwrite=overwrite,
+                              metadata=metadata)
+
+
+def _write_sharded(dst: Location, specs: list[TensorSpec], stream: "_Checked", *, format: str, max_shard_size: int,
+                   overwrite: bool, metadata: dict[str, str]) -> list[str]:
     metadata_bytes = len(json.dumps(metadata)) if format == "safetensors" else 0
     shards = plan_shards(specs, max_shard_size, metadata_bytes=metadata_bytes)
     single, pattern, index_name = HF_NAMES[format]
@@ -231,7 +236,6 @@ def write_output(dst: str | os.PathLike | Location, specs: Sequence[TensorSpec],
                  "weight_map": {s.key: name for name, shard in zip(names, shards) for s in shard}}
         files[index_name] = json.dumps(index, indent=2).encode() + b"\n"
     _write_directory(dst, files, stream, format=format, overwrite=overwrite, metadata=metadata)
-    stream.finish()
     return [str(dst / name) for name in files]
 
 
@@ -261,10 +265,16 @@ class _Checked:
             self.progress(spec.nbytes)
 
     def finish(self) -> None:
+        """Every planned tensor written: the stream must end here (checked before publishing)."""
         extra = next(self.iterator, None)
         if extra is not None:
             raise CheckpointWriteError(f"tensor {extra[0]!r} arrived after the last planned one", tensor=extra[0])
-        close = getattr(self.iterator, "close", None)
+
+    def __enter__(self) -> "_Checked":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        close = getattr(self.iterator, "close", None)  # a generator: its sources close now, not at gc
         if close is not None:
             close()
 
@@ -274,6 +284,7 @@ def _write_file(dst: Location, specs: list[TensorSpec], stream: _Checked, *, for
     pending = commit.PendingFile(dst, overwrite=overwrite)
     try:
         _stream_into(pending.write, specs, stream, format=format, metadata=metadata)
+        stream.finish()
         pending.publish()
     except BaseException:
         pending.abort()
@@ -344,9 +355,10 @@ def _write_directory(dst: Location, files: dict[str, Any], stream: _Checked, *, 
 def _write_files(directory: Location, files: dict[str, Any], stream: _Checked, *, format: str,
                  metadata: dict[str, str]) -> None:
     storage = directory.storage
-    for name, content in files.items():
+    for name, content in files.items():  # shards first, the index last
         path = (directory / name).path
         if isinstance(content, bytes):
+            stream.finish()
             storage.write_bytes(path, content)
             continue
         handle = storage.create(path)
@@ -356,6 +368,7 @@ def _write_files(directory: Location, files: dict[str, Any], stream: _Checked, *
         except BaseException:
             handle.abort()
             raise
+    stream.finish()
 
 
 # -- the torch.save format ---------------------------------------------------------------------
@@ -404,15 +417,22 @@ class _SpecPickler(pickle.Pickler):
 
 
 class _Sink:
-    """The file-like object ``PyTorchFileWriter`` writes to: forwards to ``write`` until discarded."""
+    """The file-like object ``PyTorchFileWriter`` writes to. It never raises into the C++ writer
+    (whose byte count would then disagree with the file, and whose destructor aborts the process on
+    that): a failed write is kept in :attr:`error`, raised by :class:`TorchZipWriter` when the call
+    returns, and everything after it (or after :meth:`TorchZipWriter.discard`) is dropped."""
 
     def __init__(self, write: Callable[[Any], None]):
         self._write = write
         self.dead = False
+        self.error: BaseException | None = None
 
     def write(self, data) -> int:
         if not self.dead:
-            self._write(data)
+            try:
+                self._write(data)
+            except BaseException as exc:  # noqa: BLE001 - handed back by TorchZipWriter._check
+                self.error, self.dead = exc, True
         return len(data)
 
     def flush(self) -> None:
@@ -443,6 +463,12 @@ class TorchZipWriter:
 
     def _record(self, name: str, data: bytes) -> None:
         self.zip.write_record(name, data, len(data))
+        self._check()
+
+    def _check(self) -> None:
+        if self.sink.error is not None:
+            error, self.sink.error = self.sink.error, None
+            raise error
 
     def add(self, index: int, tensor: torch.Tensor) -> None:
         if index != self.next:
@@ -456,12 +482,14 @@ class TorchZipWriter:
             tensor = tensor.contiguous().clone() if tensor.is_contiguous() else tensor.contiguous()
             storage = tensor.untyped_storage()
         self.zip.write_record(f"data/{index}", storage, spec.nbytes)
+        self._check()
         self.next += 1
 
     def finish(self) -> None:
         if self.next != len(self.specs):
             raise CheckpointWriteError(f"torch zip: {len(self.specs) - self.next} tensor(s) never arrived")
         self.zip.write_end_of_file()
+        self._check()
 
     def discard(self) -> None:
         """After a failure: write nothing more (the writer's destructor would finish the zip)."""

@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         manifest = read_manifest(source)
         keys = select_keys(manifest, args.only)
         total = sum(s.nbytes for s in tensor_specs(manifest, keys, dtype=dtype))
-        with progress(total, "merge" if manifest.step is None else f"merge step {manifest.step}", quiet=args.quiet) as bar:
+        label = "merge" if manifest.step is None else f"merge step {manifest.step}"
+        with progress(total, label, quiet=args.quiet) as bar:
             written = merge(source, args.dst, format=fmt, dtype=dtype, only=args.only, max_shard_size=max_shard_size,
                             overwrite=args.force, progress=bar.update, manifest=manifest)
     except EXPECTED_FAILURES as exc:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -24,7 +25,15 @@ import torch
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
 import ckpt
-from ckpt.consolidate import TensorSpec, full_tensors, plan_shards, select_keys, tensor_specs, write_output
+from ckpt.consolidate import (
+    TensorSpec,
+    TorchZipWriter,
+    full_tensors,
+    plan_shards,
+    select_keys,
+    tensor_specs,
+    write_output,
+)
 from tests import models
 from tests.ckpt.test_reshard import _save_parallel
 from tests.dist import run_ranks
@@ -168,7 +177,31 @@ def test_consolidate_api(tmp_path):
     # a tensor arriving out of plan is refused, and nothing is left
     with pytest.raises(ckpt.CheckpointError, match="planned"):
         write_output(tmp_path / "y.safetensors", specs, iter([("model.a", torch.zeros(5, 3))]), format="safetensors")
+    one = [TensorSpec("model.a", torch.float32, (5, 3))]
+    extra = iter([("model.a", state["model"]["a"]), ("model.e", state["model"]["e"])])
+    with pytest.raises(ckpt.CheckpointError, match="after the last planned"):
+        write_output(tmp_path / "z.pt", one, extra, format="torch")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c", "x.pt"]
+
+    # a write failing inside torch's zip writer (a full disk) surfaces as itself; the process lives on
+    # (an exception thrown into PyTorchFileWriter would make its destructor abort the process)
+    sizes = []
+    whole = TorchZipWriter(lambda data: sizes.append(len(data)), one)
+    whole.add(0, state["model"]["a"])
+    whole.finish()
+    for budget in (10, sum(sizes) // 2, sum(sizes) - 30):  # in the pickle, a storage record, the end records
+        written_bytes = [0]
+
+        def full_disk(data, budget=budget):
+            written_bytes[0] += len(data)
+            if written_bytes[0] > budget:
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+        with pytest.raises(OSError, match="No space"):
+            archive = TorchZipWriter(full_disk, one)
+            archive.add(0, state["model"]["a"])
+            archive.finish()
+        archive = None
 
     # shard planning: greedy in order; a tensor over the limit alone
     specs = [TensorSpec(f"t{i}", torch.float32, (n,)) for i, n in enumerate([100, 100, 1000, 100])]
