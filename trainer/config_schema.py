@@ -104,6 +104,13 @@ class ParallelismConfig:
     """Tensor-parallel degree, with sequence parallelism (seed key: distributed.tp_size)."""
     pp: int = 1
     """Pipeline-parallel degree (seed key: distributed.pp_size)."""
+    pp_schedule: str = "1f1b"
+    """Pipeline schedule: gpipe, 1f1b, or interleaved1f1b (needs pp_virtual_stages >= 2)."""
+    pp_microbatches: int | None = None
+    """Microbatches each step's batch is split into for the pipeline; none: pp (the least that
+    fills it). Must divide the per-rank batch."""
+    pp_virtual_stages: int = 1
+    """Pipeline stages per rank (interleaved1f1b: 2 or more; the layers are cut into pp x this)."""
 
 
 @dataclass
@@ -214,6 +221,7 @@ CHOICES: dict[tuple[str, str], tuple[Any, ...]] = {
     ("training", "device"): ("auto", "npu", "cuda", "cpu"),
     ("optimization", "precision"): ("fp32", "bf16"),
     ("optimization", "zero_stage"): (0, 1, 2, 3),
+    ("parallelism", "pp_schedule"): ("gpipe", "1f1b", "interleaved1f1b"),
     ("checkpoint", "async_mode"): choices(AsyncMode),
     ("checkpoint", "compress"): choices(Compression),
     ("checkpoint", "on_error"): choices(FailurePolicy),

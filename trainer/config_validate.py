@@ -89,6 +89,10 @@ def validate(cfg: Config) -> None:
     for key in ("dp_replicate", "tp", "pp"):
         if getattr(p, key) < 1:
             _fail("parallelism", key, getattr(p, key), "must be >= 1")
+    if p.pp_virtual_stages < 1:
+        _fail("parallelism", "pp_virtual_stages", p.pp_virtual_stages, "must be >= 1")
+    if p.pp_microbatches is not None and p.pp_microbatches < 1:
+        _fail("parallelism", "pp_microbatches", p.pp_microbatches, "must be >= 1 (or none for pp)")
     if p.dp_shard != -1 and p.dp_shard < 1:
         _fail("parallelism", "dp_shard", p.dp_shard, "must be >= 1, or -1 for all remaining ranks")
 

@@ -41,8 +41,6 @@ class ParallelDims:
         for name, value in (("dp_replicate", dp_replicate), ("tp", tp), ("pp", pp)):
             if value < 1:
                 raise ParallelismError(f"parallelism.{name} must be >= 1, got {value}")
-        if pp > 1:
-            raise ParallelismError(f"pipeline parallel (pp={pp}) is not supported yet; use pp = 1")
         others = dp_replicate * tp * pp
         if dp_shard == -1:
             if world_size % others:

@@ -47,7 +47,16 @@ from trainer import model as model_mod
 from trainer.config import Config, help_text, load_config
 from trainer.device import device_name, init_distributed, peak_memory_gib, resolve_device_type, synchronize
 from trainer.metrics import MetricsLogger, peak_flops
-from trainer.parallel import ParallelDims, all_reduce_mean, dp_rank, parallelize, set_gradient_sync, uses_autocast
+from trainer import pipeline as pipeline_mod
+from trainer.parallel import (
+    ParallelDims,
+    ParallelismError,
+    all_reduce_mean,
+    dp_rank,
+    parallelize,
+    set_gradient_sync,
+    uses_autocast,
+)
 
 
 def lr_lambda(warmup_steps: int, total_steps: int, min_ratio: float):
@@ -125,11 +134,13 @@ class Trainer:
         model = model_mod.build(self.model_args)
         self.bf16 = cfg.optimization.precision == "bf16"
         model = model.to(self.device)
-        self.model = parallelize(
-            model, self.dims, self.mesh, zero_stage=cfg.optimization.zero_stage, bf16=self.bf16,
-            activation_checkpointing=cfg.optimization.gradient_checkpointing,
-            compile=cfg.optimization.compile, device=self.device)
-        self.autocast_bf16 = self.bf16 and uses_autocast(self.model)
+        self.pipeline = None
+        if self.dims.pp > 1:
+            self.pipeline, self.model = self._pipeline(model)
+            self.autocast_bf16 = self.bf16 and uses_autocast(self.model.parts[0])
+        else:
+            self.model = self._parallelize(model)
+            self.autocast_bf16 = self.bf16 and uses_autocast(self.model)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=(0.9, 0.95),
                                            weight_decay=t.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -157,6 +168,30 @@ class Trainer:
             self.metrics = MetricsLogger(cfg.job.dump_folder, enabled=self.rank == 0, tensorboard=cfg.metrics.tensorboard)
             if self.rank == 0:
                 (Path(cfg.job.dump_folder) / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+
+    def _parallelize(self, model: torch.nn.Module) -> torch.nn.Module:
+        o = self.cfg.optimization
+        return parallelize(model, self.dims, self.mesh, zero_stage=o.zero_stage, bf16=self.bf16,
+                           activation_checkpointing=o.gradient_checkpointing, compile=o.compile, device=self.device)
+
+    def _pipeline(self, model: torch.nn.Module) -> tuple[pipeline_mod.Pipeline, pipeline_mod.ModelParts]:
+        """This rank's pipeline stages, each parallelized like a whole model (trainer.pipeline)."""
+        p = self.cfg.parallelism
+        if self.cfg.optimization.zero_stage == 0 and self.dims.dp > 1:
+            raise ParallelismError("zero_stage 0 (DDP) cannot wrap pipeline stages; use zero_stage >= 1")
+        microbatches = p.pp_microbatches or p.pp
+        if self.accumulation != 1 or self.micro_batch % microbatches:
+            raise ParallelismError(
+                f"with pp = {p.pp} the pipeline's {microbatches} microbatches (parallelism.pp_microbatches) "
+                f"replace gradient accumulation: the per-rank batch ({self.micro_batch * self.accumulation}) must be "
+                f"one micro-batch divisible by them (leave training.micro_batch_size and "
+                f"gradient_accumulation_steps unset)")
+        n_stages = p.pp * p.pp_virtual_stages
+        stages = pipeline_mod.stage_ids(self.mesh.get_local_rank("pp"), p.pp, p.pp_virtual_stages)
+        parts = [self._parallelize(pipeline_mod.split_model(model, stage, n_stages)) for stage in stages]
+        pipe = pipeline_mod.Pipeline(parts, stages, n_stages, schedule=p.pp_schedule, microbatches=microbatches,
+                                     device=self.device, group=self.mesh["pp"].get_group())
+        return pipe, pipeline_mod.ModelParts(parts)
 
     def log(self, message: str) -> None:
         if self.rank == 0:
@@ -207,6 +242,16 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         autocast = torch.autocast(self.device_type, dtype=torch.bfloat16,
                                   enabled=self.autocast_bf16)
+        if self.pipeline is not None:
+            with autocast:
+                total = self.pipeline.step(inputs, labels)
+            if self.cfg.training.max_norm > 0:
+                pipeline_mod.clip_grad_norm(list(self.model.parameters()), self.cfg.training.max_norm,
+                                            self.mesh["pp"].get_group())
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            return total
         for micro in range(self.accumulation):
             chunk = slice(micro * self.micro_batch, (micro + 1) * self.micro_batch)
             with set_gradient_sync(self.model, micro == self.accumulation - 1), autocast:

@@ -1,0 +1,134 @@
+"""Pipeline parallelism through ``torch.distributed.pipelining``: stages, schedules, one training step.
+
+The model is built whole (on every rank, from the same seed, so weights equal a one-process run's),
+then cut into ``pp × virtual_stages`` stages of consecutive layers: the first stage keeps the
+embedding, the last the final norm and output projection (``trainer.model`` passes hidden states
+through a stage without them). Rank ``r`` of the pipeline group holds stages ``r, r + pp, ...``
+(the "loop" placement interleaved schedules expect). Each part is then parallelized like a whole
+model (TP → activation checkpointing → compile → FSDP2).
+
+Schedules (``parallelism.pp_schedule``): ``gpipe``, ``1f1b`` (one stage per rank) and
+``interleaved1f1b`` (``pp_virtual_stages`` ≥ 2 stages per rank); the batch of a step is split into
+``pp_microbatches`` (≥ pp for 1F1B to fill the pipeline). Gradients are averaged over microbatches
+by the schedule, so a step's gradient is the batch mean, as without a pipeline. The last stage owns
+the loss; :meth:`Pipeline.step` sums it over the pipeline group so every rank reports the same value.
+
+:class:`ModelParts` is one module over the parts this rank holds, with the whole model's attribute
+names (``layers.<global index>``, ``tok_embeddings``, ``norm``, ``output``). The optimizer runs over its
+parameters and the checkpoint saves it, so state-dict keys (model and optimizer) are the same
+canonical names with or without a pipeline: a pipelined run's checkpoint loads into any other layout.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from trainer.parallel import ParallelismError
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
+
+
+def stage_ids(pp_rank: int, pp: int, virtual_stages: int) -> list[int]:
+    """The stage indices rank ``pp_rank`` holds (loop placement)."""
+    return [pp_rank + k * pp for k in range(virtual_stages)]
+
+
+def layer_ranges(n_layers: int, n_stages: int) -> list[range]:
+    """Consecutive layers per stage, the first stages taking one more when they do not divide."""
+    if n_layers < n_stages:
+        raise ParallelismError(f"model.n_layers = {n_layers} cannot fill {n_stages} pipeline stages")
+    base, extra = divmod(n_layers, n_stages)
+    ranges, start = [], 0
+    for stage in range(n_stages):
+        size = base + (stage < extra)
+        ranges.append(range(start, start + size))
+        start += size
+    return ranges
+
+
+def split_model(model: nn.Module, stage: int, n_stages: int) -> nn.Module:
+    """A copy of ``model`` holding only what stage ``stage`` of ``n_stages`` computes."""
+    part = copy.deepcopy(model)
+    keep = {str(i) for i in layer_ranges(len(model.layers), n_stages)[stage]}
+    for name in list(part.layers):
+        if name not in keep:
+            del part.layers[name]
+    if stage != 0:
+        part.tok_embeddings = None
+    if stage != n_stages - 1:
+        part.norm = None
+        part.output = None
+    return part
+
+
+class ModelParts(nn.Module):
+    """The parts one rank holds, as one module with the whole model's names (see module docstring)."""
+
+    def __init__(self, parts: list[nn.Module]):
+        super().__init__()
+        self.layers = nn.ModuleDict({name: layer for part in parts for name, layer in part.layers.items()})
+        for attr in ("tok_embeddings", "norm", "output"):
+            owner = [getattr(part, attr) for part in parts if getattr(part, attr) is not None]
+            if owner:
+                setattr(self, attr, owner[0])
+        object.__setattr__(self, "parts", parts)  # not a child: its names would prefix the keys
+
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("a pipelined model runs through Pipeline.step, not forward()")
+
+
+def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+class Pipeline:
+    """This rank's stages and the schedule that runs them."""
+
+    def __init__(self, parts: list[nn.Module], stages: list[int], n_stages: int, *, schedule: str,
+                 microbatches: int, device: torch.device, group: dist.ProcessGroup):
+        from torch.distributed.pipelining import PipelineStage
+        from torch.distributed.pipelining.schedules import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+        self.group, self.device = group, device
+        self.is_first, self.is_last = 0 in stages, n_stages - 1 in stages
+        pipeline_stages = [PipelineStage(part, index, n_stages, device, group=group)
+                           for part, index in zip(parts, stages)]
+        if schedule == "interleaved1f1b":
+            if len(stages) < 2:
+                raise ParallelismError("parallelism.pp_schedule = interleaved1f1b needs pp_virtual_stages >= 2")
+            self.schedule = ScheduleInterleaved1F1B(pipeline_stages, microbatches, loss_fn=_loss)
+        else:
+            if len(stages) != 1:
+                raise ParallelismError(f"parallelism.pp_schedule = {schedule} runs one stage per rank; "
+                                       "set pp_virtual_stages = 1 (or use interleaved1f1b)")
+            single = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
+            self.schedule = single(pipeline_stages[0], microbatches, loss_fn=_loss)
+
+    def step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of one batch through the pipeline; the batch's mean loss, on every
+        rank of the pipeline group."""
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if self.is_first else ()
+        self.schedule.step(*args, target=labels if self.is_last else None, losses=losses)
+        loss = torch.stack(losses).mean().detach() if self.is_last else torch.zeros((), device=self.device)
+        dist.all_reduce(loss, group=self.group)  # only the last stage's is non-zero
+        return loss
+
+
+def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float, pp_group: dist.ProcessGroup | None) -> None:
+    """``clip_grad_norm_`` over the whole model when its parameters are spread over pipeline stages:
+    the squared norms of the stages are summed over ``pp_group`` first."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
+    if hasattr(norm, "full_tensor"):  # DTensor gradients (FSDP2, TP)
+        norm = norm.full_tensor()
+    if pp_group is not None:
+        norm = norm ** 2
+        dist.all_reduce(norm, group=pp_group)
+        norm = norm.sqrt()
+    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm, foreach=True)
