@@ -37,7 +37,7 @@ from .errors import (
     UnsupportedFormatError,
 )
 from .format import FORMAT_VERSION, Manifest
-from .manager import CheckpointManager, SaveStats
+from .manager import CheckpointManager, CommitInfo, SaveStats
 from .options import AsyncMode, BusyPolicy, Compression, FailurePolicy, SaveOptions
 from .planner import SafeLoadPlanner
 from .read import read_manifest
@@ -49,7 +49,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())  # the application
 
 __all__ = [
     "save", "load", "read_manifest", "dcp", "Manifest", "FORMAT_VERSION", "SafeLoadPlanner", "RNGState",
-    "CheckpointManager", "SaveStats", "SaveOptions", "AsyncMode", "BusyPolicy", "Compression", "FailurePolicy",
+    "CheckpointManager", "CommitInfo", "SaveStats", "SaveOptions", "AsyncMode", "BusyPolicy", "Compression", "FailurePolicy",
     "CheckpointRoot", "DeltaBase", "DoubleBufferStager",
     "CheckpointError", "CheckpointExistsError", "CheckpointLockedError", "CheckpointNotFoundError",
     "CheckpointWriteError", "CorruptCheckpointError", "DeviceUnavailableError", "IncompatibleCheckpointError",

@@ -32,7 +32,7 @@ import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -66,6 +66,18 @@ class SaveStats:
     host_buffer_bytes: int = 0
 
 
+@dataclass(frozen=True)
+class CommitInfo:
+    """What ``on_commit`` is told when a checkpoint committed on the primary (rank 0 only)."""
+
+    step: int
+    kind: str  # "full" or "delta"
+    bytes: int  # stored bytes of its data (after any encoding)
+    seconds: float  # from the start of its write to its commit
+    path: str
+    replicas: int  # mounts it is now being copied to
+
+
 class CheckpointManager:
     """Periodic checkpoints of one run under ``root`` (see the module docstring).
 
@@ -77,11 +89,13 @@ class CheckpointManager:
     """
 
     def __init__(self, root: str | os.PathLike, options: SaveOptions | None = None, *,
-                 storage_options: dict | None = None, **overrides: Any):
+                 storage_options: dict | None = None, on_commit: Callable[[CommitInfo], None] | None = None,
+                 **overrides: Any):
         self.options = options = (options or SaveOptions()).replace(**overrides)
         self._root = CheckpointRoot(root, storage_options)
         self.root = self._root.path
         self.stats = SaveStats()
+        self._on_commit = on_commit
         self._mounts = [self._root, *(CheckpointRoot(url, storage_options) for url in options.replicas)]
         named = [(m.path.storage.scheme, m.path.storage.identity(m.path.path)) for m in self._mounts]
         if len(set(named)) != len(named):
@@ -292,9 +306,22 @@ class CheckpointManager:
 
     def _write(self, step: int, tree: dict, base: DeltaBase | None = None) -> None:
         writer = Writer(self._root.step_path(step), overwrite=True, step=step, base=base, options=self.options)
+        start = time.perf_counter()
         write_tree(tree, writer, process_group=self._write_pg, no_dist=not self._distributed)
         if writer.manifest is not None:  # the coordinator
             self._catalog_call("record_commit", self._root.path, step, writer.manifest)
+            self._tell_commit(step, writer.manifest, time.perf_counter() - start)
+
+    def _tell_commit(self, step: int, manifest, seconds: float) -> None:
+        if self._on_commit is None:
+            return
+        stored = sum(manifest.files.values())
+        info = CommitInfo(step, manifest.kind, stored, seconds, str(self._root.step_path(step)),
+                          len(self.options.replicas))
+        try:
+            self._on_commit(info)
+        except Exception as exc:  # the caller's reporting must never fail a save
+            log.warning("on_commit callback failed: %s: %s", type(exc).__name__, exc)
 
     def _persist(self, step: int, snapshot: Future, base: tuple[int, Future] | None) -> None:
         """The writer thread: wait for the snapshot (and the base's), write, commit, retain."""

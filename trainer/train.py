@@ -111,6 +111,7 @@ class Trainer:
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.manager, self.metrics, self._owns_process_group = None, None, False
+        self.checkpoints_written, self.started = 0, time.perf_counter()
         try:
             self._start()
         except BaseException:
@@ -158,7 +159,7 @@ class Trainer:
             if c.create_seed_checkpoint:  # the run exists to write it
                 options = options.replace(on_error=ckpt.FailurePolicy.STOP)
             with exits.refusing(f"checkpoint.folder={str(folder)!r}"):
-                self.manager = ckpt.CheckpointManager(folder, options)
+                self.manager = ckpt.CheckpointManager(folder, options, on_commit=self._committed)
             self.manager.attach(self.optimizer)
             if not c.create_seed_checkpoint:
                 self.resume()
@@ -196,6 +197,13 @@ class Trainer:
     def log(self, message: str) -> None:
         if self.rank == 0:
             print(message, flush=True)
+
+    def _committed(self, info: ckpt.CommitInfo) -> None:
+        """One line per committed checkpoint (the manager calls this on rank 0, from its writer)."""
+        copies = f"; copying to {info.replicas} replica{'s' * (info.replicas > 1)}" if info.replicas else ""
+        self.log(f"checkpoint step {info.step} committed: {info.kind}, {human_bytes(info.bytes)} in "
+                 f"{info.seconds:.2f} s, {info.path}{copies}")
+        self.checkpoints_written += 1
 
     def resume(self) -> None:
         """Load checkpoint.load_step, or the newest committed step if any (done by the constructor)."""
@@ -372,11 +380,34 @@ def _train(argv: list[str]) -> None:
         trainer.log(f"training {trainer.cfg.model.name}/{trainer.cfg.model.flavor} ({model_mod.num_params(trainer.model):,} "
                     f"params on this rank) on {trainer.world} x {trainer.device_type}, dp={trainer.dims.dp}, "
                     f"micro_batch={trainer.micro_batch}, accumulation={trainer.accumulation}")
-        trainer.fit()
+        losses = trainer.fit()
     except BaseException:
         trainer.close(quiet=True)
         raise
     trainer.close()
+    trainer.log(summary(trainer, losses))
+
+
+def human_bytes(count: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if count < 1000 or unit == "TB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+
+
+def summary(trainer: Trainer, losses: list[float]) -> str:
+    """The run's last line: steps, time, tokens/s, checkpoints written, the newest step and where."""
+    t = trainer.cfg.training
+    elapsed = time.perf_counter() - trainer.started
+    line = (f"run finished: {len(losses)} steps in {elapsed:.1f} s, "
+            f"{len(losses) * t.batch_size * t.seq_len / max(elapsed, 1e-9):,.0f} tokens/s")
+    if losses:
+        line += f", final loss {losses[-1]:.4f}"
+    if trainer.manager is not None:
+        steps = trainer.manager.steps()
+        newest = f"newest step {steps[-1]} at {trainer.manager.root / step_name(steps[-1])}" if steps else "none committed"
+        line += f"; {trainer.checkpoints_written} checkpoints written, {newest}"
+    return line
 
 
 def main(argv: list[str] | None = None) -> int:

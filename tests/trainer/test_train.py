@@ -200,3 +200,14 @@ def test_initial_load_path_takes_the_model_weights_only_until_the_run_has_its_ow
         assert main(_args(str(tmp_path / "other"), steps=1, **extra)) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "checkpoint.initial_load_path" in err and words in err
+
+
+def test_a_person_sees_one_line_per_commit_and_a_summary(tmp_path, capsys):
+    from trainer.train import main
+
+    assert main(_args(str(tmp_path), steps=4, checkpoint__enable="true", checkpoint__interval=2)) == 0
+    out = capsys.readouterr().out.splitlines()
+    commits = [line for line in out if line.startswith("checkpoint step ")]
+    assert [line.split()[2] for line in commits] == ["2", "4"]
+    assert all(" committed: full, " in line and str(tmp_path / "checkpoints") in line for line in commits)
+    assert out[-1].startswith("run finished: 4 steps in ") and "2 checkpoints written, newest step 4 at " in out[-1]
