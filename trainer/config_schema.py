@@ -118,9 +118,18 @@ class OptimizationConfig:
     """Numerics and memory trade-offs."""
 
     precision: str = "fp32"
-    """Parameter/compute precision: fp32, or bf16 (mixed precision, fp32 gradient reduction)."""
+    """Compute precision: fp32; bf16 or fp16 (mixed precision: fp32 master weights, optimizer state
+    and gradient reduction; fp16 adds a dynamic loss scaler whose state is checkpointed)."""
     gradient_checkpointing: bool = False
-    """Recompute every transformer block's activations in backward (saves memory)."""
+    """Recompute transformer blocks' activations in backward (saves memory; see ac_every, ac_op_level)."""
+    ac_every: int = 1
+    """With gradient_checkpointing: checkpoint every n-th block (1: all blocks; 2: every other one)."""
+    ac_op_level: bool = False
+    """With gradient_checkpointing: keep matmul and attention outputs, recompute only the cheap
+    element-wise ops between them (selective op-level checkpointing), instead of whole blocks."""
+    cpu_offload: bool = False
+    """FSDP2 CPU offload: parameters, gradients and optimizer state live in host memory and the
+    optimizer steps there (the seeds' swap optimizer); needs zero_stage >= 1 and dp > 1."""
     zero_stage: int = 3
     """Data-parallel sharding: 0 DDP; 1 or 2 FSDP2 without resharding after forward;
     3 FSDP2 resharding parameters after forward. With one data-parallel rank the model is not
@@ -219,7 +228,7 @@ SECTIONS: dict[str, type] = {
 # Fields restricted to a set of values (strings are matched case-insensitively and stored lower-case).
 CHOICES: dict[tuple[str, str], tuple[Any, ...]] = {
     ("training", "device"): ("auto", "npu", "cuda", "cpu"),
-    ("optimization", "precision"): ("fp32", "bf16"),
+    ("optimization", "precision"): ("fp32", "bf16", "fp16"),
     ("optimization", "zero_stage"): (0, 1, 2, 3),
     ("parallelism", "pp_schedule"): ("gpipe", "1f1b", "interleaved1f1b"),
     ("checkpoint", "async_mode"): choices(AsyncMode),

@@ -89,6 +89,8 @@ def validate(cfg: Config) -> None:
     for key in ("dp_replicate", "tp", "pp"):
         if getattr(p, key) < 1:
             _fail("parallelism", key, getattr(p, key), "must be >= 1")
+    if cfg.optimization.ac_every < 1:
+        _fail("optimization", "ac_every", cfg.optimization.ac_every, "must be >= 1")
     if p.pp_virtual_stages < 1:
         _fail("parallelism", "pp_virtual_stages", p.pp_virtual_stages, "must be >= 1")
     if p.pp_microbatches is not None and p.pp_microbatches < 1:

@@ -112,11 +112,33 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
         })
 
 
-def apply_activation_checkpointing(model: nn.Module) -> None:
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+def apply_activation_checkpointing(model: nn.Module, *, every: int = 1, op_level: bool = False) -> None:
+    """Recompute activations in backward instead of keeping them: every ``every``-th block (by its
+    global layer index, so a pipeline stage picks the same blocks as the whole model), either whole
+    (full recomputation) or, with ``op_level``, keeping the matmul and attention outputs and
+    recomputing only the cheap element-wise ops between them (selective op-level checkpointing)."""
+    from functools import partial
+
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    saved = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+             torch.ops.aten._scaled_dot_product_flash_attention.default,
+             torch.ops.aten._scaled_dot_product_efficient_attention.default,
+             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
 
     for name, block in list(model.layers.items()):
-        model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False)
+        if int(name) % every:
+            continue
+        if op_level:
+            model.layers[name] = checkpoint_wrapper(
+                block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=False,
+                context_fn=partial(create_selective_checkpoint_contexts, policy))
+        else:
+            model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False)
 
 
 def apply_compile(model: nn.Module) -> None:
@@ -124,13 +146,24 @@ def apply_compile(model: nn.Module) -> None:
         model.layers[name] = torch.compile(block, fullgraph=True)
 
 
-def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, reshard_after_forward: bool, bf16: bool) -> nn.Module:
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None,
-                                  reduce_dtype=torch.float32 if bf16 else None)
+COMPUTE_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, reshard_after_forward: bool, precision: str = "fp32",
+               cpu_offload: bool = False) -> nn.Module:
+    """FSDP2 over ``mesh`` per block, then the root (HSDP when ``mesh`` is 2-D)."""
+    low = COMPUTE_DTYPES[precision]
+    policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32 if low is not None else None)
+    extra = {}
+    if cpu_offload:  # parameters, gradients and optimizer state in host memory (the seeds' swap optimizer)
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        # pinned host memory speeds the copies to an accelerator; without one there is none to pin
+        extra["offload_policy"] = CPUOffloadPolicy(pin_memory=mesh.device_type != "cpu")
     for block in model.layers.values():
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy, **extra)
     # The root keeps embeddings/norm/output; its parameters are needed again right after forward.
-    return fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=policy)
+    return fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=policy, **extra)
 
 
 def apply_ddp(model: nn.Module, mesh: DeviceMesh, device: torch.device) -> nn.Module:
@@ -141,14 +174,18 @@ def apply_ddp(model: nn.Module, mesh: DeviceMesh, device: torch.device) -> nn.Mo
     return DistributedDataParallel(model, process_group=group, device_ids=device_ids)
 
 
-def parallelize(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, *, zero_stage: int, bf16: bool,
-                activation_checkpointing: bool, compile: bool, device: torch.device) -> nn.Module:
+def parallelize(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, *, zero_stage: int, precision: str,
+                activation_checkpointing: bool, compile: bool, device: torch.device, ac_every: int = 1,
+                ac_op_level: bool = False, cpu_offload: bool = False) -> nn.Module:
+    if cpu_offload and (dims.dp == 1 or zero_stage == 0):
+        raise ParallelismError("optimization.cpu_offload needs FSDP2: zero_stage >= 1 and more than one "
+                               "data-parallel rank")
     if dims.tp > 1:
         if zero_stage == 0 and dims.dp > 1:
             raise ParallelismError("zero_stage 0 (DDP) cannot wrap a tensor-parallel model; use zero_stage >= 1")
         apply_tp(model, mesh["tp"])
     if activation_checkpointing:
-        apply_activation_checkpointing(model)
+        apply_activation_checkpointing(model, every=ac_every, op_level=ac_op_level)
     if compile:
         apply_compile(model)
     if dims.dp == 1:
@@ -158,11 +195,12 @@ def parallelize(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, *, zero_
             raise ParallelismError("zero_stage 0 (DDP) replicates over all dp ranks; set dp_replicate = 1")
         return apply_ddp(model, mesh, device)
     dp_mesh = mesh["dp_shard"] if dims.dp_replicate == 1 else mesh["dp_replicate", "dp_shard"]
-    return apply_fsdp(model, dp_mesh, reshard_after_forward=zero_stage == 3, bf16=bf16)
+    return apply_fsdp(model, dp_mesh, reshard_after_forward=zero_stage == 3, precision=precision,
+                      cpu_offload=cpu_offload)
 
 
 def uses_autocast(model: nn.Module) -> bool:
-    """bf16 through autocast (DDP, unwrapped) rather than FSDP2's mixed-precision policy."""
+    """bf16/fp16 through autocast (DDP, unwrapped) rather than FSDP2's mixed-precision policy."""
     return not isinstance(model, FSDPModule)
 
 

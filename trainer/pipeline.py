@@ -94,28 +94,33 @@ class Pipeline:
         from torch.distributed.pipelining import PipelineStage
         from torch.distributed.pipelining.schedules import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-        self.group, self.device = group, device
+        self.group, self.device, self.loss_scale = group, device, 1.0
         self.is_first, self.is_last = 0 in stages, n_stages - 1 in stages
         pipeline_stages = [PipelineStage(part, index, n_stages, device, group=group)
                            for part, index in zip(parts, stages)]
         if schedule == "interleaved1f1b":
             if len(stages) < 2:
                 raise ParallelismError("parallelism.pp_schedule = interleaved1f1b needs pp_virtual_stages >= 2")
-            self.schedule = ScheduleInterleaved1F1B(pipeline_stages, microbatches, loss_fn=_loss)
+            self.schedule = ScheduleInterleaved1F1B(pipeline_stages, microbatches, loss_fn=self._scaled_loss)
         else:
             if len(stages) != 1:
                 raise ParallelismError(f"parallelism.pp_schedule = {schedule} runs one stage per rank; "
                                        "set pp_virtual_stages = 1 (or use interleaved1f1b)")
             single = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
-            self.schedule = single(pipeline_stages[0], microbatches, loss_fn=_loss)
+            self.schedule = single(pipeline_stages[0], microbatches, loss_fn=self._scaled_loss)
 
-    def step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Forward and backward of one batch through the pipeline; the batch's mean loss, on every
-        rank of the pipeline group."""
+    def _scaled_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return _loss(logits, labels) * self.loss_scale
+
+    def step(self, inputs: torch.Tensor, labels: torch.Tensor, *, loss_scale: float = 1.0) -> torch.Tensor:
+        """Forward and backward of one batch through the pipeline, gradients of the loss times
+        ``loss_scale`` (fp16); the batch's mean loss (unscaled), on every rank of the pipeline group."""
+        self.loss_scale = loss_scale
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.is_first else ()
         self.schedule.step(*args, target=labels if self.is_last else None, losses=losses)
-        loss = torch.stack(losses).mean().detach() if self.is_last else torch.zeros((), device=self.device)
+        loss = (torch.stack(losses).mean().detach() / loss_scale if self.is_last
+                else torch.zeros((), device=self.device))
         dist.all_reduce(loss, group=self.group)  # only the last stage's is non-zero
         return loss
 

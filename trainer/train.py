@@ -47,8 +47,10 @@ from trainer import model as model_mod
 from trainer.config import Config, help_text, load_config
 from trainer.device import device_name, init_distributed, peak_memory_gib, resolve_device_type, synchronize
 from trainer.metrics import MetricsLogger, peak_flops
+from trainer.scaler import ShardedGradScaler
 from trainer import pipeline as pipeline_mod
 from trainer.parallel import (
+    COMPUTE_DTYPES,
     ParallelDims,
     ParallelismError,
     all_reduce_mean,
@@ -133,15 +135,16 @@ class Trainer:
         torch.manual_seed(cfg.job.seed)
 
         model = model_mod.build(self.model_args)
-        self.bf16 = cfg.optimization.precision == "bf16"
+        self.low_dtype = COMPUTE_DTYPES[cfg.optimization.precision]  # None for fp32
         model = model.to(self.device)
         self.pipeline = None
         if self.dims.pp > 1:
             self.pipeline, self.model = self._pipeline(model)
-            self.autocast_bf16 = self.bf16 and uses_autocast(self.model.parts[0])
+            self.autocast = self.low_dtype is not None and uses_autocast(self.model.parts[0])
         else:
             self.model = self._parallelize(model)
-            self.autocast_bf16 = self.bf16 and uses_autocast(self.model)
+            self.autocast = self.low_dtype is not None and uses_autocast(self.model)
+        self.scaler = ShardedGradScaler() if cfg.optimization.precision == "fp16" else None
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=(0.9, 0.95),
                                            weight_decay=t.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -150,6 +153,8 @@ class Trainer:
         self.train_state = TrainState()
         self.state = {"model": self.model, "optim": self.optimizer, "lr_scheduler": self.scheduler,
                       "dataloader": self.loader, "train": self.train_state}
+        if self.scaler is not None:
+            self.state["scaler"] = self.scaler
         self.flops_per_token = model_mod.flops_per_token(self.model_args, t.seq_len)
         self.peak = peak_flops(device_name(self.device_type))
         self.resumed_step: int | None = None
@@ -172,8 +177,9 @@ class Trainer:
 
     def _parallelize(self, model: torch.nn.Module) -> torch.nn.Module:
         o = self.cfg.optimization
-        return parallelize(model, self.dims, self.mesh, zero_stage=o.zero_stage, bf16=self.bf16,
-                           activation_checkpointing=o.gradient_checkpointing, compile=o.compile, device=self.device)
+        return parallelize(model, self.dims, self.mesh, zero_stage=o.zero_stage, precision=o.precision,
+                           activation_checkpointing=o.gradient_checkpointing, compile=o.compile, device=self.device,
+                           ac_every=o.ac_every, ac_op_level=o.ac_op_level, cpu_offload=o.cpu_offload)
 
     def _pipeline(self, model: torch.nn.Module) -> tuple[pipeline_mod.Pipeline, pipeline_mod.ModelParts]:
         """This rank's pipeline stages, each parallelized like a whole model (trainer.pipeline)."""
@@ -248,31 +254,38 @@ class Trainer:
         inputs, labels = self.loader.next_batch()
         inputs, labels = inputs.to(self.device), labels.to(self.device)
         total = torch.zeros((), device=self.device)
-        autocast = torch.autocast(self.device_type, dtype=torch.bfloat16,
-                                  enabled=self.autocast_bf16)
+        autocast = torch.autocast(self.device_type, dtype=self.low_dtype or torch.bfloat16, enabled=self.autocast)
+        scale = 1.0 if self.scaler is None else self.scaler.scale
         if self.pipeline is not None:
             with autocast:
-                total = self.pipeline.step(inputs, labels)
-            if self.cfg.training.max_norm > 0:
-                pipeline_mod.clip_grad_norm(list(self.model.parameters()), self.cfg.training.max_norm,
-                                            self.mesh["pp"].get_group())
+                total = self.pipeline.step(inputs, labels, loss_scale=scale)
+        else:
+            for micro in range(self.accumulation):
+                chunk = slice(micro * self.micro_batch, (micro + 1) * self.micro_batch)
+                with set_gradient_sync(self.model, micro == self.accumulation - 1), autocast:
+                    logits = self.model(inputs[chunk])
+                    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels[chunk].flatten())
+                    (loss * (scale / self.accumulation)).backward()
+                total += loss.detach() / self.accumulation
+        self._optimizer_step()
+        return total
+
+    def _optimizer_step(self) -> None:
+        """Unscale (fp16), clip over the whole model, step — or skip the step on an fp16 overflow."""
+        parameters = list(self.model.parameters())
+        overflow = self.scaler is not None and self.scaler.unscale_(parameters)
+        max_norm = self.cfg.training.max_norm
+        if max_norm > 0 and not overflow:
+            if self.pipeline is not None:
+                pipeline_mod.clip_grad_norm(parameters, max_norm, self.mesh["pp"].get_group())
+            else:
+                torch.nn.utils.clip_grad_norm_(parameters, max_norm, foreach=True)
+        if not overflow:
             self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            return total
-        for micro in range(self.accumulation):
-            chunk = slice(micro * self.micro_batch, (micro + 1) * self.micro_batch)
-            with set_gradient_sync(self.model, micro == self.accumulation - 1), autocast:
-                logits = self.model(inputs[chunk])
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), labels[chunk].flatten())
-                (loss / self.accumulation).backward()
-            total += loss.detach() / self.accumulation
-        if self.cfg.training.max_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.training.max_norm, foreach=True)
-        self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return total
+        if self.scaler is not None:
+            self.scaler.update(overflow)
 
     def fit(self, stop_at: int | None = None) -> list[float]:
         """Train to ``training.steps`` (or stop after step ``stop_at``, as if interrupted); returns

@@ -202,7 +202,7 @@ def test_config_error_is_value_error():
         (["--training.max_norm", "-1"], "training.max_norm"),
         (["--training.device", "tpu"], "training.device"),
         (["--training.seq_len", "none"], "training.seq_len"),
-        (["--optimization.precision", "fp16"], "optimization.precision"),
+        (["--optimization.precision", "fp8"], "optimization.precision"),
         (["--optimization.zero_stage", "4"], "optimization.zero_stage"),
         (["--optimization.gradient_checkpointing", "maybe"], "optimization.gradient_checkpointing"),
         (["--checkpoint.async_mode", "async"], "checkpoint.async_mode"),
@@ -329,7 +329,8 @@ def test_resolve_batch_bad_degree():
 def test_to_dict_round_trip():
     cfg = load_config(["--config", str(CONFIGS / "seed_70b.yaml")])
     d = cfg.to_dict()
-    assert d["parallelism"] == {"dp_replicate": 1, "dp_shard": 4, "tp": 4, "pp": 4}
+    assert d["parallelism"] == {"dp_replicate": 1, "dp_shard": 4, "tp": 4, "pp": 4, "pp_schedule": "1f1b",
+                                "pp_microbatches": None, "pp_virtual_stages": 1}
     assert d["model"]["flavor"] == "70B" and "size" not in d["model"]
     assert set(d) == {"job", "model", "training", "parallelism", "optimization", "checkpoint", "metrics"}
     assert Config.from_dict(d) == cfg

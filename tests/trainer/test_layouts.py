@@ -26,6 +26,7 @@ TWO_RANKS = {
                  **SAVE_AT_2},
     "pp2-interleaved": {"parallelism__pp": 2, "parallelism__pp_schedule": "interleaved1f1b",
                         "parallelism__pp_virtual_stages": 2},
+    "fsdp2-cpu-offload": {"optimization__cpu_offload": "true"},
 }
 
 

@@ -1,0 +1,37 @@
+"""Memory savers change memory, not results: activation checkpointing (full, every n-th block,
+op-level) gives the losses of a run without it; fp16 with the sharded loss scaler trains and resumes
+exactly (the scaler's state travels in the checkpoint)."""
+
+from __future__ import annotations
+
+import math
+
+from tests import models
+from tests.trainer.test_train import _args, _run
+
+STEPS = 4
+
+
+def test_activation_checkpointing_gives_the_same_losses(tmp_path):
+    plain = _run(_args(str(tmp_path / "plain"), steps=STEPS))[0]
+    for name, extra in {
+        "full": {"optimization__gradient_checkpointing": "true"},
+        "every-2nd": {"optimization__gradient_checkpointing": "true", "optimization__ac_every": 2},
+        "op-level": {"optimization__gradient_checkpointing": "true", "optimization__ac_op_level": "true"},
+    }.items():
+        assert _run(_args(str(tmp_path / name), steps=STEPS, **extra))[0] == plain, name  # recomputation is exact
+
+
+def test_fp16_with_the_loss_scaler_trains_and_resumes_exactly(tmp_path):
+    fp16 = {"optimization__precision": "fp16", "checkpoint__enable": "true", "checkpoint__interval": 2}
+    straight, straight_state, _ = _run(_args(str(tmp_path / "straight"), steps=STEPS, **fp16))
+    assert all(math.isfinite(loss) for loss in straight) and straight[-1] < straight[0]
+    first, _, _ = _run(_args(str(tmp_path / "resumed"), steps=STEPS, **fp16), stop_at=2)
+    second, resumed_state, _ = _run(_args(str(tmp_path / "resumed"), steps=STEPS, **fp16))
+    assert first + second == straight
+    models.assert_same(resumed_state, straight_state)
+
+    import ckpt
+
+    saved = ckpt.read_manifest(tmp_path / "resumed" / "checkpoints" / "step-00000002")
+    assert {"scaler.scale", "scaler.growth_tracker"} <= set(saved.values)
