@@ -1,0 +1,425 @@
+"""trainer.plan, the dry run: parameter counts, per-rank bytes for FSDP/TP/PP layouts computed by hand
+from ModelArgs, the activation formula against what autograd really saves, the seed's 70B file on
+64 ranks without allocating, and the command line (exit 2 with one line, --json, the verdict).
+Fast: single process, meta-device models."""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer import plan as plan_mod
+from trainer.config import load_config
+from trainer.model import FLAVORS, ModelArgs, TransformerBlock, model_args, rope_tables
+from trainer.plan import GIB, KNOWN_DEVICES, format_plan, main, plan
+
+ROOT = Path(__file__).resolve().parents[2]
+DEBUG = str(ROOT / "configs" / "debug.toml")
+SEED_70B = str(ROOT / "configs" / "seed_70b.yaml")
+
+
+def cfg(*argv: str, config: str = DEBUG):
+    return load_config(["--config", config, *argv])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Parameters, from the ModelArgs formulas (written out here, not taken from trainer.model)
+
+
+def swiglu(a: ModelArgs) -> int:
+    hidden = int(2 * 4 * a.dim / 3)
+    if a.ffn_dim_multiplier is not None:
+        hidden = int(a.ffn_dim_multiplier * hidden)
+    return a.multiple_of * math.ceil(hidden / a.multiple_of)
+
+
+def counts(a: ModelArgs) -> dict[str, int]:
+    hd, kv = a.dim // a.n_heads, a.n_kv_heads or a.n_heads
+    return {
+        "embedding": a.vocab_size * a.dim,
+        "wq": a.dim * a.n_heads * hd, "wk": a.dim * kv * hd, "wv": a.dim * kv * hd, "wo": a.n_heads * hd * a.dim,
+        "w1": a.dim * swiglu(a), "w2": swiglu(a) * a.dim, "w3": a.dim * swiglu(a),
+        "layer_norms": 2 * a.dim, "norm": a.dim, "output": a.dim * a.vocab_size,
+    }
+
+
+def layer(c: dict[str, int]) -> int:
+    return sum(c[k] for k in ("wq", "wk", "wv", "wo", "w1", "w2", "w3", "layer_norms"))
+
+
+def total(a: ModelArgs) -> int:
+    c = counts(a)
+    return c["embedding"] + a.n_layers * layer(c) + c["norm"] + c["output"]
+
+
+@pytest.mark.parametrize("flavor, expected", [
+    ("7b", 6_738_415_616), ("13b", 13_015_864_320), ("70b", 68_976_648_192)])
+def test_llama2_flavors_have_the_published_parameter_counts(flavor, expected):
+    # Meta's Llama-2 checkpoints (vocabulary 32000): 6.74B, 13.0B, 68.98B.
+    assert total(FLAVORS[flavor]) == expected
+    p = plan(cfg(f"--model.flavor={flavor}", "--model.vocab_size=32000", "--training.seq_len=4096"), 8)
+    assert p.model["params"] == expected == p.model["llama2_reference"] == plan_mod.LLAMA2_PARAMS[flavor]
+    assert sum(p.model["params_by_module"].values()) == expected
+    assert not any("not Llama-2" in n for n in p.notes)
+
+
+def test_a_flavor_with_the_byte_vocabulary_is_reported_not_fudged():
+    p = plan(cfg("--model.flavor=70B"), 8)  # no vocab_size: the byte tokenizer's 258, as the trainer does
+    assert p.model["params"] == total(model_args("70b", vocab_size=258)) == 68_976_648_192 - 2 * 8192 * (32000 - 258)
+    assert any("vocab_size 258 instead of 32000" in n for n in p.notes)
+
+
+def debug_args() -> ModelArgs:
+    a = model_args("debug")
+    assert (a.dim, a.n_layers, a.n_heads, a.kv_heads, a.vocab_size, swiglu(a)) == (128, 4, 4, 2, 258, 384)
+    return a
+
+
+def test_fsdp2_two_ranks_by_hand():
+    a, c = debug_args(), counts(debug_args())
+    n = total(a)
+    p = plan(cfg(), 2)  # debug.toml: fp32, zero_stage 3, dp_shard -1
+    assert p.layout["dp_shard"] == 2 and p.layout["wrap"] == "fsdp"
+    (st,) = p.stages
+    assert st.params_local == n == 853_632
+    assert st.params == n // 2  # every dim 0 is even: 258, 128, 64, 384
+    m = st.memory
+    half = n // 2
+    assert (m["params"], m["grads"], m["optimizer"], m["optimizer_step"]) == (4 * half, 4 * half, 8 * half, 4 * half)
+    root = c["embedding"] + c["norm"] + c["output"]
+    assert m["compute_params"] == 4 * (root + 2 * layer(c))  # zero 3: root unsharded + current and next layer
+    assert m["reduce_scatter"] == (4 + 4) * layer(c)  # the largest FSDP unit: a layer (196864 > 66176)
+    assert m["grad_accumulation"] == 0 and m["ddp_buckets"] == 0  # one micro-step per step
+    b, s = 4, 128  # batch 8 over dp 2, one micro-step
+    assert p.batch["micro_batch_size"] == b and p.batch["gradient_accumulation_steps"] == 1
+    h, f, heads = a.dim, swiglu(a), a.n_heads
+    per_layer = b * s * (40 * h + 16 * f + 8 + 4 * heads)  # fp32, tp 1
+    assert m["activations"] == a.n_layers * per_layer + 8 * b * s and m["recompute"] == 0
+    persistent = 16 * (n // 2)
+    transient = sum(v for k, v in m.items() if k not in ("params", "grads", "optimizer", "optimizer_step"))
+    assert st.peak == persistent + transient
+    # The checkpoint: 12 bytes per parameter + 4 per AdamW step counter + the small state, split in two.
+    tensors = 2 + 9 * a.n_layers + 1
+    assert p.checkpoint["unique_bytes"] == 12 * n + 4 * tensors + plan_mod.SMALL_STATE_BYTES
+    assert st.checkpoint_write == 12 * n // 2 + 4 * tensors + plan_mod.SMALL_STATE_BYTES
+
+
+def test_tensor_parallel_two_ranks_by_hand():
+    c = counts(debug_args())
+    p = plan(cfg("--parallelism.tp=2"), 2)
+    assert p.layout["wrap"] == "none"  # dp 1: the model is not wrapped
+    (st,) = p.stages
+    norms = 4 * c["layer_norms"] + c["norm"]
+    split = (c["embedding"] // 2 + 4 * (c["wq"] + c["wk"] + c["wv"] + c["wo"] + c["w1"] + c["w2"] + c["w3"]) // 2
+             + c["output"] // 2)
+    assert st.params_local == st.params == split + norms == 427_392
+    assert st.memory["params"] == 4 * 427_392 and st.memory["compute_params"] == 0  # fp32, no FSDP
+    # bf16 without FSDP runs under autocast: its cache holds a bf16 copy of every Linear weight.
+    bf16 = plan(cfg("--parallelism.tp=2", "--optimization.precision=bf16"), 2).stages[0]
+    linear = 4 * (c["wq"] + c["wk"] + c["wv"] + c["wo"] + c["w1"] + c["w2"] + c["w3"]) // 2 + c["output"] // 2
+    assert bf16.memory["compute_params"] == 2 * linear
+
+
+def test_pipeline_two_stages_by_hand():
+    a, c = debug_args(), counts(debug_args())
+    p = plan(cfg("--parallelism.pp=2"), 2)  # batch 8 on one data-parallel rank: 2 microbatches (pp) of 4
+    assert not p.problems
+    first, last = p.stages
+    assert (first.layers, last.layers) == ([0, 1], [2, 3])
+    assert (first.holds, last.holds) == (["embedding"], ["norm + output"])
+    assert first.params == c["embedding"] + 2 * layer(c) == 426_752
+    assert last.params == 2 * layer(c) + c["norm"] + c["output"] == 426_880
+    assert first.params + last.params == total(a)
+    assert first.memory["params"] == 4 * 426_752 and last.memory["optimizer"] == 8 * 426_880
+    # 1F1B with 2 microbatches: stage 0 holds both, the last one.
+    assert p.batch["pipeline_microbatches"] == 2 and (first.in_flight, last.in_flight) == (2, 1)
+    b, s = p.batch["pipeline_microbatch_size"], 128
+    assert b == 4
+    per_layer = b * s * (40 * a.dim + 16 * swiglu(a) + 8 + 4 * a.n_heads)
+    assert first.memory["activations"] == 2 * (2 * per_layer + 8 * b * s)
+    assert last.memory["activations"] == 1 * (2 * per_layer)
+    assert last.memory["loss"] > 0 == first.memory["loss"]
+    assert [r["name"] for r in p.roles] == ["first stage (0)", "last stage (1)"]
+
+
+def test_fsdp_mixed_precision_zero2_and_accumulation():
+    n = total(debug_args())
+    p = plan(cfg("--optimization.precision=bf16", "--optimization.zero_stage=2",
+                 "--training.gradient_accumulation_steps=2"), 2)
+    m = p.stages[0].memory
+    assert m["params"] == 4 * n // 2  # fp32 masters also in bf16
+    assert m["compute_params"] == 2 * n  # zero 2: every layer's bf16 copy stays until its backward
+    assert m["grad_accumulation"] == 4 * n  # no-sync micro-steps keep unsharded fp32 gradients
+
+
+def test_ddp_replicates_and_buckets():
+    n = total(debug_args())
+    p = plan(cfg("--optimization.zero_stage=0"), 4)
+    st = p.stages[0]
+    assert p.layout["wrap"] == "ddp" and st.params == n
+    assert st.memory["ddp_buckets"] == 4 * n and st.memory["optimizer"] == 8 * n
+    assert st.checkpoint_write == -(-(12 * n + 4 * 39 + plan_mod.SMALL_STATE_BYTES) // 4)  # replicas share it
+    assert p.checkpoint["unique_bytes"] == 12 * n + 4 * 39 + plan_mod.SMALL_STATE_BYTES
+
+
+def test_checkpoint_times_and_delta_ratio_from_results():
+    p = plan(cfg("--checkpoint.full_every=4", "--checkpoint.interval=10"), 2, storage_gbps=0.5)
+    ck = p.checkpoint
+    assert ck["delta_ratio"] == 0.781 and "RESULTS.md" in ck["source"]
+    assert ck["seconds_parallel"] == pytest.approx(ck["per_rank_max_bytes"] / 0.5e9)
+    assert ck["seconds_shared"] == pytest.approx(ck["full_bytes"] / 0.5e9)
+    assert ck["seconds"] == ck["seconds_parallel"]
+    assert plan(cfg(), 2, storage_shared=True).checkpoint["seconds"] == pytest.approx(ck["full_bytes"] / 2e9)
+    assert ck["mean_bytes_per_save"] == (ck["full_bytes"] + 3 * ck["delta_bytes"]) // 4
+    far = plan(cfg("--checkpoint.interval=500"), 2).checkpoint
+    assert far["delta_ratio"] == 0.818 and far["delta_ratio_extrapolated"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Activations: the formula against the tensors autograd saves in a real block
+
+
+def saved_bytes(block: torch.nn.Module, x: torch.Tensor, autocast: bool = False) -> int:
+    cos, sin = rope_tables(block.attention.head_dim, x.shape[1], 10000.0)
+    skip = {t.untyped_storage().data_ptr() for t in [*block.parameters(), cos, sin]}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in skip:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            block(x, cos, sin)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("kv", [2, 4, 1], ids=["gqa", "mha", "mqa"])
+@pytest.mark.parametrize("mode", ["fp32", "bf16", "autocast"])
+def test_layer_activation_formula_matches_autograd(mode, kv):
+    torch.manual_seed(0)
+    a = ModelArgs(dim=128, n_layers=1, n_heads=4, n_kv_heads=kv, multiple_of=64)
+    block = TransformerBlock(0, a)
+    b, s = 2, 24
+    x = torch.randn(b, s, a.dim)
+    if mode == "bf16":  # what FSDP2's mixed precision runs: bf16 parameters and activations
+        block, x = block.bfloat16(), x.bfloat16()
+    autocast = mode == "autocast"
+    measured = saved_bytes(block, x.requires_grad_(), autocast)
+    weights = 2 * sum(p.numel() for p in block.parameters() if p.dim() == 2) if autocast else 0  # the cached casts
+    num = plan_mod.numerics("fp32" if mode == "fp32" else "bf16", "none" if autocast else "fsdp")
+    assert measured - weights == plan_mod.layer_activation_bytes(a, num, 1, b, s)
+
+
+def test_activation_checkpointing_keeps_the_block_input():
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    a = debug_args()
+    block = checkpoint_wrapper(TransformerBlock(0, a).bfloat16(), preserve_rng_state=False)
+    b, s = 2, 24
+    x = torch.randn(b, s, a.dim, dtype=torch.bfloat16, requires_grad=True)
+    cos, sin = rope_tables(a.head_dim, s, a.rope_theta)
+    seen = {}
+    with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: seen.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) and t,
+            lambda t: t):
+        block(x, cos, sin)
+    num = plan_mod.numerics("bf16", "fsdp")
+    inputs = seen.pop(x.untyped_storage().data_ptr())
+    assert inputs == plan_mod.layer_input_bytes(a, num, 1, b, s)
+    assert set(seen.values()) <= {cos.untyped_storage().nbytes()}  # the rotary tables: buffers
+
+
+# ---------------------------------------------------------------------------------------------------
+# The seed's 70B file
+
+
+def test_seed_70b_plans_on_64_ranks_on_the_meta_device(monkeypatch):
+    built = []
+    real = plan_mod.meta_model
+    monkeypatch.setattr(plan_mod, "meta_model", lambda a: built.append(real(a)) or built[-1])
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    p = plan(cfg(config=SEED_70B), 64)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 5, elapsed
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) < 2**20  # < 1 GiB (KiB): nothing allocated
+    (model,) = built
+    assert all(t.is_meta for t in [*model.parameters(), *model.buffers()])
+    assert p.model["params"] == 68_976_648_192
+    assert (p.layout["dp_shard"], p.layout["tp"], p.layout["pp"], p.layout["zero_stage"]) == (4, 4, 4, 2)
+    assert p.layout["layers_per_stage"] == [20, 20, 20, 20]
+    assert [st.in_flight for st in p.stages][0] == 4 and p.stages[-1].in_flight == 1
+    # TP 4 x PP 4: every rank's share of the model; norms are replicated over TP.
+    a = FLAVORS["70b"]
+    c = counts(a)
+    norms_per_stage = 20 * c["layer_norms"]
+    split_layers = 20 * (layer(c) - c["layer_norms"]) // 4
+    assert p.stages[1].params_local == split_layers + norms_per_stage
+    assert p.stages[0].params_local == split_layers + norms_per_stage + c["embedding"] // 4
+    assert p.stages[3].params_local == split_layers + norms_per_stage + c["norm"] + c["output"] // 4
+    assert p.stages[1].params == p.stages[1].params_local // 4  # FSDP over 4, every dim 0 divides
+    assert p.checkpoint["unique_bytes"] == 12 * 68_976_648_192 + 4 * (2 + 9 * 80 + 1) + plan_mod.SMALL_STATE_BYTES
+    assert any("training.batch_size=256" in problem for problem in p.problems)  # 256 != 1 x 8 x 4
+    text = format_plan(p)
+    assert "first stage (0)" in text and "middle 1-2" in text and "last stage (3)" in text
+    assert "68,976,648,192" in text and "Korthikanti" in text and "RESULTS.md" in text
+    assert p.verdict["fits"] is None and set(p.verdict["by_device"]) == set(KNOWN_DEVICES)
+
+
+def test_70b_on_too_few_devices_does_not_fit(capsys):
+    code = main(["--config", SEED_70B, "--distributed.tp_size=1", "--distributed.pp_size=1",
+                 "--distributed.dp_size=8", "--world-size=8", "--device-memory", "H100"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "H100 79.6 GiB (--device-memory): does not fit by" in out
+    p = plan(cfg("--distributed.tp_size=1", "--distributed.pp_size=1", "--distributed.dp_size=8",
+                 config=SEED_70B), 8, device_memory_gib=80)
+    assert p.verdict["fits"] is False and p.verdict["text"].startswith("does not fit by")
+    assert p.verdict["spare_gib"] == pytest.approx(80 - p.peak / GIB, abs=0.01)
+    seed = plan(cfg("--training.seq_len=4096", config=SEED_70B), 64, device="H200")
+    assert seed.verdict["fits"] is True and seed.verdict["text"].startswith("fits")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Command line
+
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--config", SEED_70B, "--world-size", "32"], ["32", "64"]),
+    (["--config", DEBUG, "--world-size", "3", "--parallelism.dp_shard=2"], ["world size is 3"]),
+    (["--config", DEBUG, "--world-size", "3", "--parallelism.tp=3"], ["n_heads = 4", "tp = 3"]),
+    (["--config", DEBUG, "--world-size", "8", "--parallelism.pp=8"], ["n_layers = 4", "8 pipeline stages"]),
+    (["--config", DEBUG, "--world-size", "4", "--parallelism.dp_replicate=2", "--optimization.zero_stage=0"],
+     ["DDP"]),
+    (["--config", DEBUG, "--world-size", "two"], ["--world-size expects an integer"]),
+    (["--config", DEBUG, "--device-memory", "TPUv9"], ["TPUv9"]),
+    (["--config", DEBUG, "--training.nope=1"], ["training.nope"]),
+])
+def test_what_cannot_work_exits_2_with_one_line(capsys, argv, words):
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    line = one_error_line(captured.err)
+    assert all(w in line for w in words), line
+    assert captured.out == ""
+
+
+def test_json_parses_and_holds_the_plan(capsys):
+    assert main(["--config", SEED_70B, "--json", "--storage-gbps", "4", "--storage-shared"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["layout"]["world_size"] == 64  # dp_size 4 x tp 4 x pp 4, no --world-size needed
+    assert data["model"]["params"] == 68_976_648_192 and data["model"]["built_on"] == "meta"
+    assert len(data["stages"]) == 4 and data["peak_bytes"] == max(s["peak"] for s in data["stages"])
+    assert data["checkpoint"]["storage_shared"] is True and data["checkpoint"]["storage_gbps"] == 4.0
+    assert data["checkpoint"]["seconds"] == pytest.approx(data["checkpoint"]["full_bytes"] / 4e9)
+    assert set(data["memory_labels"]) == set(data["stages"][0]["memory"])
+
+
+def test_text_report_for_debug(capsys):
+    assert main(["--config", DEBUG, "--world-size", "2", "--device-memory", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "853,632 parameters" in out and "every rank" in out and "Per rank (MiB)" in out
+    assert "64.0 GiB (--device-memory): fits" in out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Memory options of newer configurations (set on the Config directly: the plan reads them with
+# getattr, so these tests hold with or without the keys in trainer/config_schema.py)
+
+
+def test_op_level_checkpointing_keeps_matmul_and_attention_outputs():
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    aten = torch.ops.aten
+    kept_ops = {aten.mm.default, aten.addmm.default, aten.bmm.default,
+                aten._scaled_dot_product_flash_attention_for_cpu.default,
+                aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default}
+
+    class Outputs(TorchDispatchMode):
+        nbytes = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in kept_ops:
+                self.nbytes += sum(t.numel() * t.element_size() for t in tree_flatten(out)[0]
+                                   if isinstance(t, torch.Tensor))
+            return out
+
+    for kv in (2, 1):
+        for mode in ("fp32", "bf16", "autocast"):
+            a = ModelArgs(dim=128, n_layers=1, n_heads=4, n_kv_heads=kv, multiple_of=64)
+            block = TransformerBlock(0, a)
+            b, s = 2, 24
+            x = torch.randn(b, s, a.dim)
+            if mode == "bf16":
+                block, x = block.bfloat16(), x.bfloat16()
+            cos, sin = rope_tables(a.head_dim, s, a.rope_theta)
+            outputs = Outputs()
+            with outputs, torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
+                block(x, cos, sin)
+            num = plan_mod.numerics("fp32" if mode == "fp32" else "bf16", "none" if mode == "autocast" else "fsdp")
+            expected = x.numel() * x.element_size() + outputs.nbytes  # the block's input + the kept outputs
+            assert plan_mod.layer_op_level_bytes(a, num, 1, b, s) == expected, (kv, mode)
+
+
+def test_checkpointing_every_other_block_and_op_level():
+    a = debug_args()
+    base = plan(cfg("--optimization.gradient_checkpointing=true"), 2)
+    c = cfg("--optimization.gradient_checkpointing=true")
+    c.optimization.ac_every = 2
+    every = plan(c, 2)
+    b, s = 4, 128
+    num = plan_mod.numerics("fp32", "fsdp")
+    full = plan_mod.layer_activation_bytes(a, num, 1, b, s)
+    kept = plan_mod.layer_input_bytes(a, num, 1, b, s)
+    assert base.stages[0].memory["activations"] == 4 * kept + 8 * b * s
+    assert every.stages[0].memory["activations"] == 2 * kept + 2 * full + 8 * b * s  # layers 0 and 2
+    c.optimization.ac_every, c.optimization.ac_op_level = 1, True
+    op = plan(c, 2)
+    assert op.stages[0].memory["activations"] == 4 * plan_mod.layer_op_level_bytes(a, num, 1, b, s) + 8 * b * s
+    assert op.stages[0].memory["recompute"] == full
+    assert "op-level" in format_plan(op)
+
+
+def test_cpu_offload_moves_the_sharded_state_to_the_host():
+    n = total(debug_args())
+    c = cfg()
+    c.optimization.cpu_offload = True
+    st = plan(c, 2).stages[0]
+    assert st.memory["params"] == st.memory["grads"] == st.memory["optimizer"] == st.memory["optimizer_step"] == 0
+    assert st.host_offload == 16 * (n // 2)
+    assert st.memory["compute_params"] > 0  # the all-gathered copies are on the device
+    with pytest.raises(plan_mod.ParallelismError, match="cpu_offload needs FSDP2"):
+        plan(c, 1)
+
+
+def test_fp16_plans_like_bf16():
+    c = cfg("--optimization.precision=bf16")
+    bf16 = plan(c, 2)
+    c.optimization.precision = "fp16"
+    fp16 = plan(c, 2)
+    assert fp16.stages[0].memory == bf16.stages[0].memory
+    assert fp16.layout["numerics"] == "fp16 (FSDP2 mixed precision)"
+
+
+def test_pipeline_refusals_and_problems():
+    with pytest.raises(plan_mod.ParallelismError, match="cannot wrap pipeline stages"):
+        plan(cfg("--parallelism.pp=2", "--optimization.zero_stage=0"), 4)
+    p = plan(cfg("--parallelism.pp=2", "--training.gradient_accumulation_steps=2"), 2)
+    assert any("replace gradient accumulation" in problem for problem in p.problems)
+    assert p.batch["pipeline_microbatches"] == 2 and p.batch["pipeline_microbatch_size"] == 4
