@@ -35,3 +35,30 @@ def test_fp16_with_the_loss_scaler_trains_and_resumes_exactly(tmp_path):
 
     saved = ckpt.read_manifest(tmp_path / "resumed" / "checkpoints" / "step-00000002")
     assert {"scaler.scale", "scaler.growth_tracker"} <= set(saved.values)
+
+
+def test_compiled_blocks_checkpoint_under_the_same_names(tmp_path):
+    """optimization.compile wraps each block in torch.compile; the checkpoint's keys (model and
+    optimizer) and bytes stay those of the plain model, so runs with and without compile share
+    checkpoints (torchtitan #961: `_orig_mod.` must not leak). Compilation itself is lazy: no forward
+    is needed to check the names."""
+    import torch
+
+    import ckpt
+    from trainer import model as model_mod
+    from trainer.parallel import apply_compile
+
+    args = model_mod.model_args("debug", vocab_size=model_mod.BYTE_VOCAB_SIZE)
+    saved = {}
+    for name, compiled in (("plain", False), ("compiled", True)):
+        torch.manual_seed(0)
+        model = model_mod.build(args)
+        if compiled:
+            apply_compile(model)
+        optimizer = torch.optim.AdamW(model.parameters())
+        ckpt.save({"model": model, "optim": optimizer}, tmp_path / name)
+        saved[name] = ckpt.read_manifest(tmp_path / name)
+    assert saved["plain"].tensors.keys() == saved["compiled"].tensors.keys()
+    assert not any("_orig_mod" in key for key in saved["compiled"].tensors)
+    assert [c.blob.checksum for e in saved["plain"].tensors.values() for c in e.chunks] == \
+        [c.blob.checksum for e in saved["compiled"].tensors.values() for c in e.chunks]
