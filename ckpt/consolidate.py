@@ -33,6 +33,7 @@ import collections
 import io
 import json
 import logging
+import mmap
 import os
 import pickle
 import sys
@@ -151,11 +152,7 @@ def full_tensors(path: str | os.PathLike | Location, keys: Iterable[str] | None 
 def _assemble(source: ChunkSource, key: str, dtype: torch.dtype | None) -> torch.Tensor:
     entry = source.manifest.tensors[key]
     target = converted_dtype(entry.dtype, dtype)
-    shape = tuple(entry.shape)
-    if len(entry.chunks) == 1 and tuple(entry.chunks[0].sizes) == shape:  # one chunk: the tensor itself
-        whole = source.tensor(key, entry.chunks[0])
-        return whole if target == whole.dtype else whole.to(target)
-    full = torch.empty(shape, dtype=target)
+    full = empty_tensor(tuple(entry.shape), target)
     direct = target == entry.dtype
 
     def requests():
@@ -164,10 +161,30 @@ def _assemble(source: ChunkSource, key: str, dtype: torch.dtype | None) -> torch
             yield view, key, chunk, view if direct and view.is_contiguous() else None
 
     for view, chunk in source.read_tensors(requests()):
-        if chunk is not view:  # read into a temporary (decoded, or a strided slice): copy it in
+        if chunk is not view:  # decoded into a temporary (a delta, zstd, a strided slice): copy it in
             view.copy_(chunk)
         del chunk
     return full
+
+
+MMAP_MIN_BYTES = 1 << 20
+
+
+def empty_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A new CPU tensor; one of at least :data:`MMAP_MIN_BYTES` in its own anonymous mapping, which
+    goes back to the system when the tensor is freed. From the heap, the freed tensors of a long
+    merge are not reliably reused: glibc's adaptive mmap threshold moves tensors of up to 32 MiB
+    into the heap, a small allocation landing in a freed tensor's hole leaves it too small for the
+    next one, and the process's RSS creeps up towards the size of the whole state (seen: a 1 GiB
+    merge to .pt growing by 0.96 GiB in a third of fresh processes, +0.14 GiB in the others)."""
+    numel = 1
+    for size in shape:
+        numel *= size
+    nbytes = numel * dtype.itemsize
+    if nbytes < MMAP_MIN_BYTES:
+        return torch.empty(shape, dtype=dtype)
+    buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # freed with the tensor
+    return torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).reshape(shape)
 
 
 # -- 3. write ----------------------------------------------------------------------------------

@@ -310,10 +310,11 @@ _MEMORY_SCRIPT = textwrap.dedent("""
 
 def test_merge_peak_memory_is_one_tensor_not_the_state(tmp_path):
     """40 tensors of 8 MB (320 MB): the merge process's peak RSS may grow by about one tensor (plus
-    one chunk, plus allocator slack), never by the state. The brief's bound is 2 x 8 MB + 300 MB; it
-    alone would let an implementation that holds most of the state pass, so the test also asserts
-    growth below half the state (160 MB): holding every tensor would need >= 320 MB, holding even
-    half of them >= 160 MB, so this fails for anything that is not streaming."""
+    one chunk, plus slack), never by the state. The agreed bound is 2 x 8 MB + 300 MB; it alone
+    would let an implementation that holds nearly all of the state (316 of 320 MB) pass, so the test
+    also asserts growth of at most 2 tensors + 32 MiB (48 MiB, 15 % of the state): holding even 6
+    of the 40 tensors at once fails it. Measured: +8 MiB for both formats (large tensors live in
+    their own mappings, ckpt.consolidate.empty_tensor, so the heap's fragmentation cannot add up)."""
     n, numel = 40, 2 * 2**20  # 8 MiB of fp32 each
     tensor_bytes, total = numel * 4, n * numel * 4
     state = {f"t{i:02d}": torch.full((numel // 1024, 1024), float(i)) for i in range(n)}
@@ -328,6 +329,6 @@ def test_merge_peak_memory_is_one_tensor_not_the_state(tmp_path):
     growth = json.loads(result.stdout.strip().splitlines()[-1])
     for fmt, grew in growth.items():
         assert grew <= 2 * tensor_bytes + 300 * 2**20, (fmt, grew)
-        assert grew < total / 2, (fmt, grew)
+        assert grew <= 2 * tensor_bytes + 32 * 2**20 < total / 6, (fmt, grew)
     first = torch.load(tmp_path / "out" / "m.pt", weights_only=True, mmap=True)
     assert len(first) == n and torch.equal(first["model.t00"].reshape(-1), torch.arange(numel, dtype=torch.float32))
