@@ -113,8 +113,9 @@ class Pipeline:
         return _loss(logits, labels) * self.loss_scale
 
     def step(self, inputs: torch.Tensor, labels: torch.Tensor, *, loss_scale: float = 1.0) -> torch.Tensor:
-        """Forward and backward of one batch through the pipeline, gradients of the loss times
-        ``loss_scale`` (fp16); the batch's mean loss (unscaled), on every rank of the pipeline group."""
+        """Forward and backward of one batch through the pipeline, the gradients being those of the
+        loss times ``loss_scale`` (the fp16 scale, over the accumulation steps); returns the batch's
+        mean loss (unscaled) on every rank of the pipeline group."""
         self.loss_scale = loss_scale
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.is_first else ()

@@ -459,15 +459,10 @@ def _batch(cfg: Config, dp: int, pp: int, problems: list[str]) -> dict[str, Any]
            "dp": dp, "seq_len": t.seq_len, "tokens_per_microbatch": micro * t.seq_len}
     if pp > 1:
         # A step's per-rank batch (micro x accumulation sequences) goes through the pipeline schedule
-        # in parallelism.pp_microbatches microbatches (none: pp), or, in a build whose config has no
-        # such key, in one microbatch per accumulation micro-step.
+        # at once, in parallelism.pp_microbatches microbatches (none: the accumulation steps, or pp
+        # without accumulation) — as trainer.train does.
         per_rank = micro * accumulation
-        if accumulation != 1 and hasattr(cfg.parallelism, "pp_microbatches"):
-            problems.append(f"with pp = {pp} the pipeline's microbatches replace gradient accumulation: the trainer "
-                            f"refuses gradient_accumulation_steps = {accumulation} (exit 2); planned as one per-rank "
-                            f"batch of {per_rank} sequences")
-        n = getattr(cfg.parallelism, "pp_microbatches", None) or (pp if hasattr(cfg.parallelism, "pp_microbatches")
-                                                                   else accumulation)
+        n = getattr(cfg.parallelism, "pp_microbatches", None) or (accumulation if accumulation > 1 else pp)
         if per_rank % n:
             problems.append(f"the per-rank batch of a step ({per_rank} sequences) is not divisible by {n} "
                             "pipeline microbatches")

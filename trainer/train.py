@@ -186,13 +186,14 @@ class Trainer:
         p = self.cfg.parallelism
         if self.cfg.optimization.zero_stage == 0 and self.dims.dp > 1:
             raise ParallelismError("zero_stage 0 (DDP) cannot wrap pipeline stages; use zero_stage >= 1")
-        microbatches = p.pp_microbatches or p.pp
-        if self.accumulation != 1 or self.micro_batch % microbatches:
+        # The pipeline runs a step's whole per-rank batch in one schedule: its microbatches are the
+        # accumulation's micro-batches (or pp_microbatches when given; pp when neither says).
+        per_rank = self.micro_batch * self.accumulation
+        microbatches = p.pp_microbatches or (self.accumulation if self.accumulation > 1 else p.pp)
+        if per_rank % microbatches:
             raise ParallelismError(
-                f"with pp = {p.pp} the pipeline's {microbatches} microbatches (parallelism.pp_microbatches) "
-                f"replace gradient accumulation: the per-rank batch ({self.micro_batch * self.accumulation}) must be "
-                f"one micro-batch divisible by them (leave training.micro_batch_size and "
-                f"gradient_accumulation_steps unset)")
+                f"the per-rank batch of a step ({per_rank} sequences) is not divisible by the pipeline's "
+                f"{microbatches} microbatches (parallelism.pp_microbatches)")
         n_stages = p.pp * p.pp_virtual_stages
         stages = pipeline_mod.stage_ids(self.mesh.get_local_rank("pp"), p.pp, p.pp_virtual_stages)
         parts = [self._parallelize(pipeline_mod.split_model(model, stage, n_stages)) for stage in stages]
@@ -256,7 +257,7 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         autocast = torch.autocast(self.device_type, dtype=self.low_dtype or torch.bfloat16, enabled=self.autocast)
         scale = 1.0 if self.scaler is None else self.scaler.scale
-        if self.pipeline is not None:
+        if self.pipeline is not None:  # the whole per-rank batch, in the schedule's microbatches
             with autocast:
                 total = self.pipeline.step(inputs, labels, loss_scale=scale)
         else:
@@ -426,6 +427,10 @@ def summary(trainer: Trainer, losses: list[float]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """The command line; returns the exit code (see the module docstring)."""
     argv = sys.argv[1:] if argv is None else argv
+    if "--dry-run" in argv:  # the memory and checkpoint plan of this config, no process group (trainer.plan)
+        from trainer import plan
+
+        return plan.main([arg for arg in argv if arg != "--dry-run"])
     if "-h" in argv or "--help" in argv:
         print(__doc__)
         print(help_text())

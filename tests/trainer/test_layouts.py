@@ -27,6 +27,7 @@ TWO_RANKS = {
     "pp2-interleaved": {"parallelism__pp": 2, "parallelism__pp_schedule": "interleaved1f1b",
                         "parallelism__pp_virtual_stages": 2},
     "fsdp2-cpu-offload": {"optimization__cpu_offload": "true"},
+    "pp2-accumulation": {"parallelism__pp": 2, "training__gradient_accumulation_steps": 4},
 }
 
 

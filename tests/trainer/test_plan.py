@@ -420,6 +420,16 @@ def test_fp16_plans_like_bf16():
 def test_pipeline_refusals_and_problems():
     with pytest.raises(plan_mod.ParallelismError, match="cannot wrap pipeline stages"):
         plan(cfg("--parallelism.pp=2", "--optimization.zero_stage=0"), 4)
-    p = plan(cfg("--parallelism.pp=2", "--training.gradient_accumulation_steps=2"), 2)
-    assert any("replace gradient accumulation" in problem for problem in p.problems)
-    assert p.batch["pipeline_microbatches"] == 2 and p.batch["pipeline_microbatch_size"] == 4
+    p = plan(cfg("--parallelism.pp=2", "--training.gradient_accumulation_steps=4"), 2)
+    assert not p.problems  # the accumulation's micro-batches are the pipeline's microbatches
+    assert p.batch["pipeline_microbatches"] == 4 and p.batch["pipeline_microbatch_size"] == 2
+    p = plan(cfg("--parallelism.pp=2", "--parallelism.pp_microbatches=3"), 2)
+    assert any("not divisible by 3" in problem for problem in p.problems)
+
+
+def test_the_trainer_cli_dry_run_plans_the_seed_70b_file(capsys):
+    from trainer.train import main
+
+    assert main(["--config", SEED_70B, "--dry-run", "--world-size", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "68,976,648,192 parameters" in out and "Verdict" in out and "Checkpoint" in out
