@@ -1,13 +1,15 @@
 """The trainer as a two-node job: two torchrun agents on this machine (one process each) meet through
 c10d rendezvous on 127.0.0.1, train, checkpoint, and a second two-agent job resumes.
 
-Compared with a one-node ``torchrun --standalone --nproc_per_node 2`` run of 6 steps, the logged
-losses at steps 2, 4 and 6 must agree. The comparison is valid because:
+Compared with a one-process run of the same 6 steps (in the test's process: cheaper than a third
+torchrun job), the logged losses at steps 2, 4 and 6 must agree to 1e-5 (the mean of two ranks'
+losses against one loss over the same 8 sequences: reassociation only). The comparison is valid
+because:
 
 * the data loader's order is global (``trainer.data.DataLoader``: global sample ``g`` is a seeded
   permutation's entry, rank ``r`` of ``D`` takes the ``r``-th contiguous slice of each global
-  batch, and the checkpointed state is the global position), and both jobs have the same global
-  batch (8) over the same data-parallel degree (2). c10d rendezvous ignores ``--node_rank`` and
+  batch, and the checkpointed state is the global position), and every job has the same global
+  batch (8). c10d rendezvous ignores ``--node_rank`` and
   numbers the agents by sorting (advertised address, process id), here by process id, so which
   agent holds rank 0 may change between jobs; the logged loss is the mean over both ranks, which
   does not depend on that;
@@ -200,19 +202,19 @@ def _rendezvous(output: str) -> tuple[int, int, str]:
 def jobs(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("multinode")
     two, one = root / "two-nodes", root / "one-node"
-    for logs in ("first", "resumed", "reference"):
+    for logs in ("first", "resumed"):
         (root / logs).mkdir()
     first, first_s = _two_nodes(two, 4, root / "first")
     after_first = CheckpointRoot(two / "checkpoints").steps()
     manifest_4 = ckpt.read_manifest(two / "checkpoints" / step_name(4))
     resumed, resumed_s = _two_nodes(two, 6, root / "resumed")
-    reference, reference_s = _torchrun([["--standalone", "--nproc_per_node", "2", *_trainer_args(one, 6)]],
-                                       [root / "reference" / "agent.log"])
+    from trainer.train import main  # the reference: the same 6 steps in this one process (no agents to start)
+
+    assert main(_trainer_args(one, 6)[2:]) == 0  # without "-m trainer.train"
     print(f"\nwall time (rendezvous): first two-node job {first_s:.1f} s ({_rendezvous_seconds(first)}), resumed "
-          f"two-node job {resumed_s:.1f} s ({_rendezvous_seconds(resumed)}), one-node reference {reference_s:.1f} s "
-          f"({_rendezvous_seconds(reference)}); logs under {root}")
+          f"two-node job {resumed_s:.1f} s ({_rendezvous_seconds(resumed)}); logs under {root}")
     return {"first": first, "after_first": after_first, "manifest_4": manifest_4, "resumed": resumed,
-            "reference": reference[0], "two": two, "one": one}
+            "two": two, "one": one}
 
 
 def test_two_agents_form_one_two_node_job_and_commit_step_4_from_two_ranks(jobs):
