@@ -107,6 +107,9 @@ from trainer.config import Config, ConfigError, load_config
 from trainer.data import is_byte_tokenizer, load_tokenizer
 from trainer.model import BYTE_VOCAB_SIZE, FLAVORS, ModelArgs, ffn_hidden_dim
 from trainer.parallel import ParallelismError
+from trainer.pipeline import (
+    layer_ranges,  # the trainer's own split: the plan shows what will run
+)
 
 GIB = 2**30
 
@@ -282,17 +285,6 @@ def _virtual_stages(cfg: Config) -> int:
 
 def _schedule(cfg: Config) -> str:
     return str(getattr(cfg.parallelism, "pp_schedule", "1f1b") or "1f1b").lower()
-
-
-def layer_ranges(n_layers: int, n_stages: int) -> list[range]:
-    """Consecutive layers per stage, the first stages taking one more when they do not divide."""
-    base, extra = divmod(n_layers, n_stages)
-    ranges, start = [], 0
-    for stage in range(n_stages):
-        size = base + (stage < extra)
-        ranges.append(range(start, start + size))
-        start += size
-    return ranges
 
 
 # ---------------------------------------------------------------------------------------------------
