@@ -107,9 +107,7 @@ from trainer.config import Config, ConfigError, load_config
 from trainer.data import is_byte_tokenizer, load_tokenizer
 from trainer.model import BYTE_VOCAB_SIZE, FLAVORS, ModelArgs, ffn_hidden_dim
 from trainer.parallel import ParallelismError
-from trainer.pipeline import (
-    layer_ranges,  # the trainer's own split: the plan shows what will run
-)
+from trainer.pipeline import layer_ranges
 
 GIB = 2**30
 
