@@ -309,11 +309,13 @@ class Trainer:
         while self.train_state.step < last:
             self.train_state.step += 1
             step = self.train_state.step
+            # The stall of a step: the wait for the last snapshot (inside the optimizer step's
+            # pre-hook) and the time inside save().
+            before = 0.0 if self.manager is None else self.manager.stats.stall_s
             loss = self.train_step()
             self.train_state.tokens_seen += tokens_per_step
             failure = None
             if self.manager is not None:
-                before = self.manager.stats.stall_s
                 try:
                     self.manager.save(step, self.state, force=step == t.steps)
                 except ckpt.CheckpointError as exc:
