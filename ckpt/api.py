@@ -9,6 +9,7 @@ from DCP's per-rank ``CheckpointException``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import warnings
 from typing import Any
@@ -24,6 +25,8 @@ from .planner import SafeLoadPlanner
 from .read import read_manifest
 from .state import export_state, stored_whole
 from .storage import locate
+
+log = logging.getLogger(__name__)
 
 
 def _distributed() -> bool:
@@ -84,14 +87,24 @@ def write_tree(state_dict: dict, writer: Writer, *, process_group, no_dist: bool
         with _quiet_single_process():
             dcp.save(state_dict, storage_writer=writer, process_group=process_group, no_dist=no_dist)
     except CheckpointException as exc:
-        writer.abort()
+        _abort_quietly(writer)
         error = unwrap(exc)
         if isinstance(error, CheckpointError):
             raise error from None
-        raise CheckpointWriteError(f"saving {writer.path} failed: {type(error).__name__}: {error}") from error
+        raise CheckpointWriteError(f"saving {writer.path} failed: {type(error).__name__}: {error}",
+                                   path=str(writer.path)) from error
     except BaseException:
-        writer.abort()
+        _abort_quietly(writer)
         raise
+
+
+def _abort_quietly(writer: Writer) -> None:
+    """Remove what a failed save wrote; a failure of that clean-up (the mount is gone) is logged, never
+    put in place of the save's own error. What is left is collected by the next save of the target."""
+    try:
+        writer.abort()
+    except Exception as exc:
+        log.warning("cleaning up after the failed save of %s failed too: %s: %s", writer.path, type(exc).__name__, exc)
 
 
 def load(

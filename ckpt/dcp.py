@@ -95,6 +95,7 @@ class Writer(StorageWriter):
         self.overwrite, self.step, self.base = overwrite, step, base
         self.attempt: commit.Attempt | None = None
         self.manifest: Manifest | None = None  # the committed manifest, on the coordinator
+        self.before_begin = None  # a check the coordinator runs before anything is written (the manager's)
 
     # -- DCP protocol ------------------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
@@ -111,6 +112,8 @@ class Writer(StorageWriter):
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        if self.before_begin is not None:
+            self.before_begin()
         self.attempt = commit.begin(self.path, overwrite=self.overwrite)
         return [
             dataclasses.replace(plan, storage_data=_RankTarget(self.attempt.directory.path, self.attempt.tag, rank))

@@ -306,6 +306,7 @@ class CheckpointManager:
 
     def _write(self, step: int, tree: dict, base: DeltaBase | None = None) -> None:
         writer = Writer(self._root.step_path(step), overwrite=True, step=step, base=base, options=self.options)
+        writer.before_begin = self._root.check_unchanged
         start = time.perf_counter()
         write_tree(tree, writer, process_group=self._write_pg, no_dist=not self._distributed)
         if writer.manifest is not None:  # the coordinator

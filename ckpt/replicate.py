@@ -56,6 +56,10 @@ _RANK = re.compile(r"rank-(\d+)")
 PENDING, COPYING, COMMITTED, FAILED, DROPPED = "pending", "copying", "committed", "failed", "dropped"
 
 
+class SourceCorruptError(CorruptCheckpointError):
+    """The primary's copy of a step fails verification: copying it again cannot help (final)."""
+
+
 # -- one step ------------------------------------------------------------------------------------
 
 def files_of_rank(manifest: Manifest, rank: int, world: int) -> list[str]:
@@ -87,8 +91,8 @@ def copy_file(source: DataFiles, target: Location, name: str, blobs: list[tuple[
     aborts the file (nothing of it stays)."""
     reader = source.open(name)
     if size is not None and reader.size != size:
-        raise CorruptCheckpointError(f"{source.root}: {name} holds {reader.size} bytes, its manifest says {size}",
-                                     path=str(source.root), file=name)
+        raise SourceCorruptError(f"{source.root}: {name} holds {reader.size} bytes, its manifest says {size}",
+                                 path=str(source.root), file=name)
     out = target.storage.create((target / name).path)
     buffer = memoryview(bytearray(min(SLICE, max(reader.size, 1))))
     position = 0
@@ -98,8 +102,8 @@ def copy_file(source: DataFiles, target: Location, name: str, blobs: list[tuple[
         while position < end:
             piece = buffer[: min(len(buffer), end - position)]
             if reader.read_into(piece, position) != len(piece):
-                raise CorruptCheckpointError(f"{source.root}: {name} ended early at byte {position}",
-                                             path=str(source.root), file=name)
+                raise SourceCorruptError(f"{source.root}: {name} ended early at byte {position}",
+                                         path=str(source.root), file=name)
             if hasher is not None:
                 hasher.update(piece)
             out.write(piece)
@@ -108,12 +112,15 @@ def copy_file(source: DataFiles, target: Location, name: str, blobs: list[tuple[
     try:
         for what, blob in blobs:
             if blob.offset < position or blob.offset + blob.length > reader.size:
-                raise CorruptCheckpointError(f"{source.root}: {what} lies outside {name} or overlaps another blob",
-                                             path=str(source.root), file=name, tensor=what)
+                raise SourceCorruptError(f"{source.root}: {what} lies outside {name} or overlaps another blob",
+                                         path=str(source.root), file=name, tensor=what)
             move(blob.offset)  # alignment padding
             hasher = xxhash.xxh3_64()
             move(blob.offset + blob.length, hasher)
-            source.verify(blob, f"{hasher.intdigest():016x}", what=what)
+            try:
+                source.verify(blob, f"{hasher.intdigest():016x}", what=what)
+            except CorruptCheckpointError as exc:
+                raise SourceCorruptError(str(exc), path=exc.path, file=exc.file, tensor=exc.tensor) from None
         move(reader.size)
         written = out.close()
     except BaseException:
@@ -152,11 +159,16 @@ def copy_step(source: Location, target: Location, *, read_back: bool = False, gr
     plan, attempt, error = None, None, None
     if rank == 0:
         try:
-            manifest, raw = read_manifest_bytes(source)
+            try:
+                manifest, raw = read_manifest_bytes(source)
+            except CheckpointNotFoundError:
+                raise
+            except CorruptCheckpointError as exc:  # the source's manifest: final, like its data
+                raise SourceCorruptError(str(exc), path=exc.path, file=exc.file) from None
             if commit.is_committed(target):
                 plan = "done"
-            else:
-                attempt = commit.begin(target, overwrite=False)
+            else:  # anything there without a manifest (a killed copy or deletion) is garbage: replaced
+                attempt = commit.begin(target, overwrite=True)
                 plan = (raw, attempt.directory.path)
         except Exception as exc:
             error = exc
@@ -183,14 +195,15 @@ def copy_step(source: Location, target: Location, *, read_back: bool = False, gr
             _read_back(directory, manifest, mine)
     except Exception as exc:
         local = exc
-    failed = any_rank((local is not None,), group, distributed=distributed)[0]
+    failed, corrupt = any_rank((local is not None, isinstance(local, SourceCorruptError)), group,
+                               distributed=distributed)
     result = None
     if rank == 0:
         try:
             if failed:
                 commit.abort(attempt)
             else:
-                commit.finish(attempt, manifest, overwrite=False, raw=raw)
+                commit.finish(attempt, manifest, overwrite=True, raw=raw)  # replacing only what had no manifest
         except Exception as exc:
             result = exc
     if local is not None:
@@ -198,6 +211,8 @@ def copy_step(source: Location, target: Location, *, read_back: bool = False, gr
     result = broadcast_error(result, group, distributed=distributed)
     if result is not None:
         raise result
+    if corrupt:
+        raise SourceCorruptError(f"{source} failed verification on another rank; not replicated", path=str(source))
     if failed:
         raise StorageError(f"copying {source} to {target} failed on another rank", path=str(target))
     return copied
@@ -292,6 +307,10 @@ class _MountWorker:
                 return True
             except CheckpointNotFoundError as exc:
                 self.set_state(step, DROPPED, f"gone from the primary: {exc}")
+                return True
+            except SourceCorruptError as exc:  # never replicate corruption; later steps go on
+                log.error("replica %s step %d: not copied, the primary's copy is corrupt (%s)", self.url, step, exc)
+                self.set_state(step, DROPPED, f"corrupt on the primary: {exc}")
                 return True
             except Exception as exc:
                 failures += 1

@@ -32,13 +32,15 @@ log = logging.getLogger(__name__)
 
 # (state, checkpoint location, other roots for the chain's links) -> anything; raises CheckpointError
 LoadFn = Callable[[dict, Location, tuple], Any]
-DAMAGE = (CorruptCheckpointError, CheckpointNotFoundError, StorageError)
+# What passes over a copy: damage, absence, or an unreachable mount (a raw OSError from a backend
+# that does not map its errors to StorageError is treated alike).
+DAMAGE = (CorruptCheckpointError, CheckpointNotFoundError, StorageError, OSError)
 
 
 def _committed(mount: CheckpointRoot, *, chain_checked: bool) -> list[int]:
     try:
         return mount.steps() if chain_checked else mount.committed()
-    except StorageError as exc:
+    except (StorageError, OSError) as exc:
         log.warning("checkpoint mount %s cannot be listed (%s); passing over it", mount.path, exc)
         return []
 

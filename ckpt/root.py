@@ -24,7 +24,7 @@ import os
 import re
 
 from . import commit
-from .errors import CheckpointError
+from .errors import CheckpointError, StorageError
 from .read import read_manifest
 from .storage import Location, holder_text, locate
 
@@ -56,6 +56,7 @@ class CheckpointRoot:
         self.path = locate(path, storage_options)
         self._bases: dict[int, int | None] = {}
         self._lock = None
+        self._directory_id = None  # set by lock()
 
     def step_path(self, step: int) -> Location:
         return self.path / step_name(step)
@@ -105,6 +106,7 @@ class CheckpointRoot:
         storage = self.path.storage
         storage.makedirs(self.path.path)
         self._lock = storage.lock((self.path / LOCK_NAME).path, holder=holder_text())
+        self._directory_id = storage.directory_id(self.path.path)
         try:
             commit.collect_root_garbage(self.path)
             for path in self.step_dirs().values():
@@ -116,6 +118,15 @@ class CheckpointRoot:
         except BaseException:
             self.unlock()
             raise
+
+    def check_unchanged(self) -> None:
+        """Refuse to write when the root is no longer the directory that was locked (its file system
+        was unmounted, or it was deleted): a save would otherwise re-create it underneath, report
+        success, and vanish when the file system comes back."""
+        locked = self._directory_id
+        if locked is not None and self.path.storage.directory_id(self.path.path) != locked:
+            raise StorageError(f"{self.path} is no longer the directory this manager locked (its file system "
+                               "was unmounted, or it was deleted); not writing there", path=str(self.path))
 
     def unlock(self) -> None:
         if self._lock is not None:

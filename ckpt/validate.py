@@ -44,6 +44,10 @@ from .format import (
 )
 
 
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not JSON (FORMAT.md: no NaN/Infinity literals)")
+
+
 def parse_manifest(raw: bytes, *, source: str = MANIFEST_NAME) -> Manifest:
     """The validated manifest in ``raw`` (``source`` names it in errors)."""
     body, stored, computed = unseal(raw)
@@ -52,7 +56,7 @@ def parse_manifest(raw: bytes, *, source: str = MANIFEST_NAME) -> Manifest:
             f"{source}: manifest digest mismatch (stored {stored}, computed {computed}): the manifest "
             "is damaged", file=MANIFEST_NAME)
     try:
-        doc = json.loads(body)
+        doc = json.loads(body, parse_constant=_no_constants)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # incl. JSONDecodeError, huge ints
         raise InvalidManifestError(f"{source}: not valid JSON ({type(exc).__name__}: {_short(exc)})",
                                    file=MANIFEST_NAME) from None

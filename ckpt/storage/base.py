@@ -63,6 +63,11 @@ class Storage:
     def exists(self, path: str) -> bool: return self.is_file(path) or self.is_dir(path)
     def identity(self, path: str) -> str: return path  # equal for two paths naming the same entry
 
+    def directory_id(self, path: str):
+        """Something that changes when ``path`` becomes another directory (a file system unmounted
+        under it, the directory deleted and re-created); None where the mount cannot tell."""
+        return None
+
     # reading: ``name`` ("a" or "a/b") is looked up below ``directory`` and may not leave it
     def open_read(self, directory: str, name: str) -> ReadHandle: raise NotImplementedError
 

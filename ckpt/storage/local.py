@@ -15,7 +15,13 @@ import shutil
 import socket
 import stat
 
-from ..errors import CheckpointLockedError, CorruptCheckpointError, InvalidManifestError
+from ..errors import (
+    CheckpointLockedError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    InvalidManifestError,
+    StorageError,
+)
 from .base import Storage
 from .posix_io import Writeback, fsync_dir, pread_into, write_all, write_file_durably
 
@@ -33,6 +39,8 @@ class LocalStorage(Storage):
             return os.listdir(path)
         except (FileNotFoundError, NotADirectoryError):
             return []
+        except OSError as exc:  # EIO, ENOTCONN, ESTALE, EACCES: the mount, not the checkpoint
+            raise _unreachable(path, "listing", exc) from None
 
     def is_dir(self, path: str) -> bool:
         return os.path.isdir(path)
@@ -46,8 +54,20 @@ class LocalStorage(Storage):
     def identity(self, path: str) -> str:
         return os.path.realpath(path)
 
+    def directory_id(self, path: str):
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return (info.st_dev, info.st_ino)
+
     def open_read(self, directory: str, name: str) -> "LocalReader":
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        except (FileNotFoundError, NotADirectoryError):  # gone since its manifest was read (retention)
+            raise CheckpointNotFoundError(f"{directory} is gone", path=directory, file=name) from None
+        except OSError as exc:
+            raise _unreachable(directory, "opening", exc) from None
         try:
             return LocalReader(open_beneath(dir_fd, name, where=directory))
         finally:
@@ -82,6 +102,10 @@ class LocalStorage(Storage):
 
     def lock(self, path: str, *, holder: str) -> "LocalLock":
         return LocalLock(path, holder)
+
+
+def _unreachable(path: str, what: str, exc: OSError) -> StorageError:
+    return StorageError(f"{what} {path} failed: {os.strerror(exc.errno) if exc.errno else exc}", path=path)
 
 
 class LocalReader:

@@ -75,15 +75,21 @@ class FsspecStorage(Storage):
         prefix = path.rstrip("/") + "/"
         return sorted({e.rstrip("/")[len(prefix):].split("/", 1)[0] for e in entries if e.startswith(prefix)} - {""})
 
-    def is_dir(self, path: str) -> bool:
+    # fsspec's isfile/isdir answer False on ANY error (s3fs swallows them): a server error would read
+    # as "no manifest" and start-up clean-up would delete a committed step. info() raises instead.
+    def _kind(self, path: str) -> str | None:
         with self._io(path, "checking"):
             self._fresh(path)
-            return self.fs.isdir(path)
+            try:
+                return self.fs.info(path).get("type")
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+
+    def is_dir(self, path: str) -> bool:
+        return self._kind(path) == "directory"
 
     def is_file(self, path: str) -> bool:
-        with self._io(path, "checking"):
-            self._fresh(path)
-            return self.fs.isfile(path)
+        return self._kind(path) == "file"
 
     def open_read(self, directory: str, name: str) -> "RemoteReader":
         path = self.join(directory, name)

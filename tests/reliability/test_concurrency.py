@@ -287,10 +287,6 @@ def test_manager_load_while_an_async_save_is_in_flight_waits_and_returns_it(tmp_
         assert manager.load(live) == 4 and exact(live, expected(4))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a step directory removed (retention) after ckpt.load read its manifest "
-                   "raises torch's CheckpointException wrapping a raw FileNotFoundError from LocalStorage.open_read "
-                   "(os.open of the directory is outside open_beneath's error mapping), not CheckpointNotFoundError/"
-                   "CorruptCheckpointError")
 def test_a_step_directory_removed_after_its_manifest_was_read_raises_a_checkpoint_error(tmp_path, monkeypatch):
     import shutil
 

@@ -8,9 +8,10 @@
 * alignment padding between blobs is covered by no checksum: a flip there is not detected, and
   harmless (nothing reads it) - a finding, asserted as it is;
 * a deleted manifest makes the copy uncommitted (the commit protocol), which verify cannot see;
-* known bugs, as strict xfails: a replica step directory without a manifest is never copied again
-  (and stalls the replication of every later step); a step whose primary copy is corrupt stalls
-  replication the same way; a truncated catalog kills the process that opens it (SIGBUS); damage
+* found by this campaign and fixed: a replica step directory without a manifest was never copied
+  again (and stalled the replication of every later step); a step whose primary copy is corrupt
+  stalled replication the same way;
+* known bugs, as strict xfails: a truncated catalog kills the process that opens it (SIGBUS); damage
   inside a catalog record's value that still parses is served as is.
 
 Long campaign: ``.venv/bin/python scripts/corruption_campaign.py --trials 1000 --seed 1 --out c.json``.
@@ -203,9 +204,6 @@ def test_a_deleted_manifest_makes_the_copy_uncommitted_and_the_manager_uses_the_
 
 
 # -- known bugs ---------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="BUG: copy_step refuses a replica step directory that has no manifest "
-                   "(commit.begin: 'already exists'), so replication retries it forever and every later step "
-                   "queues behind it; the primary cleans such directories at start, replicas never do")
 def test_a_replica_step_directory_without_manifest_is_copied_again(run, tmp_path):
     work = _copy(run, tmp_path)
     replica = work / "replica"
@@ -219,9 +217,6 @@ def test_a_replica_step_directory_without_manifest_is_copied_again(run, tmp_path
     assert CheckpointRoot(replica).committed() == [1, 2, 3, 4, 5, 6]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a step whose primary copy is corrupt (bit rot before it was replicated) "
-                   "is retried forever like an outage (copy_file's CorruptCheckpointError is not final), so no later "
-                   "step ever reaches the replica: one flipped bit switches replication off for the rest of the run")
 def test_a_corrupt_primary_step_does_not_stop_the_replication_of_later_steps(tmp_path):
     primary, replica = tmp_path / "primary", tmp_path / "replica"
     state = campaign.make_state()

@@ -514,10 +514,6 @@ def test_the_trainer_on_a_full_disk(tmp_path, monkeypatch, capsys):
 
 # -- found by these tests: known bugs, failing until fixed ---------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="BUG: CheckpointRoot.lock() collects garbage on every step of an "
-                   "object-store root; s3fs's isfile() answers False on any error, so a step whose manifest "
-                   "requests fail transiently (two 500s for read_manifest, two for is_file) while its "
-                   "listing works is taken for a save that never committed and deleted")
 def test_a_transient_error_at_start_up_never_deletes_a_committed_s3_step(s3_bucket, s3_proxy):
     url = f"{s3_bucket.url}/run"
     with ckpt.CheckpointManager(url, storage_options=s3_proxy.storage_options, interval=1, async_mode="sync") as m:
@@ -533,9 +529,6 @@ def test_a_transient_error_at_start_up_never_deletes_a_committed_s3_step(s3_buck
     assert_intact(url, {s: _state(s) for s in HEALTHY}, storage_options=s3_bucket.storage_options)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: ckpt.api.write_tree cleans up (writer.abort) inside its except "
-                   "block; when the mount vanished mid-write the clean-up raises too, and its raw "
-                   "FileNotFoundError escapes instead of a CheckpointWriteError naming the checkpoint")
 def test_a_save_whose_mount_vanishes_mid_write_raises_a_checkpoint_error(tmp_path, monkeypatch):
     faulty = install_faulty(monkeypatch, tmp_path / "nvme")
     faulty.vanish(after=1000)
@@ -544,9 +537,6 @@ def test_a_save_whose_mount_vanishes_mid_write_raises_a_checkpoint_error(tmp_pat
     assert str(tmp_path / "nvme" / "step-00000001") in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: resume passes over an unreachable mount only when it raises "
-                   "StorageError; LocalStorage lets the OSError of a dead mount (ENOTCONN, EIO, ESTALE) "
-                   "through, so load() fails instead of loading the replica's copy")
 def test_load_passes_over_a_dead_local_primary_to_its_replica(tmp_path, monkeypatch):
     primary, replica = tmp_path / "nvme", tmp_path / "shared"
     faulty = install_faulty(monkeypatch, primary)
@@ -609,10 +599,6 @@ def bind_mount(tmp_path):
         assert not is_mounted(point)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: after the primary's file system is unmounted, the next save "
-                   "re-creates the root in the directory underneath (commit.begin makedirs) and commits "
-                   "there; it reports success, and the step disappears when the file system is mounted "
-                   "again. The manager does not check that the root is still the directory it locked")
 def test_a_save_after_the_primary_was_unmounted_fails_visibly(bind_mount):
     point, mount, umount = bind_mount
     root = point / "run"

@@ -545,10 +545,6 @@ def test_fuzzed_data_files_raise_only_checkpoint_errors(sandbox):
     assert REPORT["data file: inputs"] >= min(DATA_EXAMPLES, 50)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (found by the fuzzer): a manifest with a NaN/Infinity literal in a JSON "
-                   "value passes validation (FORMAT.md: 'no NaN/Infinity literals'), loads, and then "
-                   "ckpt.replay.materialize / ckpt-replay fail with a bare ValueError from json.dumps(allow_nan=False) "
-                   "instead of a CheckpointError")
 def test_a_nan_literal_in_a_manifest_is_refused_as_a_checkpoint_error(sandbox):
     doc = copy.deepcopy(sandbox.docs[STEPS[0]])
     doc["values"]["cfg"]["value"]["lr"] = float("nan")
