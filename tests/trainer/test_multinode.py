@@ -43,6 +43,9 @@ import pytest
 
 import ckpt
 from ckpt.root import CheckpointRoot, step_name
+from scripts.crash_harness import (
+    descendants,  # torchrun workers live in sessions of their own
+)
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 180  # one job (two agents): 10-26 s measured on a shared 2-core box
@@ -84,31 +87,11 @@ def _trainer_args(dump_folder: Path, steps: int) -> list[str]:
             "--checkpoint.enable", "true", "--checkpoint.interval", "2", "--metrics.log_freq", "2"]
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (torchrun starts its workers in sessions of their own)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def _kill(procs: list[subprocess.Popen]) -> None:
     """SIGTERM each agent's process group (an agent stops its workers on it), then SIGKILL whatever
     is left: the agents' groups and every worker found under them beforehand."""
     live = [p for p in procs if p.poll() is None]
-    workers = [pid for p in live for pid in _descendants(p.pid)]
+    workers = [pid for p in live for pid in descendants(p.pid)]
     for p in live:
         with contextlib.suppress(ProcessLookupError, PermissionError):  # already gone
             os.killpg(p.pid, signal.SIGTERM)
@@ -208,7 +191,9 @@ def jobs(tmp_path_factory) -> dict:
     after_first = CheckpointRoot(two / "checkpoints").steps()
     manifest_4 = ckpt.read_manifest(two / "checkpoints" / step_name(4))
     resumed, resumed_s = _two_nodes(two, 6, root / "resumed")
-    from trainer.train import main  # the reference: the same 6 steps in this one process (no agents to start)
+    from trainer.train import (
+        main,  # the reference: the same 6 steps in this one process (no agents to start)
+    )
 
     assert main(_trainer_args(one, 6)[2:]) == 0  # without "-m trainer.train"
     print(f"\nwall time (rendezvous): first two-node job {first_s:.1f} s ({_rendezvous_seconds(first)}), resumed "
