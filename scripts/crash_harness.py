@@ -145,7 +145,8 @@ class RunPaths:
 
 # -- processes -----------------------------------------------------------------------------------
 
-def _loopback_interface() -> str:
+def loopback_interface() -> str:
+    """The name of the loopback interface (``lo`` on Linux), for GLOO_SOCKET_IFNAME."""
     for _, name in socket.if_nameindex():
         try:
             flags = int(Path(f"/sys/class/net/{name}/flags").read_text(), 16)
@@ -161,7 +162,7 @@ def job_env() -> dict[str, str]:
            if not key.startswith(("TORCHELASTIC_", "TORCH_ELASTIC_"))
            and key not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
                            "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE")}
-    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=_loopback_interface(), PYTHONUNBUFFERED="1",
+    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=loopback_interface(), PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     return env
 

@@ -43,25 +43,14 @@ import pytest
 
 import ckpt
 from ckpt.root import CheckpointRoot, step_name
-from scripts.crash_harness import (
-    descendants,  # torchrun workers live in sessions of their own
+from scripts.crash_harness import (  # shared with the crash harness
+    descendants,
+    loopback_interface,
 )
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 180  # one job (two agents): 10-26 s measured on a shared 2-core box
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and process groups")
-
-
-def _loopback_interface() -> str:
-    """The name of the loopback interface (``lo`` on Linux), for GLOO_SOCKET_IFNAME."""
-    for _, name in socket.if_nameindex():
-        try:
-            flags = int(Path(f"/sys/class/net/{name}/flags").read_text(), 16)
-        except (OSError, ValueError):
-            continue
-        if flags & 0x8:  # IFF_LOOPBACK
-            return name
-    return "lo"
 
 
 def _free_port() -> int:
@@ -75,7 +64,7 @@ def _env() -> dict[str, str]:
            if not key.startswith(("TORCHELASTIC_", "TORCH_ELASTIC_"))
            and key not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
                            "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE")}
-    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=_loopback_interface(), PYTHONUNBUFFERED="1",
+    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=loopback_interface(), PYTHONUNBUFFERED="1",
                LOGLEVEL="INFO",  # the agents log their rendezvous result (group_rank, group_world_size)
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     return env
