@@ -22,6 +22,9 @@ Every script imports what it needs from this module and nothing from another scr
   ``provenance`` (the closing lines of every results section: machine, run conditions, date,
   command), ``publish`` and ``write_section`` (print the section; add or replace it in the results
   file).
+- Structured results for ``run.py``: ``Metric``, ``Goal`` and ``write_json`` (``--json PATH``: the
+  section's markdown plus its numbers — medians with min-max per system, the goals it checks, and
+  series for the plots — in one JSON file; the runner builds RESULTS.md's summary and plots from it).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ def argument_parser(doc: str, keep: bool = False) -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", help="parent of the work dir (default benchmarks/_work)")
     parser.add_argument("--out", help="Markdown file in which to add/replace the results section")
+    parser.add_argument("--json", help="write the section and its numbers as JSON here (for run.py)")
     if keep:
         parser.add_argument("--keep", action="store_true", help="keep the work dir (debugging)")
     return parser
@@ -338,3 +342,42 @@ def write_section(out: Path, section: str) -> None:
         tail = text[end + 1 :] if end >= 0 else ""
         new = text[:start] + section + ("\n" + tail if tail else "")
     out.write_text(new.rstrip("\n") + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Structured results (the contract between every bench_*.py and run.py)
+# ---------------------------------------------------------------------------------------------
+def metric(system: str, name: str, unit: str, values: Sequence[float], x: float | None = None,
+           **extra) -> dict:
+    """One measured quantity of one system: median with min-max over ``values`` (one per repeat).
+    ``name`` is a stable key (``save_s``, ``stall_s``, ``peak_mib``, ``tokens_per_s`` ...); ``x`` is
+    the scaling variable of a curve (state bytes, ranks) when the metric is one point of one."""
+    vals = [float(v) for v in values]
+    return {"system": system, "metric": name, "unit": unit, "median": median(vals) if vals else None,
+            "min": min(vals) if vals else None, "max": max(vals) if vals else None, "n": len(vals),
+            **({"x": x} if x is not None else {}), **extra}
+
+
+def goal(name: str, measured: float | None, target: float, direction: str, detail: str = "") -> dict:
+    """A goal the report states, with what the run measured: ``direction`` is ``">="`` or ``"<="``
+    (``measured`` against ``target``); ``met`` is None when the run could not measure it."""
+    met = None if measured is None else (measured >= target if direction == ">=" else measured <= target)
+    return {"goal": name, "measured": measured, "target": target, "direction": direction, "met": met,
+            "detail": detail}
+
+
+def write_json(path: str | None, bench: str, section: str, command: str, *, metrics: Sequence[dict] = (),
+               goals: Sequence[dict] = (), series: dict | None = None, params: dict | None = None) -> None:
+    """With ``--json PATH``: the section's markdown and its numbers in one file for ``run.py``.
+
+    ``series`` holds the data of the plots that are not a metric per system (e.g. the delta ratio per
+    save over a training run: ``{"delta_ratio": {"ours": [[step, ratio], ...], ...}}``)."""
+    if not path:
+        return
+    import json
+
+    date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    record = {"bench": bench, "date": date, "command": command, "params": params or {},
+              "metrics": list(metrics), "goals": list(goals), "series": series or {}, "section": section}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(record, indent=1, default=str) + "\n")
