@@ -1,0 +1,240 @@
+"""The report's PNG plots, drawn with matplotlib from the stored benchmark results.
+
+Every plot reads only the records ``run.py`` keeps in ``benchmarks/results/`` (the metrics each
+``bench_*.py`` writes with ``harness.metric``: a median and the min–max over repeats per system),
+so a plot never shows a number the report's tables do not. Error bars are the min–max span. A plot
+whose benchmark has no (successful) stored result is skipped.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display on a build machine
+import matplotlib.pyplot as plt  # noqa: E402
+
+OURS_STYLE = {"linewidth": 2.6, "zorder": 5}
+
+
+def _metrics(record: dict | None, name: str, **match) -> list[dict]:
+    if not record or record.get("failed"):
+        return []
+    return [m for m in record.get("metrics", []) if m.get("metric") == name and m.get("median") is not None
+            and all(m.get(k) == v for k, v in match.items())]
+
+
+def _span(m: dict) -> tuple[float, float]:
+    """(below, above) the median, for an error bar."""
+    lo = m["min"] if m.get("min") is not None else m["median"]
+    hi = m["max"] if m.get("max") is not None else m["median"]
+    return max(0.0, m["median"] - lo), max(0.0, hi - m["median"])
+
+
+def _is_ours(system: str) -> bool:
+    return system.lower().startswith("ours")
+
+
+def _curves(ax, metrics: list[dict], x_scale: float = 1.0) -> None:
+    """One line per system through its (x, median) points, with min–max error bars."""
+    by_system: dict[str, list[dict]] = defaultdict(list)
+    for m in metrics:
+        if m.get("x") is not None:
+            by_system[m["system"]].append(m)
+    for system, points in by_system.items():
+        points.sort(key=lambda m: m["x"])
+        xs = [m["x"] / x_scale for m in points]
+        ys = [m["median"] for m in points]
+        err = list(zip(*[_span(m) for m in points]))
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=system,
+                    **(OURS_STYLE if _is_ours(system) else {"linewidth": 1.2}))
+
+
+def _size_ticks(ax, metrics: list[dict]) -> None:
+    """Ticks at the measured sizes, labelled in MB/GB (the curves' x is GB)."""
+    sizes = sorted({m["x"] for m in metrics if m.get("x") is not None})
+    ax.set_xticks([x / 1e9 for x in sizes])
+    ax.set_xticklabels([f"{x / 1e9:.3g} GB" if x >= 1e9 else f"{x / 1e6:.0f} MB" for x in sizes], fontsize=8)
+    ax.minorticks_off()
+
+
+def _bars(ax, groups: dict[str, list[dict]], ylabel: str) -> None:
+    """Grouped bars: one group per key of ``groups`` (e.g. save, load), one bar per system."""
+    systems: list[str] = []
+    for ms in groups.values():
+        for m in ms:
+            if m["system"] not in systems:
+                systems.append(m["system"])
+    width = 0.8 / max(1, len(groups))
+    for i, (group, ms) in enumerate(groups.items()):
+        by = {m["system"]: m for m in ms}
+        xs = [j + i * width for j, s in enumerate(systems) if s in by]
+        ys = [by[s]["median"] for s in systems if s in by]
+        err = list(zip(*[_span(by[s]) for s in systems if s in by])) or None
+        ax.bar(xs, ys, width, yerr=err, capsize=3, label=group)
+    ax.set_xticks([j + width * (len(groups) - 1) / 2 for j in range(len(systems))])
+    ax.set_xticklabels(systems, rotation=25, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    if len(groups) > 1:
+        ax.legend(fontsize=8)
+
+
+def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def stall_vs_size(records: dict, path: Path) -> bool:
+    ms = _metrics(records.get("scaling"), "stall_s", axis="size")
+    if not ms:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    _curves(ax, ms, x_scale=1e9)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    _size_ticks(ax, ms)
+    ax.set_xlabel("state size (model + optimizer)")
+    ax.set_ylabel("stall per save (s, log)")
+    ax.set_title("Training-thread stall per save vs state size")
+    ax.legend(fontsize=7)
+    ax.grid(True, which="both", alpha=0.3)
+    _save(fig, path)
+    return True
+
+
+def stall_vs_ranks(records: dict, path: Path) -> bool:
+    ms = _metrics(records.get("scaling"), "stall_s", axis="ranks")
+    if not ms:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    _curves(ax, ms)
+    ax.set_yscale("log")
+    ax.set_xticks(sorted({m["x"] for m in ms}))
+    ax.set_xlabel("ranks (fixed total state, sharded)")
+    ax.set_ylabel("stall per save, slowest rank (s, log)")
+    ax.set_title("Stall per save vs number of ranks")
+    ax.legend(fontsize=7)
+    ax.grid(True, which="both", alpha=0.3)
+    _save(fig, path)
+    return True
+
+
+def throughput(records: dict, path: Path) -> bool:
+    rec = records.get("save_load")
+    save, load = _metrics(rec, "save_gbps"), _metrics(rec, "load_gbps")
+    if not save and not load:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    _bars(ax, {"save": save, "load": load}, "GB/s (higher is better)")
+    ax.set_title("Save and load throughput, same state, same disk")
+    ax.grid(True, axis="y", alpha=0.3)
+    _save(fig, path)
+    return True
+
+
+def delta_over_training(records: dict, path: Path) -> bool:
+    rec = records.get("delta")
+    panels = ((rec or {}).get("series") or {}).get("delta_ratio") if rec and not rec.get("failed") else None
+    if not panels:
+        return False
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    for ax, (panel, systems) in zip(axes[0], panels.items()):
+        for system, points in systems.items():
+            if points:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, marker=".", label=system, **(OURS_STYLE if _is_ours(system) else {"linewidth": 1.2}))
+        ax.set_title(panel, fontsize=9)
+        ax.set_xlabel("training step of the save")
+        ax.set_ylabel("stored bytes / raw bytes")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("Checkpoint size over training: delta vs full-state codecs")
+    _save(fig, path)
+    return True
+
+
+def merge_memory(records: dict, path: Path) -> bool:
+    rec = records.get("merge")
+    peak, secs = _metrics(rec, "peak_growth_mib"), _metrics(rec, "merge_s")
+    if not peak:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    _curves(axes[0], peak, x_scale=1e9)
+    _size_ticks(axes[0], peak)
+    axes[0].set_xlabel("checkpoint size")
+    axes[0].set_ylabel("peak memory growth (MiB)")
+    axes[0].set_title("Merge peak memory vs model size")
+    if secs:
+        _curves(axes[1], secs, x_scale=1e9)
+        _size_ticks(axes[1], secs)
+        axes[1].set_xlabel("checkpoint size")
+        axes[1].set_ylabel("merge time (s)")
+        axes[1].set_title("Merge time vs model size")
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    _save(fig, path)
+    return True
+
+
+def storage(records: dict, path: Path) -> bool:
+    ms = _metrics(records.get("storage"), "mibps")
+    if not ms:
+        return False
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for m in ms:
+        groups[m.get("op", "")].append(m)
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups), 4.2), squeeze=False)
+    for ax, (op, group) in zip(axes[0], groups.items()):
+        _bars(ax, {op: group}, "MiB/s (higher is better)")
+        ax.set_title(op)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle("Object store (S3 protocol, loopback server)")
+    _save(fig, path)
+    return True
+
+
+def trainer(records: dict, path: Path) -> bool:
+    ms = _metrics(records.get("trainer"), "tokens_per_s")
+    if not ms:
+        return False
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for m in ms:
+        groups[f"{m.get('flavor', '')}, {m.get('threads', '?')} threads"].append(m)
+    fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4.2), squeeze=False)
+    for ax, (label, group) in zip(axes[0], groups.items()):
+        _bars(ax, {label: group}, "tokens/s (higher is better)")
+        ax.set_title(label)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle("Trainer throughput with and without checkpointing")
+    _save(fig, path)
+    return True
+
+
+PLOTS = [
+    ("stall_vs_size.png", "Stall per save vs state size", stall_vs_size),
+    ("stall_vs_ranks.png", "Stall per save vs ranks", stall_vs_ranks),
+    ("throughput.png", "Save/load throughput", throughput),
+    ("delta_ratio.png", "Delta size over training", delta_over_training),
+    ("merge_memory.png", "Merge peak memory and time vs model size", merge_memory),
+    ("storage.png", "Replication and object-store save/load", storage),
+    ("trainer.png", "Trainer tokens/s", trainer),
+]
+
+
+def make_all(records: dict, plots_dir: Path) -> list[tuple[str, str]]:
+    """Draw every plot whose data is stored; return (file name, title) of those drawn. Plots whose
+    data is gone are removed, so the report never shows a stale picture."""
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    drawn = []
+    for name, title, draw in PLOTS:
+        path = plots_dir / name
+        if draw(records, path):
+            drawn.append((name, title))
+        else:
+            path.unlink(missing_ok=True)
+    return drawn
