@@ -58,8 +58,8 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from harness import (  # first: puts this checkout's root on sys.path
-    REPO, Load, argument_parser, command_line, git_state, machine_description, median, median_span, provenance,
-    publish, rotated, work_dir,
+    REPO, Load, argument_parser, command_line, git_state, goal, machine_description, median, median_span, metric,
+    provenance, publish, rotated, work_dir, write_json,
 )
 
 from trainer import data as data_mod  # noqa: E402
@@ -433,8 +433,27 @@ def main(argv: list[str] | None = None) -> int:
                 + f"; the run took {whole.elapsed / 60:.1f} min",
         "git": git_state(),
     }
-    publish(report(groups, args, info, command), args.out)
+    section = report(groups, args, info, command)
+    publish(section, args.out)
+    write_json(args.json, "layouts", section, command, metrics=layout_metrics(groups),
+               goals=layout_goals(groups), params={"ranks": args.ranks, "repeats": args.repeats})
     return 0
+
+
+def layout_metrics(groups) -> list[dict]:
+    """tokens/s per row (one value per repeat), with the world size as ``ranks``."""
+    return [metric(v.name, "tokens_per_s", "tokens/s", v.tps, ranks=ranks)
+            for ranks, variants, _elapsed, _load in groups for v in variants if v.tps]
+
+
+def layout_goals(groups) -> list[dict]:
+    """The checkpointing row against the same layout without saves (issue 4's ≥ 0.98× tokens/s)."""
+    by = {v.key: v for _ranks, variants, _e, _l in groups for v in variants}
+    if "fsdp2_ckpt" not in by or "fsdp2" not in by:
+        return []
+    r = paired(by["fsdp2_ckpt"].tps, by["fsdp2"].tps)
+    return [goal(f"FSDP 2 tokens/s with a save every {CKPT_INTERVAL} steps ≥ 0.98× without", median(r), 0.98, ">=",
+                 f"paired per repeat, min–max {min(r):.3f}–{max(r):.3f}")]
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ the plots, then each benchmark's own section with its command), the PNG plots un
 ``benchmarks/plots/`` and the block between the ``bench:begin``/``bench:end`` markers in
 README.md. A benchmark that fails is reported as failed, with the last lines of its output; its
 previous result is not shown as current. The accelerator benchmark (``bench_accel.py``) runs only
-when named (``--only accelerator``); its stored result, from whichever machine ran it, is included.
+when named (``--only accelerator``), the layouts benchmark (2 and 4 ranks, ~5 min) in full runs
+and when named; their stored results, from whichever machine ran them, are included.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Bench:
     full: list[str]
     title: str
     default: bool = True
+    in_quick: bool = True
     extra_env: dict = field(default_factory=dict)
 
 
@@ -59,6 +61,8 @@ BENCHES = [
           "replication and object-store save/load"),
     Bench("trainer", "bench_trainer.py", ["--quick"], [],
           "trainer tokens/s with and without checkpointing"),
+    Bench("layouts", "bench_layouts.py", ["--quick"], ["--repeats", "3"],
+          "trainer tokens/s per parallel layout", in_quick=False),
     Bench("accelerator", "bench_accel.py", ["--quick"], [],
           "accelerator staging, stall and tokens/s", default=False),
 ]
@@ -119,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     selected = [] if args.report_only else [BY_NAME[n] for n in args.only] if args.only else \
-        [b for b in BENCHES if b.default]
+        [b for b in BENCHES if b.default and (b.in_quick or not args.quick)]
     RESULTS_DIR.mkdir(exist_ok=True)
     log_dir = HERE / "_work" / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
