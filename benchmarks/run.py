@@ -112,7 +112,8 @@ def run_one(bench: Bench, quick: bool, timeout: float, log_dir: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--quick", action="store_true", help="small states, one repeat: under 5 minutes on 2 cores")
     parser.add_argument("--only", nargs="+", choices=list(BY_NAME), metavar="NAME",
                         help=f"run only these ({', '.join(BY_NAME)}); the stored results of the others are kept")
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     report.build(records, BENCHES, run_info, Path(args.out), HERE / "plots",
                  None if args.no_readme else HERE.parent / "README.md")
-    print(f"wrote {os.path.relpath(args.out)} and plots in {wall:.0f} s of benchmarks")
+    print(f"wrote {args.out}, the plots and the README block after {wall:.0f} s of benchmarks")
     failed = [r["bench"] for r in fresh if r.get("failed")]
     if failed:
         print(f"failed: {', '.join(failed)} (see the report and benchmarks/_work/logs/)", file=sys.stderr)
