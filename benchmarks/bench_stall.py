@@ -617,23 +617,111 @@ def gib(n: float) -> str:
     return f"{n / 2**30:+.2f}"
 
 
-def report(phases: list[Phase], info: dict, args: argparse.Namespace, command: str) -> str:
+NOT_PEERS = ("ours", "ours-sync", "copy")  # ours in either mode, and the limit
+
+
+def stalls(p: Phase) -> list[float]:
+    return [r.stall for r in p.records]
+
+
+def phase_of(phases: list[Phase], key: str) -> Phase | None:
+    return next((p for p in phases if p.key == key and p.records), None)
+
+
+def neighbours_in(phases: list[Phase], p: Phase) -> list[Phase]:
+    """The no-save phases right before and after ``p``."""
+    i = phases.index(p)
+    return [q for q in phases[max(i - 1, 0) : i + 2] if q.key == "none" and q is not p]
+
+
+def base_rate_in(phases: list[Phase], p: Phase) -> float:
+    """steps/s of the no-save phases right before and after ``p`` (the machine drifts)."""
+    near = neighbours_in(phases, p)
+    return sum(q.steps for q in near) / sum(q.window_s for q in near)
+
+
+def durable_times(p: Phase) -> list[float]:
+    """Seconds from each save's call until its bytes were committed; a synchronous save is committed
+    when its call returns."""
+    if p.key in ("ours-sync", "torch-save"):
+        return [r.in_save for r in p.records]
+    return [r.durable for r in p.records if r.durable is not None]
+
+
+def goals_of(phases: list[Phase], nbytes: int) -> list[dict]:
+    """Issue 15's goals for ours (double_buffer), as measured: median stall against the bare copy's,
+    against the best peer's, and the host buffers against the state."""
+    ours, copy = phase_of(phases, "ours"), phase_of(phases, "copy")
+    name = f"stall ≤ {GOAL_COPY_RATIO}× bare copy"
+    if ours is None:
+        return [goal(name, None, GOAL_COPY_RATIO, "<=", "ours did not run")]
+    s = median(stalls(ours))
+    out = []
+    if copy is not None:
+        c = median(stalls(copy))
+        per_save = [x / c for x in stalls(ours)]
+        out.append(goal(name, s / c, GOAL_COPY_RATIO, "<=",
+                        f"median over {len(per_save)} saves: ours {s:.4f} s vs bare copy {c:.4f} s "
+                        f"(median of {len(copy.records)}); per save {min(per_save):.3f}–{max(per_save):.3f}×"))
+    else:
+        out.append(goal(name, None, GOAL_COPY_RATIO, "<=", "the bare copy did not run"))
+    peers = [p for p in phases if p.records and p.key not in NOT_PEERS]
+    if peers:
+        best = min(peers, key=lambda p: median(stalls(p)))
+        b = median(stalls(best))
+        not_below = [p.name for p in peers if median(stalls(p)) <= s]
+        out.append(goal("stall below every peer", s / b, 1.0, "<=",
+                        f"ours / best peer's median stall: ours {median_span(stalls(ours), 4)} s vs "
+                        f"{METHODS[best.key].label} {median_span(stalls(best), 4)} s"
+                        + (f"; not below: {', '.join(not_below)}" if not_below else "")))
+    if ours.host_buffer_bytes:
+        out.append(goal("host buffers ≤ 2× state", round(ours.host_buffer_bytes / nbytes, 3), 2.0, "<=",
+                        f"stats.host_buffer_bytes {ours.host_buffer_bytes / 2**30:.3f} GiB, state "
+                        f"{nbytes / 2**30:.3f} GiB"))
+    return out
+
+
+def metrics_of(phases: list[Phase]) -> list[dict]:
+    """Per system: stall per save (s and × the bare copy's median), steps/s against the adjacent
+    no-save phases, and the time until each save was durable (``written_s`` where not fsync'd)."""
+    copy = phase_of(phases, "copy")
+    copy_stall = median(stalls(copy)) if copy is not None else None
+    out = []
+    for p in phases:
+        if not p.records:
+            continue
+        method = METHODS[p.key]
+        out.append(metric(method.label, "stall_s", "s", stalls(p)))
+        if copy_stall:
+            out.append(metric(method.label, "stall_x_copy", "×", [x / copy_stall for x in stalls(p)]))
+        out.append(metric(method.label, "steps_per_s_x_nosave", "×",
+                          [p.steps / p.window_s / base_rate_in(phases, p)]))
+        durable = durable_times(p)
+        if durable:
+            out.append(metric(method.label, "durable_s" if method.fsyncs else "written_s", "s", durable))
+    return out
+
+
+def goal_text(g: dict) -> str:
+    """'<goal>: **met** (measured 0.031; <detail>)', as the notes state a goal."""
+    measured = "not measured" if g["measured"] is None else f"measured {g['measured']:.3f}"
+    return f"{g['goal']}: {verdict(g['met'])} ({measured}; {g['detail']})"
+
+
+def report(phases: list[Phase], info: dict, args: argparse.Namespace, command: str, goals: list[dict]) -> str:
     nbytes = info["nbytes"]
     base = [p for p in phases if p.key == "none"]
     base_rates = [p.steps / p.window_s for p in base]
     base_fb = median([x for p in base for x in p.fb])
     base_opt = median([x for p in base for x in p.opt])
-    copy = next((p for p in phases if p.key == "copy"), None)
-    copy_stall = median([r.stall for r in copy.records]) if copy else None
+    copy = phase_of(phases, "copy")
+    copy_stall = median(stalls(copy)) if copy else None
 
     def neighbours(p: Phase) -> list[Phase]:
-        i = phases.index(p)
-        return [q for q in phases[max(i - 1, 0) : i + 2] if q.key == "none" and q is not p]
+        return neighbours_in(phases, p)
 
     def base_rate_of(p: Phase) -> float:
-        """steps/s of the no-save phases right before and after ``p`` (the machine drifts)."""
-        near = neighbours(p)
-        return sum(q.steps for q in near) / sum(q.window_s for q in near)
+        return base_rate_in(phases, p)
 
     def base_fb_of(p: Phase) -> float:
         return median([x for q in neighbours(p) for x in q.fb])
@@ -666,8 +754,8 @@ def report(phases: list[Phase], info: dict, args: argparse.Namespace, command: s
         rate = p.steps / p.window_s
         mem_resident = gib(p.rss_after_warmup - p.rss_before) + " GiB"
         mem_peak = peak_cell(p)
-        stalls = [r.stall for r in p.records]
-        s = median(stalls)
+        per_save = stalls(p)
+        s = median(per_save)
         durable = [r.durable for r in p.records if r.durable is not None]
         ratio = f"{s / copy_stall:.2f}" if copy_stall else "–"
         next_fb = median(p.fb_after_save) - median(p.fb_other)
@@ -675,39 +763,29 @@ def report(phases: list[Phase], info: dict, args: argparse.Namespace, command: s
         if p.host_buffer_bytes is not None:
             note += f"; host_buffer_bytes {p.host_buffer_bytes / nbytes:.2f}× state"
         durable_cell = f"{median(durable):.2f} (drain {p.drain_s:.2f})" if durable else ("–" if p.key == "copy" else "in save")
+        if durable and not METHODS[p.key].fsyncs:
+            durable_cell += " written, no fsync"
         lines.append(
-            f"| {p.name} | {median_span(stalls)} | {ratio} "
+            f"| {p.name} | {median_span(per_save)} | {ratio} "
             f"| {median([r.in_save for r in p.records]):.3f} | {median([r.pre_step_wait for r in p.records]):.3f} "
             f"| {rate:.3f} ({rate / base_rate_of(p):.2f}) | {cpu_cell(p)} | {next_fb:+.3f} "
             f"| {durable_cell} | {mem_resident} | {mem_peak} | {note} |"
         )
 
     notes = []
-    ours = next((p for p in phases if p.key == "ours"), None)
-    if ours is not None and ours.records:
-        s = median([r.stall for r in ours.records])
-        goals = []
-        if copy_stall:
-            goals.append(f"stall ≤ {GOAL_COPY_RATIO}× bare copy: "
-                         f"{verdict(s <= GOAL_COPY_RATIO * copy_stall)} "
-                         f"({s:.3f} s vs {copy_stall:.3f} s, {s / copy_stall:.2f}×)")
-        peers = [p for p in phases if p.records and p.key not in ("ours", "copy")]
-        if peers:
-            worst = [p.name for p in peers if median([r.stall for r in p.records]) <= s]
-            best_peer = min(peers, key=lambda p: median([r.stall for r in p.records]))
-            goals.append(f"below every peer: {verdict(not worst)} "
-                         f"(best peer {best_peer.name}: {median([r.stall for r in best_peer.records]):.3f} s"
-                         + (f"; not below: {', '.join(worst)}" if worst else "") + ")")
+    if info.get("skipped"):
+        notes.append(f"- Not run: {info['skipped']}.")
+    ours = phase_of(phases, "ours")
+    if goals:
+        notes.append("- Goals (issue 15; ckpt CheckpointManager (double_buffer), medians): "
+                     + "; ".join(goal_text(g) for g in goals) + ".")
+    if ours is not None:
+        s = median(stalls(ours))
         rate = ours.steps / ours.window_s
         step = median([a + b for q in neighbours(ours) for a, b in zip(q.fb, q.opt)])
-        goals.append(f"throughput with a save every {args.every} steps: {rate / base_rate_of(ours):.2f}× the "
+        notes.append(f"- Ours, throughput with a save every {args.every} steps: {rate / base_rate_of(ours):.2f}× the "
                      f"adjacent no-save phases ({rate:.3f} vs {base_rate_of(ours):.3f} steps/s; the stall alone costs "
-                     f"{100 * s / (args.every * step):.2f} % of {args.every} steps of {step:.3f} s)")
-        if ours.host_buffer_bytes:
-            goals.append(f"host buffers {ours.host_buffer_bytes / 2**30:.2f} GiB = "
-                         f"{ours.host_buffer_bytes / nbytes:.2f}× the state (bound: ≤ 2×): "
-                         f"{verdict(ours.host_buffer_bytes <= 2 * nbytes + (1 << 20))}")
-        notes.append("- Goals (medians), ckpt CheckpointManager (double_buffer): " + "; ".join(goals) + ".")
+                     f"{100 * s / (args.every * step):.2f} % of {args.every} steps of {step:.3f} s).")
         # Where the training thread spent save(), and the background copy vs the overlapped step
         parts: dict[str, list[float]] = {}
         for r in ours.records:
@@ -731,22 +809,25 @@ def report(phases: list[Phase], info: dict, args: argparse.Namespace, command: s
                  f"(×{max(base_rates) / min(base_rates):.2f} spread) because of the machine's other load; a throughput "
                  f"ratio inside that spread says nothing about the method.")
     for p in phases:
-        if p.key.startswith("dcp") and p.records:
+        if (p.key.startswith("dcp") or p.key == "torchsnapshot") and p.records:
             parts = {}
             for r in p.records:
                 for k, v in r.parts.items():
                     parts.setdefault(k, []).append(v)
-            no_wait = median([r.stall - r.parts.get("wait previous upload", 0.0) for r in p.records])
+            wait = "wait previous upload" if p.key.startswith("dcp") else "wait previous snapshot"
+            no_wait = median([r.stall - r.parts.get(wait, 0.0) for r in p.records])
+            returned = p.extra.get("async_save returned")
             notes.append(f"- {p.name}, inside the save (medians): "
                          + ", ".join(f"{k} {median(v):.3f} s" for k, v in parts.items())
-                         + f"; stall without the wait for the previous upload {no_wait:.3f} s"
-                         f"; async_save returned {', '.join(p.extra.get('async_save returned', []))}.")
+                         + f"; stall without the {wait.replace('wait previous', 'wait for the previous')} {no_wait:.3f} s"
+                         + (f"; async_save returned {', '.join(returned)}" if returned else "") + ".")
     body = [
         SECTION,
         "",
         f"Job: {info['state']}. One phase per method, {args.saves} saves per phase, one save every {args.every} "
         f"steps ({args.saves * args.every} steps per phase) after one untimed, drained warm-up save; phases run "
-        f"one after another on the same model in the same process, with a no-save phase before and after every method "
+        f"one after another on the same model in the same process, with a no-save phase of {args.nosave_steps} steps "
+        f"before and after every method "
         f"(its throughput baseline is the mean rate of those two; median step {base_fb + base_opt:.3f} s = "
         f"forward/backward {base_fb:.3f} s + AdamW step {base_opt:.3f} s). **Stall** = time on the training thread inside the save call + time "
         f"waited before the next `optimizer.step()`; the table gives the median over the saves of a phase.",
@@ -774,6 +855,11 @@ def report(phases: list[Phase], info: dict, args: argparse.Namespace, command: s
         "`FileSystemWriter` itself (a `BlockingAsyncStager`, no cache: a fresh copy per save, inside `async_save`). "
         "The caching `DefaultStager` runs on CPU only with `use_pinned_memory=False` (ignored without CUDA) and "
         "`use_non_blocking_copy=False` (refused without an accelerator).",
+        "- torchsnapshot: `Snapshot.async_take(dir, app_state={\"model\": model, \"optim\": optimizer})` takes the "
+        "state dicts and stages every tensor (a CPU copy, since the live tensor may change) inside the call, on a thread "
+        "pool it shuts down before returning; only the file writes run on the `PendingSnapshot`'s thread. One snapshot "
+        "in flight: the next save first `wait()`s for the previous one (in its stall). Its file-system plugin does not "
+        "fsync: *Durable after* is only the time until its files and metadata were written.",
         "",
         *provenance(info["machine"], command, load=info["contention"]),
     ]
@@ -787,15 +873,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=5, help="save every K steps (default 5; >= 2)")
     parser.add_argument("--batch", type=int, default=32, help="rows per batch (default 32)")
     parser.add_argument("--hidden", type=int, default=HIDDEN, help=f"layer width (default {HIDDEN})")
+    parser.add_argument("--nosave-steps", type=int,
+                        help="steps of each no-save phase (default: --saves x --every, as a method's phase)")
     parser.add_argument("--methods", nargs="+", choices=list(METHODS),
                         help="subset to run (the no-save baseline always runs)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run (< 45 s on 2 cores): " + ", ".join(f"--{k.replace('_', '-')} {v}"
+                                                                           for k, v in QUICK.items()))
     args = parser.parse_args(argv)
-    if args.saves < 1 or args.every < 2 or args.gib <= 0 or args.batch < 1:
-        parser.error("--saves must be >= 1, --every >= 2, --gib > 0, --batch >= 1")
+    if args.quick:
+        for k, v in QUICK.items():
+            setattr(args, k, v)
+    if args.nosave_steps is None:
+        args.nosave_steps = args.saves * args.every
+    if args.saves < 1 or args.every < 2 or args.gib <= 0 or args.batch < 1 or args.nosave_steps < 1:
+        parser.error("--saves must be >= 1, --every >= 2, --gib > 0, --batch >= 1, --nosave-steps >= 1")
 
     command = command_line("bench_stall.py", argv)
     phases, info = run(args)
-    publish(report(phases, info, args, command), args.out)
+    goals = goals_of(phases, info["nbytes"])
+    section = report(phases, info, args, command, goals)
+    publish(section, args.out)
+    params = {"gib": args.gib, "state_bytes": info["nbytes"], "saves": args.saves, "every": args.every,
+              "nosave_steps": args.nosave_steps, "batch": args.batch, "hidden": args.hidden, "quick": args.quick,
+              "state": info["state"], "torch_threads": torch.get_num_threads()}
+    write_json(args.json, BENCH_NAME, section, command, metrics=metrics_of(phases), goals=goals, params=params)
     return 0
 
 
