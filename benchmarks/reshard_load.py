@@ -1,0 +1,275 @@
+"""The multi-process part of ``bench_save_load.py``: resharded load against same-layout load.
+
+A sharded state (a few large fp32 matrices, ``DTensor`` with ``Shard(0)`` on a CPU ``DeviceMesh`` of
+2 ranks) is saved once by each system, then loaded into three layouts:
+
+    2 ranks Shard(0) (same)   the layout it was saved in
+    4 ranks Shard(0)          each rank needs half of one saved shard
+    2 ranks Shard(1)          each rank needs the left or right half of the columns of both saved shards
+
+Systems: ours (``ckpt.save`` / ``ckpt.load`` with the process group) and DCP
+(``dcp.save(storage_writer=FileSystemWriter(dir, sync_files=True))`` / ``dcp.load(storage_reader=
+FileSystemReader(dir))``), both in place into the live DTensors.
+
+One set of 4 processes is started (``torch.multiprocessing`` with the forkserver method: one fresh
+process imports torch and ckpt, the ranks are forked from it; gloo on 127.0.0.1,
+``torch.set_num_threads(1)`` in each, as ``tests/dist.py`` does) and runs everything, so process
+start-up is paid once and every repeat runs every (layout, system) pair in an order rotated per
+repeat. The 2-rank layouts run on ranks 0-1 (a subgroup and its mesh) while ranks 2-3 wait in the
+collective that gathers the times (a blocking gloo receive; their CPU time over those loads is
+reported). On the 2-vCPU box the 4-rank layout is oversubscribed 2x.
+
+What is timed, per load: every rank of the world meets in a barrier, rank 0 runs ``sync`` and (when
+permitted) drops the page cache, a second barrier, then each loading rank times its own
+``load`` call (``time.perf_counter``); the load time is the maximum over the loading ranks. Zeroing
+the destination before and the bitwise check of every local shard against the same slice of the
+full tensor after are outside the timing. Each rank also reads ``/proc/self/io`` around its load:
+``rchar`` (bytes its read syscalls returned, page cache hits included: what it read) and
+``read_bytes`` (bytes it made the kernel fetch from the disk), summed over the loading ranks.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import socket
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
+
+from harness import drop_caches, rotated  # first: puts this checkout's root on sys.path
+
+import ckpt  # noqa: E402
+
+SYSTEMS = ("ours", "DCP")
+WORLD = 4
+COLS = 4096
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    ranks: int
+    dim: int
+
+
+SAVED = Layout("2 ranks Shard(0) (same)", 2, 0)
+LAYOUTS = (SAVED, Layout("4 ranks Shard(0)", 4, 0), Layout("2 ranks Shard(1)", 2, 1))
+
+
+def make_full_state(gib: float, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Four fp32 matrices of about ``gib`` GiB together (40/30/20/10 %), 4096 columns, rows a
+    multiple of 4 so that every layout's shards are even; random values, in shared memory."""
+    gen = torch.Generator().manual_seed(seed)
+    total = int(gib * (1 << 30))
+    state = {}
+    for i, share in enumerate((0.4, 0.3, 0.2, 0.1)):
+        rows = max(4, int(total * share) // (COLS * 4) // 4 * 4)
+        state[f"layers.{i}.weight"] = torch.randn(rows, COLS, generator=gen).share_memory_()
+    return state
+
+
+# ---------------------------------------------------------------------------------------------
+# Inside the spawned ranks
+# ---------------------------------------------------------------------------------------------
+class Rank:
+    """This process's view: its rank, the meshes and groups of both world sizes."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.pair = dist.new_group([0, 1])  # collective: every rank creates it
+        self.meshes = {4: DeviceMesh.from_group(dist.group.WORLD, "cpu"),
+                       2: DeviceMesh.from_group(self.pair, "cpu") if rank < 2 else None}
+
+    def group(self, layout: Layout):
+        return None if layout.ranks == WORLD else self.pair
+
+    def member(self, layout: Layout) -> bool:
+        return self.rank < layout.ranks
+
+
+def local_shard(full: torch.Tensor, layout: Layout, rank: int) -> torch.Tensor:
+    """The part of ``full`` that ``rank`` holds in ``layout`` (a view; even chunks)."""
+    return full.chunk(layout.ranks, dim=layout.dim)[rank]
+
+
+def sharded_state(full: dict, layout: Layout, me: Rank, fill: bool) -> dict[str, DTensor]:
+    """This rank's DTensors of ``layout``: copies of its shards (``fill``) or zeros."""
+    state = {}
+    for key, t in full.items():
+        shard = local_shard(t, layout, me.rank)
+        local = shard.clone(memory_format=torch.contiguous_format) if fill else torch.zeros(shard.shape)
+        state[key] = DTensor.from_local(local, me.meshes[layout.ranks], [Shard(layout.dim)], run_check=False,
+                                        shape=t.shape, stride=t.stride())
+    return state
+
+
+def save(system: str, state: dict, path: Path, group) -> None:
+    if system == "ours":
+        ckpt.save(state, path, process_group=group)
+    else:
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(path, sync_files=True), process_group=group)
+
+
+def load(system: str, state: dict, path: Path, group) -> None:
+    if system == "ours":
+        ckpt.load(state, path, process_group=group)
+    else:
+        dcp.load(state, storage_reader=dcp.FileSystemReader(path), process_group=group)
+
+
+def io_counters() -> tuple[int, int]:
+    """This process's (``rchar``, ``read_bytes``) from ``/proc/self/io`` so far: bytes returned by
+    read syscalls (page cache hits included), and bytes it made the kernel fetch from storage; -1s
+    where the kernel does not say."""
+    fields = {}
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                key, value = line.split(":")
+                fields[key] = int(value)
+    except (OSError, ValueError):
+        pass
+    return fields.get("rchar", -1), fields.get("read_bytes", -1)
+
+
+def collective_timed(me: Rank, member: bool, fn, cold: bool) -> tuple[float, tuple[int, int], float]:
+    """(max wall seconds over the ranks that run ``fn``, the (syscall, disk) bytes they read in total,
+    CPU seconds the other ranks spent meanwhile), after a cache drop between two world barriers."""
+    gc.collect()
+    dist.barrier()
+    if me.rank == 0:
+        drop_caches(cold)
+    dist.barrier()
+    cpu0, io0 = time.process_time(), io_counters()
+    seconds = None
+    if member:
+        start = time.perf_counter()
+        fn()
+        seconds = time.perf_counter() - start
+    io1 = io_counters()
+    read = tuple(b - a if a >= 0 and b >= 0 else -1 for a, b in zip(io0, io1))
+    row = (seconds, read, time.process_time() - cpu0)
+    rows: list = [None] * WORLD
+    dist.all_gather_object(rows, row)
+    loaders = [r for r in rows if r[0] is not None]
+    idle_cpu = max((r[2] for r in rows if r[0] is None), default=0.0)
+    read = tuple(-1 if any(r[1][i] < 0 for r in loaders) else sum(r[1][i] for r in loaders) for i in range(2))
+    return max(r[0] for r in loaders), read, idle_cpu
+
+
+def verify(state: dict, full: dict, layout: Layout, rank: int, what: str) -> None:
+    for key, t in full.items():
+        if not torch.equal(state[key].to_local(), local_shard(t, layout, rank)):
+            raise RuntimeError(f"{what}: {key} differs on rank {rank} after load")
+
+
+def warm_up(me: Rank, work: Path) -> None:
+    """Untimed: a tiny sharded state through every system and layout (first-call costs, imports)."""
+    tiny = {"w": torch.arange(8 * 16, dtype=torch.float32).reshape(8, 16)}
+    for system in SYSTEMS:
+        path = work / f"warmup-{system}"
+        if me.member(SAVED):
+            save(system, sharded_state(tiny, SAVED, me, fill=True), path, me.group(SAVED))
+        dist.barrier()
+        for layout in LAYOUTS:
+            if me.member(layout):
+                state = sharded_state(tiny, layout, me, fill=False)
+                load(system, state, path, me.group(layout))
+                verify(state, tiny, layout, me.rank, f"warm-up {system} {layout.name}")
+            dist.barrier()
+
+
+def rank_main(rank: int, full: dict, work: str, repeats: int, cold: bool, check: bool) -> dict | None:
+    """Everything one rank does; rank 0 returns the measurements."""
+    me = Rank(rank)
+    work = Path(work)
+    out: dict = {"save_s": {}, "load_s": {}, "read": {}, "idle_cpu_s": [], "clock": {"ready": time.time()}}
+    warm_up(me, work)
+    out["clock"]["warm"] = time.time()
+
+    saved = sharded_state(full, SAVED, me, fill=True) if me.member(SAVED) else None
+    for system in SYSTEMS:
+        seconds, _, _ = collective_timed(me, me.member(SAVED),
+                                         lambda: save(system, saved, work / system, me.group(SAVED)), cold)
+        out["save_s"][system] = seconds
+    del saved
+    out["clock"]["saved"] = time.time()
+
+    live = {layout: sharded_state(full, layout, me, fill=False) for layout in LAYOUTS if me.member(layout)}
+    for rep in range(repeats):
+        for layout in rotated(LAYOUTS, rep):
+            for system in rotated(SYSTEMS, rep):
+                state = live.get(layout)
+                if state is not None:
+                    for t in state.values():  # outside the timing: prove the load really writes
+                        t.to_local().zero_()
+                seconds, read, idle_cpu = collective_timed(
+                    me, state is not None, lambda: load(system, state, work / system, me.group(layout)), cold)
+                if state is not None and check:
+                    verify(state, full, layout, rank, f"{system} {layout.name}")
+                out["load_s"].setdefault((system, layout.name), []).append(seconds)
+                out["read"].setdefault((system, layout.name), []).append(read)
+                if layout.ranks < WORLD:
+                    out["idle_cpu_s"].append(idle_cpu)
+                if rank == 0:
+                    print(f"[reshard {rep + 1}/{repeats}] {system:5s} {layout.name:24s} load {seconds:7.3f}s", flush=True)
+    out["clock"]["loaded"] = time.time()
+    return out if rank == 0 else None
+
+
+def _entry(rank: int, port: int, out_dir: str, args: tuple) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
+                      LOCAL_RANK=str(rank))
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        result = rank_main(rank, *args)
+        if result is not None:
+            Path(out_dir, "result.pkl").write_bytes(pickle.dumps(result))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------
+# In the benchmark's process
+# ---------------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(gib: float, repeats: int, work: Path, cold: bool, check: bool = True) -> dict:
+    """Spawn the 4 ranks, run the whole part, return rank 0's measurements plus the state's bytes,
+    shapes and the wall time of the part (spawn included)."""
+    start = time.perf_counter()
+    full = make_full_state(gib)
+    spawned = time.time()
+    with tempfile.TemporaryDirectory() as out_dir:
+        # forkserver: one fresh process imports torch and ckpt once, the 4 ranks are forked from it
+        # (safe: it has no threads) instead of each importing them again on the 2 cores
+        mp.get_context("forkserver").set_forkserver_preload(["__main__", __name__])
+        mp.start_processes(_entry, args=(_free_port(), out_dir, (full, str(work), repeats, cold, check)),
+                           nprocs=WORLD, start_method="forkserver")
+        result = pickle.loads(Path(out_dir, "result.pkl").read_bytes())
+    result["nbytes"] = sum(t.nbytes for t in full.values())
+    result["shapes"] = [tuple(t.shape) for t in full.values()]
+    result["wall_s"] = time.perf_counter() - start
+    clock = result.pop("clock")
+    result["phases_s"] = {"start-up (spawn, imports, gloo)": clock["ready"] - spawned,
+                          "warm-up": clock["warm"] - clock["ready"], "saves": clock["saved"] - clock["warm"],
+                          "loads": clock["loaded"] - clock["saved"]}
+    return result
