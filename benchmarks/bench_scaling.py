@@ -1,0 +1,901 @@
+#!/usr/bin/env python
+"""Checkpoint stall as the state grows and as ranks are added: ours against its peers, one curve each.
+
+    python benchmarks/bench_scaling.py --quick                          # ~1 min
+    python benchmarks/bench_scaling.py --out benchmarks/RESULTS.md      # ~12 min on 2 cores
+
+The state is model-like: 8 fp32 weight matrices of 1024 columns with their biases (the parameters)
+plus AdamW-like ``exp_avg``/``exp_avg_sq`` of the same shapes and a ``step`` scalar per parameter,
+as nested dicts of plain tensors ({"model": ..., "optim": {"state": ...}}); no real model is
+needed for the size scaling. Values are small integers and halves, so every update is exact.
+
+The training job is emulated so that the host is free while the accelerator computes: one step =
+``time.sleep(step_s)`` (the compute) followed by an in-place ``add_(1)`` of every state tensor (the
+optimizer step: the first moment the state changes, so a snapshot not yet taken must complete before
+it). ``step_s`` is ``max(0.1 s, 1.25 x the time the system's warm-up save kept working after
+its call returned)``, from the second of two untimed warm-up saves: long enough that each system's
+background work fits in a step (the regime asynchronous checkpointing is for); on the ranks axis the
+ranks agree on the largest value.
+
+The **stall** of a save is the time the training thread is blocked by checkpointing: the time inside
+the save call plus any wait before the next in-place update. A save is made every step; each system
+runs two untimed warm-up saves (each drained), then ``--saves`` timed ones; tables show the median and
+min-max stall per save. The secondary metric, **durable**, is the time from the save call until the
+save was committed (where the system tells).
+
+bare copy          ``dst.copy_(src)`` of every tensor into buffers preallocated and faulted in at
+                   set-up: the limit when the copy is not overlapped with compute.
+ours               ``ckpt.CheckpointManager(dir, interval=1)`` (default: async ``double_buffer``),
+                   ``save(step, state, force=True)``; ``manager.before_step()`` right before the
+                   update (what ``attach(optimizer)`` calls from the optimizer's step pre-hook).
+                   Durable: ``on_commit`` (rank 0, after the manifest's commit).
+DCP async_save     ``dcp.async_save(state, storage_writer=FileSystemWriter(dir))``, no stager: the
+ (default stager)  writer stages (a fresh copy inside the call). DCP allows one save in flight, so
+                   the wait for the previous upload counts too. Durable: the upload future.
+DCP async_save     the same with ``DefaultStager(StagingOptions(False, False, True, False))``
+ (caching stager)  (cached staging storages, copy on a background thread) + the wait for
+                   ``staging_completion`` before the update.
+torch.save         ``torch.save(state, file)`` + ``fsync``, synchronous.
+torchsnapshot      ``Snapshot.async_take(dir, {"state": StateDict(state)})``: it returns once every
+                   tensor is cloned (staged), after which the state may change; one in flight, so
+                   the wait for the previous one counts. Durable: ``PendingSnapshot.done()`` (its
+                   metadata written; its file plug-in does not fsync).
+
+Every system runs in its own fresh process per point (forked from this one after the imports, so the
+state and buffers of one never share a heap with another): the size axis in one process per size, the
+ranks axis as N processes on gloo over loopback (state of ``--ranks-mb`` split evenly, each rank saving
+its row-shards under rank-distinct keys; stall per save = the max over ranks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing as mp
+import os
+import queue
+import shutil
+import socket
+import sys
+import threading
+import time
+import traceback
+import warnings
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from harness import (  # first: puts this checkout's root on sys.path
+    Load, argument_parser, command_line, fsync_path, goal, machine_description, median, metric, provenance, publish,
+    remove, settle, verdict, work_dir, write_json,
+)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.distributed.checkpoint as dcp  # noqa: E402
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse  # noqa: E402
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: E402
+
+import ckpt  # noqa: E402
+
+try:
+    import torchsnapshot
+except ImportError:  # an optional peer (the bench extra)
+    torchsnapshot = None
+
+BENCH_NAME = "scaling"
+SECTION = "## Scaling: stall vs state size and ranks"
+MiB = 1 << 20
+COLS = 1024  # columns of every weight matrix (4 KiB rows)
+PARAMS = 8  # weight matrices (and biases)
+MIN_STEP_S = 0.1
+STEP_MARGIN = 1.25
+WARMUPS = 2  # untimed, drained saves: ours allocates its two buffer sets lazily, one per save
+GOAL_COPY_RATIO = 0.05
+GOAL_FLAT = 2.0
+WORKER_TIMEOUT_S = 900
+
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+warnings.filterwarnings("ignore", message=".*torch.distributed.*not initialized.*")
+warnings.filterwarnings("ignore", category=FutureWarning)
+warnings.filterwarnings("ignore", category=UserWarning, module="torch.distributed.checkpoint")
+logging.getLogger("torchsnapshot").setLevel(logging.WARNING)
+
+
+# ---------------------------------------------------------------------------------------------
+# The state
+# ---------------------------------------------------------------------------------------------
+def make_state(nbytes: int, rank: int = 0, world: int = 1) -> dict:
+    """Rank ``rank``'s row-shards (1/``world`` of the rows) of a model-like state of ``nbytes``:
+    weights + biases, and AdamW-like exp_avg/exp_avg_sq/step per parameter, under keys that carry
+    the rank (plain tensors: each rank saves its own)."""
+    rows_total = max(world, round(nbytes / (3 * PARAMS * COLS * 4)))
+    rows = rows_total // world + (1 if rank < rows_total % world else 0)
+    suffix = f".shard{rank}" if world > 1 else ""
+    pattern = (torch.arange(COLS) % 251).float().mul_(0.5)  # exact in fp32, as are all the updates
+    model, optim = {}, {}
+    for i in range(PARAMS):
+        for name, shape in ((f"layers.{i}.weight{suffix}", (rows, COLS)), (f"layers.{i}.bias{suffix}", (COLS,))):
+            group = [torch.empty(shape) for _ in range(3)]
+            for k, t in enumerate(group):
+                offset = (torch.arange(shape[0]) % 7).float().add_(i + k)[:, None] if len(shape) == 2 else i + k
+                torch.add(pattern, offset, out=t)
+            model[name] = group[0]
+            optim[name] = {"step": torch.tensor(float(i)), "exp_avg": group[1], "exp_avg_sq": group[2]}
+    return {"model": model, "optim": {"state": optim}}
+
+
+def tensors(tree: Any) -> list[torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, dict):
+        return [t for v in tree.values() for t in tensors(v)]
+    return []
+
+
+def state_bytes(state: dict) -> int:
+    return sum(t.nbytes for t in tensors(state))
+
+
+def update(state: dict) -> None:
+    """The emulated optimizer step: every tensor changes in place."""
+    for t in tensors(state):
+        t.add_(1)
+
+
+def zeros_like(tree: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return torch.zeros_like(tree)
+    return {k: zeros_like(v) for k, v in tree.items()}
+
+
+def equal_after_update(saved: Any, live: Any) -> bool:
+    """Whether ``saved`` is ``live`` as it was one update ago (the run ends with one after the last save)."""
+    if isinstance(live, torch.Tensor):
+        return isinstance(saved, torch.Tensor) and saved.shape == live.shape and torch.equal(saved + 1, live)
+    return isinstance(saved, dict) and saved.keys() == live.keys() and all(
+        equal_after_update(saved[k], live[k]) for k in live)
+
+
+# ---------------------------------------------------------------------------------------------
+# Systems
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Ctx:
+    rank: int = 0
+    world: int = 1
+    distributed: bool = False  # a process group is initialized (the ranks axis)
+
+
+class System:
+    """One way to checkpoint. ``save`` and ``before_step`` run on the training thread (timed);
+    ``durable_at[step]`` is the ``perf_counter`` time the save was committed, where known."""
+
+    key = label = note = ""
+    writes = True
+
+    def __init__(self, state: dict, work: Path, ctx: Ctx):
+        self.state, self.work, self.ctx = state, work, ctx
+        self.durable_at: dict[int, float] = {}
+        self.parts: dict[str, float] = {}  # the last save's named parts (training thread)
+        self.extra: dict[str, Any] = {}
+
+    def setup(self) -> None:
+        pass
+
+    def save(self, step: int) -> float | None:
+        """Save ``step``; may return the seconds to count instead of the wall time of the call."""
+        raise NotImplementedError
+
+    def before_step(self) -> None:
+        pass
+
+    def drain(self) -> None:
+        pass
+
+    def prune(self, keep_from: int) -> None:
+        """Delete finished saves older than ``keep_from`` (outside the timing; keeps the disk small)."""
+
+    def load(self, step: int) -> Any:
+        """What ``step`` holds, loaded back (for the check outside the timing)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class BareCopy(System):
+    key, label, writes = "copy", "bare copy", False
+    note = ("`copy_` of every tensor into preallocated, faulted-in buffers: the limit when the copy is not "
+            "overlapped. Each save copies twice, with the process's intra-op threads and with one, and counts the "
+            "faster (under other load a 2-thread copy waits for its slower thread; the faster one is the stricter "
+            "reference for the ratios)")
+
+    def setup(self) -> None:
+        self.dst = [torch.empty_like(t).fill_(0) for t in tensors(self.state)]
+
+    def copy(self) -> float:
+        start = time.perf_counter()
+        for src, dst in zip(tensors(self.state), self.dst):
+            dst.copy_(src)
+        return time.perf_counter() - start
+
+    def save(self, step: int) -> float:
+        """The faster of a copy with the process's intra-op threads and one with a single thread:
+        under other load a multi-threaded copy waits for its slowest thread, which would inflate
+        the reference (and flatter every ratio to it)."""
+        threads = torch.get_num_threads()
+        self.parts = {f"{threads} threads": self.copy()}
+        if threads > 1:
+            torch.set_num_threads(1)
+            try:
+                self.parts["1 thread"] = self.copy()
+            finally:
+                torch.set_num_threads(threads)
+        return min(self.parts.values())
+
+
+class Ours(System):
+    key, label = "ours", "ours"
+    note = ("`CheckpointManager(dir, interval=1)`, default async `double_buffer`: `save()` + the wait in "
+            "`before_step()` (the optimizer pre-hook of `attach`); durable at `on_commit`")
+
+    def setup(self) -> None:
+        self.manager = ckpt.CheckpointManager(self.work / "ours", interval=1, on_commit=self._committed)
+
+    def _committed(self, info) -> None:
+        self.durable_at[info.step] = time.perf_counter()
+
+    def save(self, step: int) -> None:
+        self.manager.save(step, self.state, force=True)
+
+    def before_step(self) -> None:
+        self.manager.before_step()
+
+    def drain(self) -> None:
+        self.manager.wait()
+
+    def load(self, step: int) -> Any:
+        target = zeros_like(self.state)
+        # Each rank asks for its own shards only: the other ranks' keys are expected in the checkpoint.
+        self.manager.load(target, step=step, strict=not self.ctx.distributed)
+        return target
+
+    def close(self) -> None:
+        self.extra["host_buffer_bytes"] = self.manager.stats.host_buffer_bytes
+        self.manager.close()
+
+
+class DCPDefault(System):
+    key, label = "dcp-default", "DCP async_save (default stager)"
+    note = ("`async_stager=None`: `FileSystemWriter` stages (a fresh copy inside the call); + the wait for the "
+            "previous upload (one `async_save` in flight); durable when the upload future is done (fsync'd)")
+
+    def make_stager(self):
+        return None
+
+    def setup(self) -> None:
+        self.stager = self.make_stager()
+        self.upload: Future | None = None
+        self.staging: Future | None = None
+        # DCP's upload thread runs collectives: give it a group of its own, as the docs advise.
+        self.pg = dist.new_group(backend="gloo") if self.ctx.distributed else None
+        self.dirs: dict[int, Path] = {}
+
+    def save(self, step: int) -> None:
+        t0 = time.perf_counter()
+        if self.upload is not None:
+            self.upload.result()  # DCP's contract: the previous save must be finished
+        t1 = time.perf_counter()
+        path = self.dirs[step] = self.work / self.key / f"step-{step:06d}"
+        resp = dcp.async_save(self.state, storage_writer=dcp.FileSystemWriter(path), async_stager=self.stager,
+                              process_group=self.pg, no_dist=not self.ctx.distributed)
+        if isinstance(resp, AsyncSaveResponse):
+            self.staging, self.upload = resp.staging_completion, resp.upload_completion
+        else:
+            self.staging, self.upload = None, resp
+        self.upload.add_done_callback(lambda _f, s=step: self.durable_at.__setitem__(s, time.perf_counter()))
+        self.parts = {"wait previous": t1 - t0}
+
+    def before_step(self) -> None:
+        if self.staging is not None:
+            self.staging.result()
+            self.staging = None
+
+    def drain(self) -> None:
+        self.before_step()
+        if self.upload is not None:
+            self.upload.result()
+
+    def prune(self, keep_from: int) -> None:
+        for step in [s for s in self.dirs if s < keep_from and s in self.durable_at]:
+            path = self.dirs.pop(step)
+            if self.ctx.rank == 0:  # one directory for all ranks
+                shutil.rmtree(path, ignore_errors=True)
+
+    def load(self, step: int) -> Any:
+        target = zeros_like(self.state)
+        dcp.load(target, checkpoint_id=self.dirs[step], process_group=self.pg, no_dist=not self.ctx.distributed)
+        return target
+
+    def close(self) -> None:
+        if self.stager is not None:
+            self.stager.close()
+
+
+class DCPCaching(DCPDefault):
+    key, label = "dcp-caching", "DCP async_save (caching stager)"
+    note = ("`DefaultStager(StagingOptions(False, False, True, False))`: cached staging storages, copy on a "
+            "background thread; + the wait for `staging_completion` before the update and for the previous upload")
+
+    def make_stager(self):
+        return DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
+                                            use_async_staging=True, use_non_blocking_copy=False))
+
+
+class TorchSave(System):
+    key, label = "torch-save", "torch.save"
+    note = "`torch.save(state, file)` + `fsync`, synchronous (one file per rank)"
+
+    def path(self, step: int) -> Path:
+        return self.work / self.key / f"step-{step:06d}-rank{self.ctx.rank}.pt"
+
+    def setup(self) -> None:
+        (self.work / self.key).mkdir(parents=True, exist_ok=True)
+
+    def save(self, step: int) -> None:
+        torch.save(self.state, self.path(step))
+        fsync_path(self.path(step))
+        self.durable_at[step] = time.perf_counter()
+
+    def prune(self, keep_from: int) -> None:
+        for step in [s for s in self.durable_at if s < keep_from]:
+            remove(self.path(step))
+
+    def load(self, step: int) -> Any:
+        return torch.load(self.path(step), weights_only=True)
+
+
+class TorchSnapshot(System):
+    key, label = "torchsnapshot", "torchsnapshot"
+    note = ("`Snapshot.async_take` (returns after cloning every tensor) + the wait for the previous one; durable "
+            "at `done()` (metadata written; its file plug-in does not fsync)")
+
+    def setup(self) -> None:
+        if torchsnapshot is None:
+            raise RuntimeError("torchsnapshot is not installed (pip install torchsnapshot)")
+        self.pending = None
+        self.dirs: dict[int, Path] = {}
+        self.stop = threading.Event()
+        self.watching: list[tuple[int, Any]] = []
+        # PendingSnapshot has no callback: a watcher notes when each one is done (5 ms resolution).
+        self.watcher = threading.Thread(target=self._watch, daemon=True)
+        self.watcher.start()
+
+    def _watch(self) -> None:
+        while not self.stop.is_set() or self.watching:
+            for step, pending in list(self.watching):
+                if pending.done():
+                    self.durable_at[step] = time.perf_counter()
+                    self.watching.remove((step, pending))
+            time.sleep(0.005)
+
+    def save(self, step: int) -> None:
+        t0 = time.perf_counter()
+        if self.pending is not None:
+            self.pending.wait()
+        t1 = time.perf_counter()
+        path = self.dirs[step] = self.work / self.key / f"step-{step:06d}"
+        self.pending = torchsnapshot.Snapshot.async_take(str(path), {"state": torchsnapshot.StateDict(self.state)})
+        self.watching.append((step, self.pending))
+        self.parts = {"wait previous": t1 - t0}
+
+    def drain(self) -> None:
+        if self.pending is not None:
+            self.pending.wait()
+        while self.watching:
+            time.sleep(0.005)
+
+    def prune(self, keep_from: int) -> None:
+        for step in [s for s in self.dirs if s < keep_from and s in self.durable_at]:
+            path = self.dirs.pop(step)
+            if self.ctx.rank == 0:  # one directory for all ranks
+                shutil.rmtree(path, ignore_errors=True)
+
+    def load(self, step: int) -> Any:
+        target = torchsnapshot.StateDict(zeros_like(self.state))
+        torchsnapshot.Snapshot(str(self.dirs[step])).restore({"state": target})
+        return dict(target)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.watcher.join()
+
+
+SYSTEMS = {s.key: s for s in (BareCopy, Ours, DCPDefault, DCPCaching, TorchSave, TorchSnapshot)}
+
+
+# ---------------------------------------------------------------------------------------------
+# One system, one point (runs in a fresh forked process; one per rank on the ranks axis)
+# ---------------------------------------------------------------------------------------------
+def _vm(field_name: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def agree_max(value: float, ctx: Ctx) -> float:
+    if not ctx.distributed:
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def sync(ctx: Ctx) -> None:
+    """Line the ranks up before a save, as the step's gradient all-reduce does in a real job."""
+    if ctx.distributed:
+        dist.barrier()
+
+
+def measure(key: str, nbytes: int, saves: int, verify: bool, work: Path, ctx: Ctx) -> dict:
+    """Two warm-up saves (each drained), then ``saves`` timed steps of save -> compute -> wait -> update."""
+    rss0 = _vm("VmRSS")
+    state = make_state(nbytes, ctx.rank, ctx.world)
+    system = SYSTEMS[key](state, work, ctx)
+    out: dict[str, Any] = {"rank": ctx.rank, "state_bytes": state_bytes(state), "records": []}
+    system.setup()
+    try:
+        out["warmup"] = []
+        for step in range(1, WARMUPS + 1):
+            sync(ctx)
+            t0 = time.perf_counter()
+            system.save(step)
+            t1 = time.perf_counter()
+            system.drain()
+            t2 = time.perf_counter()
+            update(state)
+            out["warmup"].append({"in_save": t1 - t0, "after_return": t2 - t1})
+        step_s = agree_max(max(MIN_STEP_S, STEP_MARGIN * out["warmup"][-1]["after_return"]), ctx)
+        out["step_s"] = step_s
+        starts = {}
+        timed = range(WARMUPS + 1, WARMUPS + saves + 1)
+        for step in timed:
+            system.prune(step - 1)
+            sync(ctx)
+            start = starts[step] = time.perf_counter()
+            counted = system.save(step)
+            in_save = time.perf_counter() - start if counted is None else counted
+            parts = dict(system.parts)
+            time.sleep(step_s)  # the accelerator computes; the host is free
+            w0 = time.perf_counter()
+            system.before_step()
+            wait = time.perf_counter() - w0
+            update(state)
+            out["records"].append({"in_save": in_save, "wait": wait, "stall": in_save + wait, "parts": parts})
+        t = time.perf_counter()
+        system.drain()
+        out["drain_s"] = time.perf_counter() - t
+        for step, rec in zip(timed, out["records"]):
+            done = system.durable_at.get(step)
+            rec["durable"] = None if done is None else done - starts[step]
+        if verify and system.writes:
+            loaded = system.load(timed[-1])
+            out["verified"] = equal_after_update(loaded, state)
+            del loaded
+    finally:
+        system.close()
+    out["extra"] = system.extra
+    out["peak_rss_growth"] = _vm("VmHWM") - rss0
+    return out
+
+
+def loopback_interface() -> str:
+    """The name of the loopback interface (``lo`` on Linux), for GLOO_SOCKET_IFNAME."""
+    for _, name in socket.if_nameindex():
+        try:
+            flags = int(Path(f"/sys/class/net/{name}/flags").read_text(), 16)
+        except (OSError, ValueError):
+            continue
+        if flags & 0x8:  # IFF_LOOPBACK
+            return name
+    return "lo"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(results, key: str, nbytes: int, saves: int, verify: bool, work: str, rank: int, world: int,
+            port: int | None) -> None:
+    ctx = Ctx(rank, world, port is not None)
+    try:
+        if ctx.distributed:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+            os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface()
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                    timeout=timedelta(seconds=WORKER_TIMEOUT_S))
+        out = measure(key, nbytes, saves, verify, Path(work), ctx)
+        if ctx.distributed:
+            dist.barrier()
+            dist.destroy_process_group()
+        results.put(out)
+    except BaseException as exc:  # reported in the table; the other ranks are ended by the parent
+        results.put({"rank": rank, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+
+
+def run_point(key: str, nbytes: int, saves: int, verify: bool, work: Path, world: int | None) -> list[dict]:
+    """``key`` at one point in fresh forked processes: one (``world`` None: no process group) or
+    ``world`` ranks on gloo. Returns each rank's result (or error)."""
+    ctx = mp.get_context("fork")  # after the imports: a fresh heap per point without re-importing torch
+    results = ctx.Queue()
+    port = free_port() if world is not None else None
+    procs = [ctx.Process(target=_worker, args=(results, key, nbytes, saves, verify, str(work), r, world or 1, port))
+             for r in range(world or 1)]
+    for p in procs:
+        p.start()
+    got: list[dict] = []
+    deadline = time.monotonic() + WORKER_TIMEOUT_S
+    error_seen = None
+    while len(got) < len(procs):
+        try:
+            got.append(results.get(timeout=1.0))
+            if "error" in got[-1] and error_seen is None:
+                error_seen = time.monotonic()
+        except queue.Empty:
+            pass
+        dead = [p for p in procs if p.exitcode not in (None, 0)]
+        late = error_seen is not None and time.monotonic() - error_seen > 20  # the others wait in collectives
+        if time.monotonic() > deadline or late or (dead and results.empty() and len(got) < len(procs)):
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+            reason = "timed out" if time.monotonic() > deadline else "another rank failed" if late else "exited"
+            seen = {g["rank"] for g in got}
+            got += [{"rank": r, "error": reason} for r in range(len(procs)) if r not in seen]
+            break
+    for p in procs:
+        p.join()
+    remove(work / key)
+    return sorted(got, key=lambda g: g["rank"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Point:
+    key: str
+    x: int  # state bytes (size axis) or ranks
+    state_bytes: int = 0
+    stalls: list[float] = field(default_factory=list)  # per save (max over ranks)
+    durables: list[float] = field(default_factory=list)  # per save (max over ranks, where known)
+    parts: dict[str, list[float]] = field(default_factory=dict)  # named parts of the stall, per save (max over ranks)
+    step_s: float = 0.0
+    verified: bool | None = None
+    peak_rss_growth: int = 0
+    host_buffer_bytes: int | None = None
+    error: str | None = None
+
+
+def summarize(key: str, x: int, ranks: list[dict]) -> Point:
+    point = Point(key, x)
+    errors = [r for r in ranks if "error" in r]
+    if errors:
+        point.error = errors[0]["error"]
+        if errors[0].get("traceback"):
+            print(errors[0]["traceback"], file=sys.stderr, flush=True)
+        return point
+    point.state_bytes = sum(r["state_bytes"] for r in ranks)
+    per_save = list(zip(*[r["records"] for r in ranks]))
+    point.stalls = [max(rec["stall"] for rec in recs) for recs in per_save]
+    for recs in per_save:
+        known = [rec["durable"] for rec in recs if rec["durable"] is not None]
+        if known:
+            point.durables.append(max(known))
+        for name in recs[0]["parts"]:
+            if all(name in rec["parts"] for rec in recs):
+                point.parts.setdefault(name, []).append(max(rec["parts"][name] for rec in recs))
+    point.step_s = ranks[0]["step_s"]
+    checks = [r["verified"] for r in ranks if "verified" in r]
+    point.verified = all(checks) if checks else None
+    point.peak_rss_growth = max(r["peak_rss_growth"] for r in ranks)
+    buffers = [r["extra"]["host_buffer_bytes"] for r in ranks if "host_buffer_bytes" in r["extra"]]
+    point.host_buffer_bytes = sum(buffers) if buffers else None
+    return point
+
+
+def print_point(p: Point, what: str) -> None:
+    if p.error:
+        print(f"{what:>12s} {SYSTEMS[p.key].label:34s} FAILED: {p.error}", flush=True)
+        return
+    durable = f" durable {median(p.durables):.3f}s" if p.durables else ""
+    check = "" if p.verified is None else f" verified {'OK' if p.verified else 'MISMATCH'}"
+    print(f"{what:>12s} {SYSTEMS[p.key].label:34s} stall median {median(p.stalls) * 1e3:9.1f} ms ["
+          + " ".join(f"{s * 1e3:.1f}" for s in p.stalls) + f"] step {p.step_s:.2f}s{durable}{check} "
+          f"load {os.getloadavg()[0]:.1f}", flush=True)
+
+
+def ms_cell(values: list[float]) -> str:
+    if not values:
+        return "–"
+    return f"{median(values) * 1e3:.1f} ({min(values) * 1e3:.1f}–{max(values) * 1e3:.1f})"
+
+
+def size_label(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.3g} GiB" if nbytes >= 2**30 else f"{nbytes / MiB:.0f} MiB"
+
+
+def axis_table(points: dict[str, list[Point]], columns: list[str], durable: bool = False) -> list[str]:
+    """Rows systems, a 'median (min–max)' column per point, then (stall) a column per point of the
+    median ÷ bare copy's median in the same run."""
+    copy = points.get("copy")
+    ratios = not durable and copy is not None
+    head = "| System | " + " | ".join(columns)
+    if ratios:
+        head += " | " + " | ".join(f"× bare copy, {c}" for c in columns)
+    lines = [head + " |", "|---|" + "---:|" * (len(columns) * (2 if ratios else 1))]
+    for key, row in points.items():
+        if durable and not SYSTEMS[key].writes:
+            continue
+        cells = [f"failed: {p.error}" if p.error else ms_cell(p.durables if durable else p.stalls) for p in row]
+        if ratios:
+            cells += ["–" if r is None else f"{r:.3f}" for r in ratio_over(points, key)]
+        lines.append(f"| {SYSTEMS[key].label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def ratio_over(points: dict[str, list[Point]], key: str) -> list[float | None]:
+    """Median stall of ``key`` ÷ bare copy's, per point."""
+    out = []
+    for p, c in zip(points.get(key, []), points.get("copy", [])):
+        ok = not p.error and not c.error and p.stalls and c.stalls
+        out.append(median(p.stalls) / median(c.stalls) if ok else None)
+    return out
+
+
+def goals(sizes: dict[str, list[Point]]) -> list[dict]:
+    """Ours against bare copy at every size, and ours' stall from the smallest size to the largest."""
+    out = []
+    ratios = ratio_over(sizes, "ours")
+    xs = [p.x for p in sizes.get("copy", [])]
+    if ratios and None not in ratios:
+        worst = max(ratios)
+        at = xs[ratios.index(worst)]
+        detail = ("median stall of ours ÷ median of bare copy, worst over sizes (at " + size_label(at) + "); per size: "
+                  + ", ".join(f"{size_label(x)} {r:.3f}" for x, r in zip(xs, ratios)))
+        out.append(goal(f"stall ≤ {GOAL_COPY_RATIO}× bare copy at every size", worst, GOAL_COPY_RATIO, "<=", detail))
+    else:
+        out.append(goal(f"stall ≤ {GOAL_COPY_RATIO}× bare copy at every size", None, GOAL_COPY_RATIO, "<=",
+                        "not measured (ours or bare copy missing or failed)"))
+    ours = [p for p in sizes.get("ours", []) if not p.error]
+    name = f"ours' stall flat in state size (largest ÷ smallest ≤ {GOAL_FLAT})"
+    if len(ours) >= 2 and len(ours) == len(sizes["ours"]):
+        lo, hi = ours[0], ours[-1]
+        flat = median(hi.stalls) / median(lo.stalls)
+        copy = {p.x: p for p in sizes.get("copy", []) if not p.error}
+        copy_growth = (f"; bare copy grew {median(copy[hi.x].stalls) / median(copy[lo.x].stalls):.1f}× over the same "
+                       "sizes" if lo.x in copy and hi.x in copy else "")
+        detail = (f"ours' median stall {median(hi.stalls) * 1e3:.1f} ms at {size_label(hi.state_bytes)} ÷ "
+                  f"{median(lo.stalls) * 1e3:.1f} ms at {size_label(lo.state_bytes)}, while the state grew "
+                  f"{hi.state_bytes / lo.state_bytes:.1f}×{copy_growth}")
+        out.append(goal(name, flat, GOAL_FLAT, "<=", detail))
+    else:
+        out.append(goal(name, None, GOAL_FLAT, "<=", "not measured (fewer than two sizes, or a size failed)"))
+    return out
+
+
+def metrics_of(sizes: dict[str, list[Point]], ranks: dict[str, list[Point]], ranks_bytes: int) -> list[dict]:
+    out = []
+    for key, row in sizes.items():
+        for p in row:
+            if p.error:
+                continue
+            out.append(metric(SYSTEMS[key].label, "stall_s", "s", p.stalls, x=p.state_bytes, axis="size"))
+            if p.durables:
+                out.append(metric(SYSTEMS[key].label, "durable_s", "s", p.durables, x=p.state_bytes, axis="size"))
+    for key, row in ranks.items():
+        for p in row:
+            if p.error:
+                continue
+            out.append(metric(SYSTEMS[key].label, "stall_s", "s", p.stalls, x=p.x, axis="ranks",
+                              state_bytes=p.state_bytes or ranks_bytes))
+            if p.durables:
+                out.append(metric(SYSTEMS[key].label, "durable_s", "s", p.durables, x=p.x, axis="ranks",
+                                  state_bytes=p.state_bytes or ranks_bytes))
+    return out
+
+
+def series_of(sizes: dict[str, list[Point]], ranks: dict[str, list[Point]]) -> dict:
+    """Median per point, per system: the curves of the plots."""
+    out: dict[str, dict] = {}
+    for axis, points, xof in (("size", sizes, lambda p: p.state_bytes), ("ranks", ranks, lambda p: p.x)):
+        for name, attr in (("stall", "stalls"), ("durable", "durables")):
+            curves = {SYSTEMS[k].label: [[xof(p), median(getattr(p, attr))] for p in row
+                                         if not p.error and getattr(p, attr)] for k, row in points.items()}
+            curves = {k: v for k, v in curves.items() if v}
+            if curves:
+                out[f"{name}_s_vs_{axis}"] = curves
+    return out
+
+
+def report(sizes: dict[str, list[Point]], ranks: dict[str, list[Point]], info: dict, args: argparse.Namespace,
+           command: str, goal_list: list[dict]) -> str:
+    body = [
+        SECTION,
+        "",
+        "How the checkpoint stall grows with the state and with the ranks, one row per system, all measured in this "
+        "run. State: 8 fp32 weight matrices of 1024 columns with biases, plus AdamW-like `exp_avg`/`exp_avg_sq` of "
+        "the same shapes and a `step` scalar each (weights + optimizer state, plain tensors in nested dicts). "
+        "**The job emulates an accelerator job whose host is free while the device computes**: one step = "
+        f"`time.sleep(step)` (the compute) then an in-place `add_(1)` of every state tensor (the optimizer step: the "
+        f"first moment the state changes, so a snapshot not yet taken must finish first, and what was saved can be "
+        f"checked against the state at save time). The step lasts max({MIN_STEP_S} s, {STEP_MARGIN}× the time the "
+        "system's second untimed warm-up save kept working after its call returned), so each system's background work "
+        "fits in a step. A save every step: two untimed warm-up saves, each drained (first-call costs: buffers, "
+        "thread pools, caches), then "
+        f"{args.saves} timed ones. **Stall** = time inside the save call + time waited before the next update, on "
+        "the training thread; cells are **milliseconds, median (min–max) over the saves**; *× bare copy* divides "
+        "medians. Each system runs in a fresh process per point (forked after the imports).",
+        "",
+        "### Stall per save vs state size (1 process)",
+        "",
+        *axis_table(sizes, [size_label(p.state_bytes or p.x) for p in next(iter(sizes.values()), [])]),
+        "",
+        "Time until the save was durable/committed, ms from the save call (secondary):",
+        "",
+        *axis_table(sizes, [size_label(p.state_bytes or p.x) for p in next(iter(sizes.values()), [])], durable=True),
+        "",
+    ]
+    if ranks:
+        body += [
+            f"### Stall per save vs ranks ({size_label(info['ranks_bytes'])} in total, sharded evenly)",
+            "",
+            f"N processes on one machine, gloo over loopback (`init_process_group` on 127.0.0.1), "
+            f"`torch.set_num_threads(max(1, {os.cpu_count()} // N))`; each rank holds 1/N of every matrix's rows "
+            "(plain tensors under rank-distinct keys) and saves them; the ranks line up with a barrier before each "
+            "save (the step's all-reduce), and a save's stall is the **max over ranks** of each rank's stall (durable: "
+            f"the max where known). **This machine has {os.cpu_count()} cores: 4 ranks are oversubscribed** (each "
+            "rank's training thread, staging and writer threads share the cores with the others'), so the 4-rank "
+            "column measures contention as much as scaling.",
+            "",
+            *axis_table(ranks, [f"{p.x} rank{'s' if p.x > 1 else ''}" for p in next(iter(ranks.values()), [])]),
+            "",
+            "Time until durable/committed, ms (secondary):",
+            "",
+            *axis_table(ranks, [f"{p.x} rank{'s' if p.x > 1 else ''}" for p in next(iter(ranks.values()), [])],
+                        durable=True),
+            "",
+        ]
+    body += ["Goals:", ""]
+    for g in goal_list:
+        measured = "not measured" if g["measured"] is None else f"{g['measured']:.3f}"
+        body.append(f"- {g['goal']}: {verdict(g['met'])} — measured {measured} (target {g['direction']} "
+                    f"{g['target']}); {g['detail']}.")
+    body += ["", "Notes:", ""]
+    body += [f"- *{SYSTEMS[k].label}*: {SYSTEMS[k].note}." for k in {**sizes, **ranks}]
+    body += notes(sizes, ranks, info)
+    body += ["", *provenance(info["machine"], command, load=info["load"], extra=info["extra"])]
+    return "\n".join(body)
+
+
+def notes(sizes: dict[str, list[Point]], ranks: dict[str, list[Point]], info: dict) -> list[str]:
+    out = []
+    steps = []
+    for axis, points, label in (("size", sizes, lambda p: size_label(p.state_bytes or p.x)),
+                                ("ranks", ranks, lambda p: f"{p.x}r")):
+        for k, row in points.items():
+            ok = [p for p in row if not p.error]
+            if ok:
+                steps.append(f"{SYSTEMS[k].label} ({axis}): " + ", ".join(f"{label(p)} {p.step_s:.2f}" for p in ok))
+    out.append("- Emulated step lengths, s (the rule above): " + "; ".join(steps) + ".")
+    checks = [f"{SYSTEMS[k].label} at {lab}: {'equal' if p.verified else '**MISMATCH**'}"
+              for points, lab_of in ((sizes, lambda p: size_label(p.state_bytes)), (ranks, lambda p: f"{p.x} ranks"))
+              for k, row in points.items() for p in row if p.verified is not None for lab in [lab_of(p)]]
+    out.append("- Check, outside the timing: the last timed save loaded back (ours: `manager.load(step=)`; DCP: "
+               "`dcp.load`; torch.save: `torch.load`; torchsnapshot: `Snapshot.restore`) equals the state at save time, "
+               "bit for bit, on every rank: " + ("; ".join(checks) if checks else "not run") + ".")
+    waits = [f"{SYSTEMS[k].label} {size_label(p.state_bytes)} {median(p.parts['wait previous']) * 1e3:.1f}"
+             for k, row in sizes.items() for p in row if "wait previous" in p.parts and not p.error]
+    if waits:
+        out.append("- Of the peers' stall, the wait for their previous save (one in flight), median ms: "
+                   + "; ".join(waits) + ". With the step longer than the background work it is usually ~0.")
+    copies = [f"{size_label(p.state_bytes)} " + " / ".join(f"{median(v) * 1e3:.1f} ({name})" for name, v in p.parts.items())
+              for p in sizes.get("copy", []) if not p.error]
+    if copies:
+        out.append("- Bare copy, both copies of each save (median ms; the row counts the faster per save): "
+                   + "; ".join(copies) + ".")
+    big = [(k, row[-1]) for k, row in sizes.items() if row and not row[-1].error]
+    if big:
+        p0 = big[0][1]
+        out.append(f"- Peak RSS growth of the process at {size_label(p0.state_bytes)} (state included), GiB: "
+                   + "; ".join(f"{SYSTEMS[k].label} {p.peak_rss_growth / 2**30:.2f}" for k, p in big)
+                   + (f"; ours' host buffers (`stats.host_buffer_bytes`) "
+                      f"{next(p.host_buffer_bytes for k, p in big if k == 'ours') / p0.state_bytes:.2f}× the state"
+                      if any(k == "ours" and p.host_buffer_bytes for k, p in big) else "") + ".")
+    failed = [f"{SYSTEMS[k].label} at {p.x}: {p.error}" for pts in (sizes, ranks) for k, row in pts.items()
+              for p in row if p.error]
+    if failed:
+        out.append("- Failed points: " + "; ".join(failed) + ".")
+    out.append("- On this CPU-only box the background copy and write share the 2 cores with the `add_` update and "
+               "with other processes; the sleep stands for device compute, during which a real host is idle. A sync "
+               "system's stall does not depend on the step length; an async one's does only when its background "
+               "work outlasts the step.")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------
+def run(args: argparse.Namespace, work: Path) -> tuple[dict, dict]:
+    sizes: dict[str, list[Point]] = {k: [] for k in args.systems}
+    ranks: dict[str, list[Point]] = {k: [] for k in args.systems} if args.ranks else {}
+    for i, mb in enumerate(args.sizes_mb):
+        for key in args.systems:
+            ranks_out = run_point(key, int(mb * MiB), args.saves, i == 0, work, None)
+            point = summarize(key, int(mb * MiB), ranks_out)
+            print_point(point, size_label(int(mb * MiB)))
+            sizes[key].append(point)
+        settle()
+    for n in args.ranks:
+        for key in args.systems:
+            ranks_out = run_point(key, int(args.ranks_mb * MiB), args.saves, n == max(args.ranks), work, n)
+            point = summarize(key, n, ranks_out)
+            print_point(point, f"{n} ranks")
+            ranks[key].append(point)
+    return sizes, ranks
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser(__doc__, keep=True)
+    parser.add_argument("--quick", action="store_true",
+                        help="64 and 256 MiB, 128 MiB over 1/2/4 ranks, 2 timed saves (~1 min)")
+    parser.add_argument("--sizes-mb", type=float, nargs="+",
+                        help="state sizes in MiB, one fresh process per size (default 256 512 1024 2048 4096)")
+    parser.add_argument("--ranks", type=int, nargs="*", help="rank counts (default 1 2 4; none: skip the ranks axis)")
+    parser.add_argument("--ranks-mb", type=float, help="total state in MiB on the ranks axis (default 1024; quick 128)")
+    parser.add_argument("--saves", type=int, help="timed saves per point (default 3; quick 2)")
+    parser.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS),
+                        help="systems to run (default all; bare copy is the ratios' reference)")
+    args = parser.parse_args(argv)
+    args.sizes_mb = args.sizes_mb or ([64, 256] if args.quick else [256, 512, 1024, 2048, 4096])
+    args.ranks = [1, 2, 4] if args.ranks is None else args.ranks
+    args.ranks_mb = args.ranks_mb or (128 if args.quick else 1024)
+    args.saves = args.saves or (2 if args.quick else 3)
+    args.sizes_mb = sorted(args.sizes_mb)
+    if args.saves < 1 or min(args.sizes_mb) <= 0 or any(n < 1 for n in args.ranks) or args.ranks_mb <= 0:
+        parser.error("--saves, --sizes-mb, --ranks and --ranks-mb must be positive")
+    if "torchsnapshot" in args.systems and torchsnapshot is None:
+        print("torchsnapshot is not installed: skipped (pip install torchsnapshot)", flush=True)
+        args.systems.remove("torchsnapshot")
+
+    command = command_line("bench_scaling.py", argv)
+    t0 = time.perf_counter()
+    load = Load(processes=True)
+    with work_dir(args.dir, "scaling-", keep=args.keep) as work:
+        print(f"work dir: {work}", flush=True)
+        machine = machine_description(work, [f"torch threads {torch.get_num_threads()}",
+                                             f"torchsnapshot {getattr(torchsnapshot, '__version__', 'missing')}"])
+        sizes, ranks = run(args, work)
+    wall = time.perf_counter() - t0
+    info = {"machine": machine, "load": load.stop().describe("during the run"),
+            "ranks_bytes": int(args.ranks_mb * MiB), "extra": [f"Wall time of the run: {wall:.0f} s"]}
+    goal_list = goals(sizes)
+    section = report(sizes, ranks, info, args, command, goal_list)
+    publish(section, args.out)
+    write_json(args.json, BENCH_NAME, section, command, metrics=metrics_of(sizes, ranks, info["ranks_bytes"]),
+               goals=goal_list, series=series_of(sizes, ranks),
+               params={"sizes_mib": args.sizes_mb, "ranks": args.ranks, "ranks_mib": args.ranks_mb,
+                       "saves": args.saves, "systems": args.systems, "step_rule":
+                       f"max({MIN_STEP_S} s, {STEP_MARGIN} x warm-up background time)", "wall_s": round(wall, 1)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
