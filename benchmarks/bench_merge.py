@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Consolidation into one weights file: ckpt-merge against DCP's dcp_to_torch_save, time and peak memory.
 
-    python benchmarks/bench_merge.py --out benchmarks/RESULTS.md     # 256 MiB and 1 GiB states, 3 repeats
-    python benchmarks/bench_merge.py --quick                          # 32 and 64 MiB, 1 repeat (~30 s)
+    python benchmarks/bench_merge.py --out benchmarks/RESULTS.md     # 256 MiB, 1, 2 and 4 GiB, 3 repeats (~5 min)
+    python benchmarks/bench_merge.py --quick --json /tmp/merge.json   # 32, 64 and 128 MiB, 2 repeats (~20 s)
 
 The same state (fp32: an embedding of 1/8 of the state, 16 MiB matrices, small vectors, one int64
 tensor; random values) is saved twice, once by ``ckpt.save`` and once by DCP's ``FileSystemWriter``
@@ -15,48 +15,77 @@ tensor; random values) is saved twice, once by ``ckpt.save`` and once by DCP's `
 * DCP: ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save(src, "x.pt")`` (loads the whole
   state, then ``torch.save``), followed by an ``fsync`` of the file inside the timing (ours fsyncs).
 
-Every run is a fresh subprocess (``--worker``): imports, ``gc`` + ``malloc_trim``, then (as root) the
-page cache is dropped so the source is read cold, VmHWM is reset through ``/proc/self/clear_refs`` and
-the call is timed. Peak memory is VmHWM after the call minus the RSS before it. Methods rotate per
-repeat; the table shows medians (min–max). After the first repeat the three outputs are compared
-bitwise (ours against DCP's, every tensor, outside the timing).
+Every run is a fresh process, forked from a ``multiprocessing`` fork server that has only imported
+the modules (torch, DCP's ``format_utils``, ``tools.merge``), so a run pays no import time and
+inherits no other run's heap. In the run: every page of the file-backed mappings (the libraries'
+code and data) is mapped in (``madvise(MADV_POPULATE_READ)``), so that library code touched for the
+first time during the call does not count as the call's memory (a forked child maps its libraries'
+pages lazily: without this, every method's growth read ~7 MiB higher than in a freshly exec'd
+process; with it, both read the same to 0.1 MiB); then ``gc`` + ``malloc_trim``, then (as root) the
+page cache is dropped so the source is read cold, VmHWM is reset through ``/proc/self/clear_refs``
+and the call is timed. Peak memory growth is VmHWM after the call minus the RSS before it. Methods
+rotate per repeat; the table shows medians (min–max). After the first repeat of each size the three
+outputs are compared bitwise (ours against DCP's, every tensor, outside the timing). Each size's
+sources and outputs are deleted before the next size (disk: about 5× the largest state at once).
+
+Goal (``--json``: ``harness.goal``): merge memory flat — ours' peak growth ≤ the largest tensor +
+64 MiB at every size, in both formats and every run. The measured value is the worst excess of a
+run's growth over the state's largest tensor, in MiB, against 64: the bound is additive (one tensor
+in memory plus bounded overhead), so the excess shows the overhead directly and is comparable
+across sizes, where a ratio to the state would shrink as the state grows. DCP's growth per size is
+in the goal's detail for contrast.
 """
 
 from __future__ import annotations
 
-import json
+import ctypes
+import multiprocessing
 import os
-import subprocess
+import shutil
 import sys
 import time
+import traceback
+import warnings
 from pathlib import Path
 
 from harness import (
-    REPO,
     Load,
     argument_parser,
     command_line,
     drop_caches,
     git_state,
+    goal,
     machine_description,
     median,
     median_span,
+    metric,
     provenance,
     publish,
     rotated,
     settle,
     work_dir,
+    write_json,
 )
 
 import torch  # noqa: E402  (after harness: the checkout's ckpt first on sys.path)
 
+BENCH_NAME = "merge"
 METHODS = {
     "ours-torch": "ours: ckpt-merge → .pt (torch.save format)",
     "ours-safetensors": "ours: ckpt-merge → .safetensors",
     "dcp": "DCP: dcp_to_torch_save → .pt",
 }
+SYSTEMS = {"ours-torch": "ours → torch .pt", "ours-safetensors": "ours → safetensors", "dcp": "dcp_to_torch_save"}
+OURS = ("ours-torch", "ours-safetensors")
 MIB = 2**20
 MATRIX = (2048, 2048)  # 16 MiB of fp32
+FULL_SIZES = [256, 1024, 2048, 4096]
+QUICK = {"sizes": [32, 64, 128], "repeats": 2}
+GOAL_SLACK_MIB = 64  # ours' peak growth <= largest tensor + this
+# The modules a run uses, imported once by the fork server (``__main__`` is this script).
+PRELOAD = ["__main__", "torch.distributed.checkpoint.format_utils", "tools.merge", "safetensors"]
+
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DCP without a process group
 
 
 # -- the state ---------------------------------------------------------------------------------
@@ -92,11 +121,31 @@ def _status(field: str) -> int:
     return 0
 
 
-def worker(method: str, source: str, out: str, cold: bool) -> None:
+MADV_POPULATE_READ = 22  # Linux >= 5.14
+
+
+def populate_file_mappings() -> None:
+    """Map in every page of this process's readable file-backed mappings (libraries' code and data:
+    shared page-cache pages, no new memory). A forked child maps those pages lazily, so without this
+    the code a call runs for the first time would count as the call's RSS growth."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) < 6 or not parts[5].startswith("/") or not parts[1].startswith("r"):
+                continue
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            libc.madvise(start, end - start, MADV_POPULATE_READ)  # best effort: an old kernel says EINVAL
+
+
+def worker(method: str, source: str, out: str, cold: bool) -> dict:
+    """One timed consolidation in this (fresh) process: seconds, CPU seconds and peak RSS growth."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     from tools.merge import merge
 
+    populate_file_mappings()
     settle()
     dropped = drop_caches(cold)
     with open("/proc/self/clear_refs", "w") as f:
@@ -113,20 +162,45 @@ def worker(method: str, source: str, out: str, cold: bool) -> None:
     else:
         merge(source, out, format="torch" if method == "ours-torch" else "safetensors")
     seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    print(json.dumps({"seconds": seconds, "cpu": cpu, "base": base, "peak": _status("VmHWM") - base,
-                      "out_bytes": os.path.getsize(out), "cold": dropped}))
+    return {"seconds": seconds, "cpu": cpu, "base": base, "peak": _status("VmHWM") - base,
+            "out_bytes": os.path.getsize(out), "cold": dropped}
 
 
-def run(method: str, source: Path, out: Path, cold: bool) -> dict:
+def _child(method: str, source: str, out: str, cold: bool, conn) -> None:
+    try:
+        conn.send(worker(method, source, out, cold))
+    except BaseException:  # noqa: BLE001 - reported by the parent
+        conn.send({"error": traceback.format_exc()})
+    finally:
+        conn.close()
+
+
+def fork_server():
+    """The fork server's context: its process starts on the first run and imports ``PRELOAD``."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def run(ctx, method: str, source: Path, out: Path, cold: bool) -> dict:
+    """``worker`` in a fresh process forked from the fork server; its result or its error."""
     if out.exists():
         out.unlink()
     os.sync()
-    result = subprocess.run([sys.executable, __file__, "--worker", method, str(source), str(out),
-                             *(["--warm"] if not cold else [])], capture_output=True, text=True, timeout=1800,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
-    if result.returncode != 0:
-        raise RuntimeError(f"{method} failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    receiver, sender = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_child, args=(method, str(source), str(out), cold, sender), name=f"merge-{method}")
+    process.start()
+    sender.close()
+    try:
+        result = receiver.recv()
+    except EOFError:  # it died without a word (killed, out of memory)
+        result = None
+    process.join()
+    if result is None:
+        result = {"error": f"the run's process died (exit code {process.exitcode})"}
+    if "error" in result:
+        raise RuntimeError(f"{method} failed:\n{result['error'][-3000:]}")
+    return result
 
 
 # -- checking ----------------------------------------------------------------------------------
@@ -147,13 +221,44 @@ def check_outputs(outputs: dict[str, Path]) -> str:
     return f"{len(reference)} tensors equal bitwise"
 
 
-# -- the report --------------------------------------------------------------------------------
-def report(results: dict, info: dict, args, command: str, machine: list[str], load: Load) -> str:
+# -- results -----------------------------------------------------------------------------------
+def json_metrics(results: dict, info: dict) -> list[dict]:
+    """merge_s and peak_growth_mib per system and state size (x = state bytes), one value per repeat."""
+    out = []
+    for size, per in results.items():
+        total, largest = info["sizes"][size]["bytes"], info["sizes"][size]["largest"]
+        for method, runs in per.items():
+            out.append(metric(SYSTEMS[method], "merge_s", "s", [r["seconds"] for r in runs], x=total,
+                              state_mib=total / MIB))
+            out.append(metric(SYSTEMS[method], "peak_growth_mib", "MiB", [r["peak"] / MIB for r in runs], x=total,
+                              largest_tensor_mib=largest / MIB, state_mib=total / MIB))
+    return out
+
+
+def memory_goal(results: dict, info: dict) -> dict:
+    """Ours' worst excess of peak growth over the largest tensor (every size, format and run) ≤ 64 MiB."""
+    excess, per_size, dcp = [], [], []
+    for size, per in results.items():
+        total, largest = info["sizes"][size]["bytes"], info["sizes"][size]["largest"]
+        worst = max((r["peak"] - largest) / MIB for m in OURS for r in per[m])
+        excess.append(worst)
+        per_size.append(f"{total / MIB:.0f} MiB: {worst:+.1f}")
+        dcp_peak = median([r["peak"] for r in per["dcp"]])
+        dcp.append(f"{total / MIB:.0f} MiB: {dcp_peak / MIB:.0f} MiB ({dcp_peak / total:.2f}× the state)")
+    return goal(f"merge memory flat: ours' peak growth ≤ largest tensor + {GOAL_SLACK_MIB} MiB at every size",
+                max(excess), GOAL_SLACK_MIB, "<=",
+                "measured: the worst excess (MiB) of a run's peak RSS growth over the state's largest tensor, "
+                "both formats, every run; per size " + ", ".join(per_size)
+                + ". dcp_to_torch_save's median growth for contrast: " + ", ".join(dcp))
+
+
+def report(results: dict, info: dict, args, command: str, machine: list[str], load: Load, goals: list[dict]) -> str:
     lines = ["## Consolidation: ckpt-merge vs DCP's dcp_to_torch_save (issue 12)", ""]
     lines.append(
         f"One file from a single-process checkpoint, fp32 state (an embedding of 1/8 of it, "
         f"{MATRIX[0]}x{MATRIX[1]} matrices of 16 MiB, a vector per matrix, one int64 tensor; random values). "
-        f"Each run is a fresh process: the source is read "
+        f"Each run is a fresh process (forked from a fork server that only imported the modules; the libraries' "
+        f"pages mapped in before the measuring): the source is read "
         f"{'cold (page cache dropped after the imports)' if info['cold'] else 'warm'}, "
         f"time is wall clock around the call only (ours: merge incl. fsync and the rename; DCP: "
         f"`dcp_to_torch_save` + an fsync of its file), peak memory is VmHWM after the call minus RSS before it "
@@ -174,10 +279,13 @@ def report(results: dict, info: dict, args, command: str, machine: list[str], lo
                 f"| {total / MIB:.0f} MiB ({info['sizes'][size]['tensors']} tensors, largest "
                 f"{info['sizes'][size]['largest'] / MIB:.0f} MiB) | {label} | {median_span(secs)} | "
                 f"{total / MIB / median(secs):.0f} | {median_span(ratios, 2)} | "
-                f"{median([r['cpu'] for r in runs]):.2f} | {median_span(peaks, 0)} | "
+                f"{median([r['cpu'] for r in runs]):.2f} | {median_span(peaks, 1)} | "
                 f"{median(peaks) * MIB / total:.2f}× | {runs[0]['out_bytes'] / MIB:.1f} MiB |")
     lines.append("")
     lines.append("Notes:")
+    for g in goals:
+        lines.append(f"- Goal, {g['goal']}: {'**met**' if g['met'] else '**missed**'} (worst excess "
+                     f"{g['measured']:+.1f} MiB; {g['detail']}).")
     for size, per in results.items():
         total = info["sizes"][size]["bytes"]
         ours, dcp = per["ours-torch"], per["dcp"]
@@ -190,8 +298,9 @@ def report(results: dict, info: dict, args, command: str, machine: list[str], lo
     lines.append(
         "- Ours holds one full tensor (+ one chunk, + what the allocator keeps) whatever the state's size; "
         "`dcp_to_torch_save` loads the whole state before `torch.save` writes it, so its peak grows with the state. "
-        "Ours also verifies every chunk's xxh3 checksum on the way (DCP's reader checks nothing) and publishes the "
-        "file atomically (temporary name, fsync, rename).")
+        "The largest tensor here is the embedding (1/8 of the state), so ours' peak grows with it too: flat means "
+        "no more than that one tensor. Ours also verifies every chunk's xxh3 checksum on the way (DCP's reader "
+        "checks nothing) and publishes the file atomically (temporary name, fsync, rename).")
     lines.append(
         "- Ours allocates every tensor of 1 MiB or more in its own anonymous mapping, unmapped when the tensor is "
         "freed (`ckpt.consolidate.empty_tensor`), so its peak is the largest tensor plus a few MiB. From the heap it "
@@ -200,74 +309,107 @@ def report(results: dict, info: dict, args, command: str, machine: list[str], lo
         "the 1 GiB merge to .pt grew by 0.96 GiB (an earlier run of this benchmark: 979 MiB; `malloc_trim` after "
         "the merge gave it all back, so nothing was held, the heap had only grown).")
     lines.append(
-        "- Sources: written once per state before the repeats (`ckpt.save(state, dir)`; "
+        "- Sources: written once per state before its repeats (`ckpt.save(state, dir)`; "
         "`dcp.save(state, storage_writer=FileSystemWriter(dir), no_dist=True)`), one chunk per tensor "
         "(a single process). Outputs: ours writes the flat `{key: tensor}` dict, DCP the nested one; the "
         "tensor bytes are the same.")
     lines.append("")
-    lines += provenance(machine, command, load.describe("during the runs"), [f"Code: {git_state()}"])
+    lines += provenance(machine, command, load.describe("during the runs"),
+                        [f"Code: {git_state()}", f"Total run time: {info['total_s'] / 60:.1f} min"])
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argument_parser(__doc__, keep=True)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024], help="state sizes in MiB")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="32 and 64 MiB, 1 repeat")
-    parser.add_argument("--warm", action="store_true", help="do not drop the page cache before each run")
-    parser.add_argument("--worker", nargs=3, metavar=("METHOD", "SRC", "OUT"), help=argparse_hidden())
-    args = parser.parse_args(argv)
-    if args.worker:
-        worker(*args.worker, cold=not args.warm)
-        return
-    if args.quick:
-        args.sizes, args.repeats = [32, 64], 1
+# -- the run -----------------------------------------------------------------------------------
+def write_sources(size: int, work: Path, info: dict) -> dict[str, Path]:
+    """The state of ``size`` MiB saved by ckpt.save and by DCP's FileSystemWriter; its facts in ``info``."""
     import torch.distributed.checkpoint as dcp
 
     import ckpt
 
+    state = build_state(size)
+    ckpt.save(state, work / f"ours-{size}")
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(work / f"dcp-{size}")), no_dist=True)
+    info["sizes"][size] = {"bytes": state_bytes(state), "tensors": len(state["model"]),
+                           "largest": max(t.nbytes for t in state["model"].values())}
+    del state
+    settle()
+    return {"ours-torch": work / f"ours-{size}", "ours-safetensors": work / f"ours-{size}", "dcp": work / f"dcp-{size}"}
+
+
+def measure_size(ctx, size: int, work: Path, args, info: dict) -> dict[str, list[dict]]:
+    """Every method ``args.repeats`` times on the state of ``size`` MiB (order rotated per repeat);
+    outputs checked after the first repeat; sources and outputs deleted afterwards."""
+    sources = write_sources(size, work, info)
+    outputs = {m: work / f"out-{size}-{m}.{'safetensors' if m == 'ours-safetensors' else 'pt'}" for m in METHODS}
+    per: dict[str, list[dict]] = {m: [] for m in METHODS}
+    try:
+        for rep in range(args.repeats):
+            for method in rotated(list(METHODS), rep):
+                result = run(ctx, method, sources[method], outputs[method], cold=not args.warm)
+                info["cold"] = result["cold"]
+                per[method].append(result)
+                print(f"{size} MiB rep {rep} {method}: {result['seconds']:.2f} s, peak +{result['peak'] / MIB:.1f} MiB",
+                      flush=True)
+                if rep > 0:
+                    outputs[method].unlink(missing_ok=True)
+            if rep == 0:
+                info["sizes"][size]["check"] = check_outputs(outputs)
+                for path in outputs.values():
+                    path.unlink(missing_ok=True)
+                settle()
+    finally:
+        if not args.keep:
+            for path in (*outputs.values(), *sources.values()):
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+    return per
+
+
+def check_disk(work: Path, sizes: list[int], parser) -> None:
+    """Two sources and three outputs of the largest state are on disk at once."""
+    need = 5 * max(sizes) * MIB * 1.05
+    free = shutil.disk_usage(work).free
+    if free < need:
+        parser.error(f"the work dir's file system has {free / 2**30:.1f} GiB free; the {max(sizes)} MiB state needs "
+                     f"~{need / 2**30:.1f} GiB (two sources, three outputs): pass smaller --sizes or another --dir")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argument_parser(__doc__, keep=True)
+    parser.add_argument("--sizes", type=int, nargs="+", default=FULL_SIZES,
+                        help=f"state sizes in MiB (default {' '.join(map(str, FULL_SIZES))})")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{', '.join(map(str, QUICK['sizes']))} MiB, {QUICK['repeats']} repeats (~20 s)")
+    parser.add_argument("--warm", action="store_true", help="do not drop the page cache before each run")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.sizes, args.repeats = QUICK["sizes"], QUICK["repeats"]
+    if args.repeats < 1 or min(args.sizes) < 8:
+        parser.error("--repeats must be >= 1 and --sizes >= 8 MiB")
+
     command = command_line("bench_merge.py", argv)
-    info = {"sizes": {}, "cold": False}
+    info: dict = {"sizes": {}, "cold": False}
     results: dict = {}
+    start = time.perf_counter()
     with work_dir(args.dir, "merge-", keep=args.keep) as work:
+        check_disk(work, args.sizes, parser)
         machine = machine_description(work, [f"torch threads {torch.get_num_threads()}"])
-        sources = {}
-        for size in args.sizes:
-            state = build_state(size)
-            ckpt.save(state, work / f"ours-{size}")
-            dcp.save(state, storage_writer=dcp.FileSystemWriter(str(work / f"dcp-{size}")), no_dist=True)
-            info["sizes"][size] = {"bytes": state_bytes(state), "tensors": len(state["model"]),
-                                   "largest": max(t.nbytes for t in state["model"].values())}
-            sources[size] = {"ours-torch": work / f"ours-{size}", "ours-safetensors": work / f"ours-{size}",
-                             "dcp": work / f"dcp-{size}"}
-            del state
-            settle()
+        ctx = fork_server()
         load = Load(processes=True)
         for size in args.sizes:
-            results[size] = {m: [] for m in METHODS}
-            outputs = {m: work / f"out-{size}-{m}.{'safetensors' if m == 'ours-safetensors' else 'pt'}"
-                       for m in METHODS}
-            for rep in range(args.repeats):
-                for method in rotated(list(METHODS), rep):
-                    result = run(method, sources[size][method], outputs[method], cold=not args.warm)
-                    info["cold"] = result["cold"]
-                    results[size][method].append(result)
-                    print(f"{size} MiB rep {rep} {method}: {result['seconds']:.2f} s, "
-                          f"peak +{result['peak'] / MIB:.0f} MiB",
-                          flush=True)
-                if rep == 0:
-                    info["sizes"][size]["check"] = check_outputs(outputs)
-                    settle()
-            for path in outputs.values():
-                path.unlink(missing_ok=True)
+            results[size] = measure_size(ctx, size, work, args, info)
         load.stop()
-    publish(report(results, info, args, command, machine, load), args.out)
-
-
-def argparse_hidden():
-    import argparse
-
-    return argparse.SUPPRESS
+    info["total_s"] = time.perf_counter() - start
+    goals = [memory_goal(results, info)]
+    section = report(results, info, args, command, machine, load, goals)
+    publish(section, args.out)
+    write_json(args.json, BENCH_NAME, section, command, metrics=json_metrics(results, info), goals=goals,
+               params={"sizes_mib": args.sizes, "repeats": args.repeats, "quick": args.quick, "cold": info["cold"],
+                       "state_bytes": {size: info["sizes"][size]["bytes"] for size in args.sizes},
+                       "largest_tensor_bytes": {size: info["sizes"][size]["largest"] for size in args.sizes}})
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Storage throughput against S3 (a moto server on loopback): replication and save/load, in one run.
 
-    python benchmarks/bench_storage.py --out benchmarks/RESULTS.md          # ~256 MiB, 3 repeats
-    python benchmarks/bench_storage.py --quick                              # 16 MiB, 1 repeat
+    python benchmarks/bench_storage.py --out benchmarks/RESULTS.md          # 256 MiB, 3 repeats (~2 min)
+    python benchmarks/bench_storage.py --quick --json /tmp/storage.json     # 32 MiB, 3 repeats (~20 s)
 
 A state of ``--size-mb`` MiB of fp32 in six tensors (four large matrices, two vectors; random
 values) is measured in two parts against one moto S3 server (``tests.s3server.MotoServer``: moto's
@@ -38,8 +38,12 @@ prefix of the bucket (deleted afterwards, outside the timing); the tables give t
 min-max over repeats, and the ratios are paired per repeat. Outside the timing: the sizes of what
 landed in the bucket are checked against the source, the replica of the first repeat is loaded
 with ``ckpt.load`` and compared bitwise, and every load is compared bitwise with the state.
-``sync`` and, when permitted (root), dropping the page cache precede each timed operation
-(``--warm`` keeps the cache). Throughput is state bytes / wall seconds, in MiB/s (2^20 bytes).
+``sync`` precedes each timed operation (``--cold`` also drops the page cache, when permitted).
+Throughput is state bytes / wall seconds, in MiB/s (2^20 bytes).
+
+Goals (``--json``: ``harness.goal``, each the median of the per-repeat paired speed ratios, min-max
+in the detail): replication ≥ 0.8× s3fs put; save to S3 ≥ 1.0× DCP's FsspecWriter with its default
+``thread_count=1``; load from S3 ≥ 1.0× DCP's FsspecReader (reading what that writer wrote).
 """
 
 from __future__ import annotations
@@ -62,8 +66,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from harness import (  # first: puts this checkout's root on sys.path
-    REPO, Load, argument_parser, command_line, drop_caches, machine_description, median, median_span, provenance,
-    publish, remove, rotated, timed, verdict, work_dir,
+    REPO, Load, argument_parser, command_line, drop_caches, goal, machine_description, median, median_span, metric,
+    provenance, publish, remove, rotated, timed, verdict, work_dir, write_json,
 )
 
 import fsspec  # noqa: E402
@@ -85,6 +89,9 @@ MiB = 1 << 20
 REQUEST = re.compile(rb'"(?:\x1b\[[0-9;]*m)*([A-Z]+) (/\S*) HTTP/1\.[01]')  # one line of the server's request log
 GOAL_REPLICATION = 0.8  # copy_step >= 0.8x s3fs put (verification costs something)
 GOAL_SAVE = 1.0  # ckpt.save to S3 >= 1.0x DCP's fsspec writer
+GOAL_LOAD = 1.0  # ckpt.load from S3 >= 1.0x DCP's fsspec reader
+BENCH_NAME = "storage"
+QUICK = {"size_mb": 32.0, "repeats": 3}  # ~20 s on a quiet 2-core box, moto's start included
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -461,6 +468,61 @@ def paired(ours: Method, peer: Method, load: bool = False) -> list[float]:
     return [p / o for o, p in zip(ours.seconds(load), peer.seconds(load))]
 
 
+# The JSON's system labels (plot legends, table rows) and operation of each method's timings.
+SYSTEMS = {"primary": ("ours (ckpt.save, local disk)", "save_local"), "copy": ("ours (copy_step)", "replicate"),
+           "put": ("s3fs put", "replicate"), "copy_rb": ("ours (copy_step, read_back)", "replicate"),
+           "ckpt": ("ours (ckpt.save to S3)", "save")}
+LOAD_SYSTEMS = {"ckpt": "ours (ckpt.load from S3)"}
+
+
+def system_of(m: Method, load: bool = False) -> tuple[str, str]:
+    """(system label, op) of ``m``'s save (or load) timings in the JSON."""
+    if m.key.startswith("dcp"):
+        n = int(m.key[3:])
+        if load:  # FsspecReader has no thread count: it reads the n files the n-thread writer wrote
+            return f"DCP FsspecReader ({n} file{'s' if n > 1 else ''})", "load"
+        return f"DCP FsspecWriter ({n} thread{'s' if n > 1 else ''})", "save"
+    return (LOAD_SYSTEMS[m.key], "load") if load else SYSTEMS[m.key]
+
+
+def json_metrics(methods1: list[Method], methods2: list[Method], nbytes: int) -> list[dict]:
+    """MiB/s per repeat of every timed operation: replications, saves to S3, loads from S3."""
+    out = []
+    for m in methods1:
+        system, op = system_of(m)
+        out.append(metric(system, "mibps", "MiB/s", [nbytes / s / MiB for s in m.seconds()], op=op))
+    for load in (False, True):
+        for m in methods2:
+            system, op = system_of(m, load)
+            out.append(metric(system, "mibps", "MiB/s", [nbytes / s / MiB for s in m.seconds(load)], op=op))
+    return out
+
+
+def ratio_goal(name: str, ours: Method | None, peer: Method | None, target: float, load: bool = False,
+               what: str = "") -> dict:
+    """A speed goal: the median over repeats of the paired ratio (peer's seconds / ours), min-max in the
+    detail; unmeasured (None) when the peer did not run (e.g. --dcp-threads without 1)."""
+    if ours is None or peer is None:
+        return goal(name, None, target, ">=", f"not measured: {what or 'the peer'} did not run")
+    ratios = paired(ours, peer, load)
+    return goal(name, median(ratios), target, ">=",
+                f"median of {len(ratios)} paired repeat(s), min–max {min(ratios):.2f}–{max(ratios):.2f}; "
+                f"{median(ours.seconds(load)):.2f} s vs {median(peer.seconds(load)):.2f} s")
+
+
+def storage_goals(methods1: list[Method], methods2: list[Method]) -> list[dict]:
+    by1, by2 = {m.key: m for m in methods1}, {m.key: m for m in methods2}
+    dcp_default, ours = by2.get("dcp1"), by2.get("ckpt")
+    missing = "DCP's FsspecWriter with thread_count=1 (--dcp-threads without 1)"
+    return [
+        ratio_goal(f"replication ≥ {GOAL_REPLICATION}× s3fs put", by1["copy"], by1["put"], GOAL_REPLICATION),
+        ratio_goal(f"save to S3 ≥ {GOAL_SAVE}× DCP FsspecWriter (default thread_count=1)", ours, dcp_default,
+                   GOAL_SAVE, what=missing),
+        ratio_goal(f"load from S3 ≥ {GOAL_LOAD}× DCP FsspecReader", ours, dcp_default, GOAL_LOAD, load=True,
+                   what=missing),
+    ]
+
+
 def rate(nbytes: int, seconds: list[float]) -> str:
     xs = [nbytes / s / MiB for s in seconds]
     return f"{median(xs):.1f} ({min(xs):.1f}–{max(xs):.1f})"
@@ -506,21 +568,12 @@ def report(methods1: list[Method], methods2: list[Method], info: dict, args: arg
                   f"| {cpu(m.samples)}; {cpu(m.load_samples)} | {requests(m.samples)}; {requests(m.load_samples)} "
                   f"| {m.note} |")
 
-    notes = []
-    rep_ratio = median(paired(ours1, put))
+    notes = [f"- Goal, {g['goal']}: {verdict(g['met'])}"
+             + (f" ({g['measured']:.2f}×: {g['detail']})." if g["measured"] is not None else f" ({g['detail']}).")
+             for g in storage_goals(methods1, methods2)]
     primary = by1["primary"]
-    notes.append(f"- Goal, replication ≥ {GOAL_REPLICATION}× s3fs put: {verdict(rep_ratio >= GOAL_REPLICATION)} "
-                 f"(copy_step {median(ours1.seconds()):.2f}s vs put {median(put.seconds()):.2f}s: {rep_ratio:.2f}×, "
-                 f"paired over {args.repeats} repeat(s)). The copy takes "
-                 f"{median(ours1.seconds()) / median(primary.seconds()):.1f}× as long as writing the primary.")
-    if dcp_default is not None:
-        save_ratio = median(paired(by2["ckpt"], dcp_default))
-        load_ratio = median(paired(by2["ckpt"], dcp_default, True))
-        notes.append(f"- Goal, save to S3 ≥ {GOAL_SAVE}× DCP's fsspec writer (defaults): "
-                     f"{verdict(save_ratio >= GOAL_SAVE)} ({median(by2['ckpt'].seconds()):.2f}s vs "
-                     f"{median(dcp_default.seconds()):.2f}s: {save_ratio:.2f}×). Load from S3: {load_ratio:.2f}× "
-                     f"DCP's FsspecReader ({median(by2['ckpt'].seconds(True)):.2f}s vs "
-                     f"{median(dcp_default.seconds(True)):.2f}s).")
+    notes.append(f"- The copy takes {median(ours1.seconds()) / median(primary.seconds()):.1f}× as long as writing "
+                 "the primary to local disk.")
     extra = sum(ours1.samples[-1].requests.values()) - sum(put.samples[-1].requests.values())
     notes.append(f"- Requests (counted from the server's log, last repeat): copy_step makes {extra} more than s3fs put "
                  "for the same bytes: the commit protocol's checks on the target (LISTs and HEADs: is it committed, "
@@ -588,7 +641,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argument_parser(__doc__, keep=True)
     parser.add_argument("--size-mb", type=float, default=256.0, help="state size in MiB (default 256)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of every method (default 3)")
-    parser.add_argument("--quick", action="store_true", help="16 MiB state, 1 repeat (a smoke run)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{QUICK['size_mb']:.0f} MiB state, {QUICK['repeats']} repeats (~20 s; per-request "
+                             "overheads weigh more than at 256 MiB)")
     parser.add_argument("--read-back", action="store_true", help="also time copy_step(read_back=True)")
     parser.add_argument("--dcp-threads", type=int, nargs="+", default=[1, 4],
                         help="thread_count of the DCP FsspecWriter variants (default 1 4; 1 is the goal's peer)")
@@ -602,14 +657,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up round")
     args = parser.parse_args(argv)
     if args.quick:
-        args.size_mb, args.repeats = 16.0, 1
+        args.size_mb, args.repeats = QUICK["size_mb"], QUICK["repeats"]
     if args.repeats < 1 or args.size_mb <= 0 or any(t < 1 for t in args.dcp_threads):
         parser.error("--repeats and --dcp-threads must be >= 1 and --size-mb > 0")
     args.dcp_threads = list(dict.fromkeys(args.dcp_threads))
 
     command = command_line("bench_storage.py", argv)
     methods1, methods2, info = run(args)
-    publish(report(methods1, methods2, info, args, command), args.out)
+    section = report(methods1, methods2, info, args, command)
+    publish(section, args.out)
+    write_json(args.json, BENCH_NAME, section, command, metrics=json_metrics(methods1, methods2, info["nbytes"]),
+               goals=storage_goals(methods1, methods2),
+               params={"state_mib": info["nbytes"] / MiB, "state_bytes": info["nbytes"], "repeats": args.repeats,
+                       "quick": args.quick, "dcp_threads": args.dcp_threads, "read_back": args.read_back,
+                       "cold": info["cold"], "moto_in_memory": not args.moto_spill})
     return 0
 
 
