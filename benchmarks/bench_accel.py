@@ -50,8 +50,8 @@ Parts (each runs on its own; one that fails is reported as failed, in one line, 
 
 3. Tokens/s. Phases of ``--steps`` steps in windows of ``--every`` steps (synchronised at window
    ends; tokens/s per window), a save at the start of every window (after an untimed, drained
-   warm-up save), everything counted: saves, waits for earlier writes (DCP's one upload in flight,
-   our two buffer sets), the copies beside the compute. A no-save phase runs before, between and
+   warm-up of two saves in a row), everything counted: saves, waits for earlier writes (DCP's one
+   upload in flight, our two buffer sets), the copies beside the compute. A no-save phase runs before, between and
    after the checkpointing phases (ours, then DCP pinned on CUDA / DCP default on CPU); each
    method is compared with the mean of its two adjacent no-save phases. MFU = model FLOPs/s / the
    device's peak dense bf16 FLOP/s (``trainer.metrics.peak_flops``: H200/H100 989 TFLOP/s; unknown
@@ -69,9 +69,7 @@ without ``--json`` it goes to ``benchmarks/results/accelerator.json``, the runne
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import math
 import os
 import shutil
 import socket
@@ -306,7 +304,6 @@ class Job:
 # ---------------------------------------------------------------------------------------------
 class Method:
     key = ""
-    saves = True
 
     def __init__(self, job: Job, root: Path, distributed: bool):
         self.job, self.root, self.distributed = job, root, distributed
@@ -541,6 +538,12 @@ class Runner:
         settle()
         if self.cuda:
             torch.cuda.empty_cache()
+            # Freed pinned blocks stay cached by torch's host allocator: hand them back, so that one
+            # phase's buffers do not add up with the next one's (host RAM also holds tmpfs checkpoints).
+            empty_host = (getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)
+                          or getattr(torch._C, "_host_emptyCache", None))
+            if empty_host is not None:
+                empty_host()
 
     # -- part 0: process group, job ----------------------------------------------------------------
     def start(self) -> None:
@@ -647,8 +650,9 @@ class Runner:
         def run() -> None:
             if method is not None:
                 method.setup()
-                method.save(job.step_no)  # untimed warm-up save, drained
-                job.step(method)
+                for _ in range(2):  # untimed warm-up: two saves in a row, so that ours allocates (and
+                    method.save(job.step_no)  # pins) its second buffer set here, not in a timed window
+                    job.step(method)
                 method.drain()
                 method.durable.clear()
             job.sync()
@@ -694,16 +698,19 @@ class Runner:
         nbytes = self.job.state_bytes()
         if parent is None and self.cuda:
             parent = shm_parent(nbytes)
-        with work_dir(parent, "accel-", keep=self.args.keep) as work:
-            info["work"] = work
-            stall_keys = ["copy", "ours", "dcp-pinned", "dcp-default"]
-            for key in stall_keys:
-                self.stall_phase(key, work)
-            with_saves = ["ours", "dcp-pinned" if self.cuda else "dcp-default"]
-            self.throughput_phase("none", work, f"{self.systems['none']} #1")
-            for i, key in enumerate(with_saves):  # a no-save phase after each: every method has two neighbours
-                self.throughput_phase(key, work, self.systems[key])
-                self.throughput_phase("none", work, f"{self.systems['none']} #{i + 2}")
+        try:
+            with work_dir(parent, "accel-", keep=self.args.keep) as work:
+                info["work"] = work
+                for key in ("copy", "ours", "dcp-pinned", "dcp-default"):
+                    self.stall_phase(key, work)
+                with_saves = ["ours", "dcp-pinned" if self.cuda else "dcp-default"]
+                self.throughput_phase("none", work, f"{self.systems['none']} #1")
+                for i, key in enumerate(with_saves):  # a no-save phase after each: two neighbours per method
+                    self.throughput_phase(key, work, self.systems[key])
+                    self.throughput_phase("none", work, f"{self.systems['none']} #{i + 2}")
+        except OSError as exc:  # the work dir itself (creating or removing it); the parts are guarded
+            self.outcomes.append(Outcome("work dir", "failed", one_line(exc)))
+            print(f"[work dir] FAILED: {one_line(exc)}", flush=True)
         return info
 
     def close(self) -> None:
@@ -839,8 +846,8 @@ def report(r: Runner, info: dict, args: argparse.Namespace, command: str, machin
                 metrics.append(metric(S[key], "mfu", "%", [100 * x * job.flops_per_token / peak for x in rates]))
         lines += ["", f"Each phase: {max(1, args.steps // args.every)} windows of {args.every} steps, synchronised at "
                   "window ends; a checkpointing phase saves at the start of every window (after an untimed, drained "
-                  "warm-up save) and counts everything: the save calls, waits for earlier writes (DCP: one upload in "
-                  "flight; ours: two buffer sets), copies beside the compute. *× no save*: the phase's overall rate "
+                  "warm-up of two saves in a row) and counts everything: the save calls, waits for earlier writes "
+                  "(DCP: one upload in flight; ours: two buffer sets), copies beside the compute. *× no save*: the phase's overall rate "
                   "over the mean of the no-save phases right before and after it. MFU = "
                   f"{job.flops_per_token / 1e9:.2f} GFLOP/token (6 × non-embedding parameters + 12 × layers × dim × "
                   f"seq_len) × tokens/s / peak dense bf16 "
@@ -878,7 +885,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch threads on CPU (default 1; CUDA: untouched)")
     parser.add_argument("--repeats-d2h", type=int, default=5, help="timed copies per D2H bandwidth row (default 5)")
     parser.add_argument("--budget", type=float, help="seconds after which the remaining phases are skipped "
-                                                     "(default CUDA 420, quick 240; CPU 80)")
+                                                     "(default CUDA 390, quick 200; CPU 80)")
     parser.add_argument("--no-store", action="store_true",
                         help=f"without --json, do not write {STORE.relative_to(REPO)} either")
     parser.add_argument("--traceback", action="store_true", help="print the traceback of a failed part")
@@ -904,7 +911,7 @@ def resolve(args: argparse.Namespace) -> str:
         "saves": 2 if quick else 3,
         "steps": (10 if quick else 30) if cuda else (8 if quick else 12),
         "every": (5 if quick else 10) if cuda else 4,
-        "budget": (240 if quick else 420) if cuda else 80,
+        "budget": (200 if quick else 390) if cuda else 80,
     }
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -945,16 +952,22 @@ def main(argv: list[str] | None = None) -> int:
             machine += gpu_lines()
         except Exception as exc:  # noqa: BLE001
             machine.append(f"GPU: description failed ({one_line(exc)})")
-    section, metrics, goals = report(runner, info, args, command, machine, load.stop().describe("during the run"))
+    try:
+        section, metrics, goals = report(runner, info, args, command, machine, load.stop().describe("during the run"))
+    except Exception as exc:  # noqa: BLE001 - keep what was measured in the log; say why the report is missing
+        print(f"bench_accel: building the report failed: {one_line(exc)}", flush=True)
+        if args.traceback:
+            traceback.print_exc()
+        section = "\n".join([SECTION, "", f"Report failed: {one_line(exc)}.", "", *provenance(machine, command)])
+        metrics, goals = [], []
     publish(section, args.out)
     params = {"device": device, "model_size": args.model_size, "batch": args.batch, "seq_len": args.seq_len,
               "saves": args.saves, "steps": args.steps, "every": args.every, "quick": args.quick,
               "outcomes": [o.__dict__ for o in runner.outcomes]}
     json_path = args.json or (None if args.no_store else str(STORE))
     write_json(json_path, BENCH_NAME, section, command, metrics=metrics, goals=goals, params=params)
-    if json_path and not args.json:
+    if json_path:  # run.py sets these two itself; a direct run (e.g. on the device machine) needs them too
         store(Path(json_path), "quick" if args.quick else "full", time.monotonic() - t_start)
-    if json_path:
         print(f"wrote {json_path}")
     failed = [o.part for o in runner.outcomes if o.status == "failed"]
     print(f"bench_accel: done in {time.monotonic() - t_start:.0f} s"
