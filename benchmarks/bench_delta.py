@@ -1,10 +1,11 @@
 #!/usr/bin/env python
 """Incremental checkpoints: delta size on real training runs and codec speed, against peers (issue 5).
 
-    python benchmarks/bench_delta.py --out benchmarks/RESULTS.md
+    python benchmarks/bench_delta.py --out benchmarks/RESULTS.md          # debug 300 + small 150 steps (~5 min)
+    python benchmarks/bench_delta.py --quick --json /tmp/delta.json       # debug, 100 steps (~25 s)
 
 Sizes (one run; byte counts are deterministic). For each model flavor (``--flavors``, default
-``debug`` for 300 steps and ``small`` for 200 steps) the trainer runs in-process, single process on
+``debug`` for 300 steps and ``small`` for 150 steps) the trainer runs in-process, single process on
 CPU (``Trainer(load_config(argv))`` with ``--config configs/debug.toml`` and
 ``--checkpoint.enable false``: FSDP2 over a 1-rank gloo group, fp32 master weights, AdamW). The
 ``CheckpointManager`` is not used: at every step that is a multiple of a save interval
@@ -42,7 +43,16 @@ and decodes it back; every repeat runs each method once, order rotated per repea
 bits of its float32/bf16 input in place (zipnn 0.5.4), so it gets a fresh copy of the input, made
 outside the timing.
 
-zipnn is a peer, not a dependency: without it (``pip install zipnn``) its columns say "n/a".
+zipnn is a peer, not a dependency (the ``bench`` extra installs it): without it its columns say
+"n/a" and its goal is reported unmeasured.
+
+Goals (``harness.goal``; for fp32 weights + AdamW, each measured as the worst flavor/interval of the
+medians over the pairs, every value in the detail): ours (delta) ≤ 0.6× raw; ≥ 1.15× smaller than
+zstd-1 of the full state; no larger than zipnn of the full state (zipnn's XOR delta in the detail);
+and encode_delta ≥ 0.4 GB/s per core (CPU time). ``--json`` also writes ``delta_x_raw`` per system,
+flavor and state kind (the pairs of the smallest interval, i.e. every save), the codec speeds
+(``encode_gbps``/``decode_gbps`` by wall clock, ``*_cpu`` by CPU time) and the ``delta_ratio``
+series: stored / raw per save step over the run.
 """
 
 from __future__ import annotations
@@ -63,8 +73,8 @@ import zstandard
 from torch.distributed.tensor import DTensor
 
 from harness import (  # first: puts this checkout's root on sys.path
-    Load, argument_parser, command_line, machine_description, median_span, provenance, publish, rotated, verdict,
-    work_dir,
+    Load, argument_parser, command_line, goal, machine_description, median_span, metric, provenance, publish, rotated,
+    verdict, work_dir, write_json,
 )
 
 from ckpt import codec  # noqa: E402
@@ -78,7 +88,7 @@ try:
     ZIPNN_NOTE = None
 except Exception as exc:  # a peer, not a dependency
     zipnn = None
-    ZIPNN_NOTE = f"zipnn is not importable ({type(exc).__name__}: {exc}); `pip install zipnn` to include it"
+    ZIPNN_NOTE = f"zipnn is not importable ({type(exc).__name__}: {exc}); `pip install zipnn` (or the bench extra) to include it"
 
 SECTION = "## Incremental checkpoints: delta size and codec speed (issue 5)"
 BASE_CONFIG = "configs/debug.toml"
@@ -91,6 +101,12 @@ ZIPNN_DTYPE = {4: "float32", 2: "bfloat16"}
 GOAL_DELTA_RAW = 0.6
 GOAL_VS_ZSTD = 1.15
 GOAL_ENCODE_GBS = 0.4
+BENCH_NAME = "delta"
+# --quick: the debug model only, ~25 s on a quiet 2-core box (zipnn included)
+QUICK = {"flavors": ["debug"], "steps": [100], "intervals": [10, 50], "repeats": 3, "throughput_mb": 10.0}
+# The JSON's systems (plot legends, table rows): analyzer key -> label, for the size metrics and series.
+SIZE_SYSTEMS = {"delta": "ours (delta)", "zstd1_full": "zstd-1 (full)", "zstd3_full": "zstd-3 (full)",
+                "zipnn_full": "zipnn (full)", "zipnn_xor": "zipnn (XOR delta)"}
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", category=UserWarning)
@@ -372,6 +388,7 @@ def run_flavor(run: FlavorRun, intervals: list[int], level: int, verify: bool, w
 @dataclass
 class Method:
     name: str
+    system: str  # the JSON's label
     encode: object  # (cur, prev) -> stored
     decode: object  # (stored, cur, prev) -> raw bytes (bytes-like)
     size: object = len
@@ -390,19 +407,21 @@ def ours_decode(e: codec.Encoded, prev) -> np.ndarray:
 def throughput_methods(level: int) -> list[Method]:
     z1, z3, dz = zstandard.ZstdCompressor(level=1), zstandard.ZstdCompressor(level=3), zstandard.ZstdDecompressor()
     methods = [
-        Method(f"ours encode_delta / decode (level {level})", lambda c, p: codec.encode_delta(c, p, 4, level),
-               lambda e, p: ours_decode(e, p), size=lambda e: len(e.data)),
-        Method(f"ours encode_planes / decode (level {level})", lambda c, p: codec.encode_planes(c, 4, level),
-               lambda e, p: ours_decode(e, None), size=lambda e: len(e.data)),
-        Method("zstd level 1 (full)", lambda c, p: z1.compress(c.data), lambda s, p: dz.decompress(s)),
-        Method("zstd level 3 (full)", lambda c, p: z3.compress(c.data), lambda s, p: dz.decompress(s)),
+        Method(f"ours encode_delta / decode (level {level})", "ours",
+               lambda c, p: codec.encode_delta(c, p, 4, level), lambda e, p: ours_decode(e, p),
+               size=lambda e: len(e.data)),
+        Method(f"ours encode_planes / decode (level {level})", "ours (planes, full)",
+               lambda c, p: codec.encode_planes(c, 4, level), lambda e, p: ours_decode(e, None),
+               size=lambda e: len(e.data)),
+        Method("zstd level 1 (full)", "zstd-1 (full)", lambda c, p: z1.compress(c.data), lambda s, p: dz.decompress(s)),
+        Method("zstd level 3 (full)", "zstd-3 (full)", lambda c, p: z3.compress(c.data), lambda s, p: dz.decompress(s)),
     ]
     if zipnn is not None:
         methods += [
-            Method("zipnn (full, threads=1)",
+            Method("zipnn (full, threads=1)", "zipnn (full)",
                    lambda c, p: zipnn.ZipNN(input_format="byte", bytearray_dtype="float32", threads=1).compress(c),
                    lambda s, p: zipnn_decompress(s, 4), prepare=lambda c: bytearray(memoryview(c))),
-            Method("zipnn XOR delta (threads=1)", lambda c, p: zipnn_compress(c, 4, base=p),
+            Method("zipnn XOR delta (threads=1)", "zipnn (XOR delta)", lambda c, p: zipnn_compress(c, 4, base=p),
                    lambda s, p: zipnn_decompress(s, 4, base=p)),
         ]
     return methods
@@ -474,12 +493,12 @@ def fmt(x, digits=3):
     return "n/a" if x is None else f"{x:.{digits}f}"
 
 
-def pair_ratio(p: PairResult, a: FlavorRun, group: str, metric: str):
-    """metric bytes / raw full bytes for a pair (full-state metrics: of the pair's current step)."""
+def pair_ratio(p: PairResult, a: FlavorRun, group: str, key: str):
+    """``key``'s bytes / raw full bytes for a pair (full-state measures: of the pair's current step)."""
     raw = a.analyzer.raw[group]
-    value = p.sizes[group].get(metric)
-    if value is None and metric in a.analyzer.full[p.step][group]:
-        value = a.analyzer.full[p.step][group][metric]
+    value = p.sizes[group].get(key)
+    if value is None and key in a.analyzer.full[p.step][group]:
+        value = a.analyzer.full[p.step][group][key]
     return None if value is None else value / raw
 
 
@@ -512,8 +531,8 @@ def size_tables(runs: list[FlavorRun], intervals: list[int]) -> tuple[list[str],
             for group in ("a", "b"):
                 raw = a.analyzer.raw[group]
                 cells = []
-                for metric, _ in cols:
-                    rs = [pair_ratio(p, a, group, metric) for p in ps]
+                for key, _ in cols:
+                    rs = [pair_ratio(p, a, group, key) for p in ps]
                     m, mu = med(rs), mean(rs)
                     cells.append("n/a" if m is None else (f"{m:.3f} ({mu:.3f})" if len(ps) > 1 else f"{m:.3f}"))
                 t1.append(f"| {a.flavor} | {interval} | {GROUP_NAMES[group]} | {len(ps)} | {raw / 1e6:.1f} MB | "
@@ -576,46 +595,67 @@ def speed_table(methods: list[Method], info: dict) -> list[str]:
     return lines
 
 
-def goal_notes(goals: dict, methods: list[Method] | None, info: dict | None) -> list[str]:
-    notes = []
+def worst_goal(name: str, items: list, target: float, direction: str, show, why_none: str, extra: str = "") -> dict:
+    """A size goal over every flavor/interval (each value the median over that interval's pairs): the
+    worst one is the measured value, all of them are in the detail."""
+    vals = [(t, v) for t, v in items if v is not None]
+    if not vals:
+        return goal(name, None, target, direction, why_none)
+    worst = max(v for _, v in vals) if direction == "<=" else min(v for _, v in vals)
+    return goal(name, worst, target, direction,
+                "the worst flavor/interval (median over its pairs): " + ", ".join(f"{t}: {show(v)}" for t, v in vals)
+                + extra)
 
-    def line(title, items, test, fmt_value):
-        vals = [(t, v) for t, v in items if v is not None]
-        if not vals:
-            return f"- {title}: n/a (not measured)."
-        ok = all(test(v) for _, v in vals)
-        detail = ", ".join(f"{t}: {fmt_value(v)}" for t, v in vals)
-        return f"- {title}: {verdict(ok)} ({detail})."
 
-    notes.append(line(f"Goal delta ≤ {GOAL_DELTA_RAW}× raw, fp32 weights + AdamW (median per flavor/interval)",
-                      goals["delta_raw"], lambda v: v <= GOAL_DELTA_RAW, lambda v: f"{v:.3f}×"))
-    floor = [v for _, v in goals["entropy0"] if v is not None]
-    if floor and goals["low_planes"]:
-        notes.append(f"- Why: the order-0 entropy of our delta's byte planes (last column of the first table) is "
-                     f"{min(floor):.3f}–{max(floor):.3f}× raw for fp32 weights + AdamW, above {GOAL_DELTA_RAW}×, so no "
-                     f"order-0 coder of the individual planes can meet that goal with this transform; planes 0 and 1 (the low "
-                     f"16 bits of each difference) store at ≥ {min(goals['low_planes']):.3f} of their size in every fp32 "
-                     f"kind, i.e. they alone cost ~0.5× raw.")
-    notes.append(line(f"Goal ≥ {GOAL_VS_ZSTD}× smaller than plain zstd of the same state (zstd level 1 of the full "
-                      f"state at the same step vs our delta)", goals["vs_zstd"], lambda v: v >= GOAL_VS_ZSTD,
-                      lambda v: f"{v:.2f}×"))
-    notes.append(line("Goal no larger than zipnn's output (zipnn of the full state at the same step vs our delta)",
-                      goals["vs_zipnn"], lambda v: v >= 1.0, lambda v: f"zipnn/ours {v:.2f}×"))
-    notes.append(line("(Information, not a stated goal) vs zipnn's own XOR delta of the same pair",
-                      goals["vs_zipnn_delta"], lambda v: v >= 1.0, lambda v: f"zipnn/ours {v:.2f}×"))
+def delta_goals(goals: dict, methods: list[Method] | None, info: dict | None) -> list[dict]:
+    """The goals this run measured, as harness.goal records (the notes print the same)."""
+    no_zipnn = f"not measured: {ZIPNN_NOTE}" if ZIPNN_NOTE else "not measured"
+    xor = [(t, v) for t, v in goals["vs_zipnn_delta"] if v is not None]
+    out = [
+        worst_goal(f"ours (delta) ≤ {GOAL_DELTA_RAW}× raw (fp32 weights + AdamW)", goals["delta_raw"], GOAL_DELTA_RAW, "<=",
+                   lambda v: f"{v:.3f}×", "not measured: no pair of states"),
+        worst_goal(f"ours (delta) ≥ {GOAL_VS_ZSTD}× smaller than zstd-1 of the full state (fp32 weights + AdamW)",
+                   goals["vs_zstd"], GOAL_VS_ZSTD, ">=", lambda v: f"{v:.2f}×", "not measured: no pair of states"),
+        worst_goal("ours (delta) no larger than zipnn of the full state (fp32 weights + AdamW)", goals["vs_zipnn"], 1.0, ">=",
+                   lambda v: f"zipnn/ours {v:.2f}×", no_zipnn,
+                   "; for information, zipnn's own XOR delta of the same pair / ours: "
+                   + ", ".join(f"{t}: {v:.2f}×" for t, v in xor) if xor else ""),
+    ]
     if methods:
-        ours = methods[0]
-        n = info["nbytes"]
-        wall, cpu = n / statistics.median(ours.enc_wall) / 1e9, n / statistics.median(ours.enc_cpu) / 1e9
-        notes.append(f"- Goal encode ≥ {GOAL_ENCODE_GBS} GB/s per core (encode_delta, one thread, median of "
-                     f"{len(ours.enc_wall)}): by CPU time {verdict(cpu >= GOAL_ENCODE_GBS)} ({cpu:.2f} GB/s); by wall "
-                     f"clock on this shared box {verdict(wall >= GOAL_ENCODE_GBS)} ({wall:.2f} GB/s; best repeat "
-                     f"{n / min(ours.enc_wall) / 1e9:.2f} GB/s).")
+        ours, n = methods[0], info["nbytes"]
+        cpu = [n / t / 1e9 for t in ours.enc_cpu]
+        wall = [n / t / 1e9 for t in ours.enc_wall]
+        out.append(goal(f"encode_delta ≥ {GOAL_ENCODE_GBS} GB/s per core", statistics.median(cpu), GOAL_ENCODE_GBS,
+                        ">=", f"one thread, {n / 1e6:.0f} MB of fp32 state, by CPU time: median of {len(cpu)} "
+                        f"{statistics.median(cpu):.2f} GB/s (min–max {min(cpu):.2f}–{max(cpu):.2f}); by wall clock "
+                        f"on this shared box {statistics.median(wall):.2f} GB/s ({min(wall):.2f}–{max(wall):.2f})"))
+    else:
+        out.append(goal(f"encode_delta ≥ {GOAL_ENCODE_GBS} GB/s per core", None, GOAL_ENCODE_GBS, ">=",
+                        "not measured: the speed part did not run (--repeats 0)"))
+    return out
+
+
+def goal_notes(goals: dict, json_goals: list[dict]) -> list[str]:
+    notes = []
+    for g in json_goals:
+        shown = "" if g["measured"] is None else f"measured {g['measured']:.3f}; "
+        notes.append(f"- Goal, {g['goal']}: {verdict(g['met'])} ({shown}{g['detail']}).")
+        if g["goal"].startswith("ours (delta) ≤"):
+            floor = [v for _, v in goals["entropy0"] if v is not None]
+            if floor and goals["low_planes"]:
+                notes.append(
+                    f"- Why: the order-0 entropy of our delta's byte planes (last column of the first table) is "
+                    f"{min(floor):.3f}–{max(floor):.3f}× raw for fp32 weights + AdamW, so no order-0 coder of the "
+                    f"individual planes can go below that with this transform; planes 0 and 1 (the low 16 bits of each "
+                    f"difference) store at ≥ {min(goals['low_planes']):.3f} of their size in every fp32 kind, i.e. "
+                    f"they alone cost ~0.5× raw.")
     return notes
 
 
-def report(runs, intervals, methods, speed_info, args, command, machine) -> str:
+def report(runs, intervals, methods, speed_info, args, command, machine) -> tuple[str, list[dict]]:
+    """The results section, and the goals it states (harness.goal records)."""
     t1, t2, goals = size_tables(runs, intervals)
+    json_goals = delta_goals(goals, methods, speed_info)
     body = [SECTION, ""]
     runs_desc = "; ".join(
         f"`{a.flavor}`: {a.params / 1e6:.2f}M parameters in {a.tensors} tensors, {a.steps} steps, batch {a.batch} × "
@@ -658,7 +698,7 @@ def report(runs, intervals, methods, speed_info, args, command, machine) -> str:
             *speed_table(methods, speed_info),
             "",
         ]
-    body += ["Notes:", *goal_notes(goals, methods, speed_info)]
+    body += ["Notes:", *goal_notes(goals, json_goals)]
     if ZIPNN_NOTE:
         body.append(f"- {ZIPNN_NOTE}: its columns are n/a.")
     else:
@@ -679,7 +719,44 @@ def report(runs, intervals, methods, speed_info, args, command, machine) -> str:
         "",
         *provenance(machine, command),
     ]
-    return "\n".join(body)
+    return "\n".join(body), json_goals
+
+
+def json_sizes(runs: list[FlavorRun], intervals: list[int]) -> tuple[list[dict], dict]:
+    """Stored bytes / raw per pair of the save interval (the smallest), per flavor and state kind:
+    the ``delta_x_raw`` metrics (one value per pair) and the ``delta_ratio`` series (per save step).
+    A full-state system's value at step s is its size for the state at s alone."""
+    interval = min(intervals)
+    metrics, series = [], {}
+    for a in runs:
+        pairs = sorted((p for p in a.analyzer.pairs if p.interval == interval), key=lambda p: p.step)
+        if not pairs:
+            continue
+        for group in GROUPS:
+            curves = {}
+            for key, system in SIZE_SYSTEMS.items():
+                points = [(p.step, pair_ratio(p, a, group, key)) for p in pairs]
+                if any(r is None for _, r in points):  # zipnn not installed
+                    continue
+                metrics.append(metric(system, "delta_x_raw", "×", [r for _, r in points], flavor=a.flavor,
+                                      kind=GROUP_NAMES[group], interval=interval))
+                curves[system] = [[step, r] for step, r in points]
+            series[f"{a.flavor} {GROUP_NAMES[group]}"] = curves
+    return metrics, {"delta_ratio": series}
+
+
+def json_speed(methods: list[Method] | None, info: dict | None) -> list[dict]:
+    """GB/s (10^9 bytes of raw input per second) per repeat, encode and decode, by wall clock and by
+    CPU time (``*_cpu``), one thread."""
+    if not methods:
+        return []
+    n, out = info["nbytes"], []
+    for m in methods:
+        for name, seconds, clock in (("encode_gbps", m.enc_wall, "wall"), ("decode_gbps", m.dec_wall, "wall"),
+                                     ("encode_gbps_cpu", m.enc_cpu, "cpu"), ("decode_gbps_cpu", m.dec_cpu, "cpu")):
+            out.append(metric(m.system, name, "GB/s", [n / t / 1e9 for t in seconds], clock=clock,
+                              raw_mb=n / 1e6, stored_x_raw=m.stored / n))
+    return out
 
 
 def zipnn_version() -> str:
@@ -691,8 +768,10 @@ def zipnn_version() -> str:
         return "?"
 
 
-DEFAULT_RUN = {"debug": (300, 8, 128), "small": (200, 4, 64)}  # steps, batch, seq_len: a few minutes on 1 core
-FALLBACK_RUN = (200, 4, 64)
+# steps, batch, seq_len: the whole default run ~5 min on a quiet 2-core box (small: 150 steps, so its
+# interval-100 pair (100 -> 200) is out of reach; debug has two)
+DEFAULT_RUN = {"debug": (300, 8, 128), "small": (150, 4, 64)}
+FALLBACK_RUN = (150, 4, 64)
 
 
 def per_flavor(values: list | None, flavors: list[str], what: str, parser) -> list:
@@ -710,7 +789,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argument_parser(__doc__)
     parser.add_argument("--flavors", nargs="+", default=["debug", "small"], help="model flavors (default debug small)")
     parser.add_argument("--steps", nargs="+", type=int,
-                        help="training steps, one value or one per flavor (default: debug 300, small 200)")
+                        help="training steps, one value or one per flavor (default: debug 300, small 150)")
     parser.add_argument("--batch", nargs="+", type=int,
                         help="global batch size, one value or one per flavor (default: debug 8, small 4)")
     parser.add_argument("--seq-len", nargs="+", type=int,
@@ -722,7 +801,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-threads", type=int, default=1,
                         help="torch threads while training (default 1: fastest on a shared 2-core box)")
     parser.add_argument("--no-verify", action="store_true", help="skip decoding the last pairs back")
+    parser.add_argument("--quick", action="store_true",
+                        help="debug flavor, 100 steps, intervals 10 50, 3 speed repeats of 10 MB (~25 s)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.flavors, args.steps, args.intervals = QUICK["flavors"], QUICK["steps"], QUICK["intervals"]
+        args.repeats, args.throughput_mb = QUICK["repeats"], QUICK["throughput_mb"]
     args.steps = per_flavor(args.steps, args.flavors, "--steps", parser)
     args.batch = per_flavor(args.batch, args.flavors, "--batch", parser)
     args.seq_len = per_flavor(args.seq_len, args.flavors, "--seq-len", parser)
@@ -760,7 +844,17 @@ def main(argv: list[str] | None = None) -> int:
     machine = [*machine_description(versions=versions),
                f"Other load on the machine over the whole run: {load.describe()}",
                f"Total run time: {load.elapsed / 60:.1f} min"]
-    publish(report(runs, args.intervals, methods, speed_info, args, command, machine), args.out)
+    section, goals = report(runs, args.intervals, methods, speed_info, args, command, machine)
+    publish(section, args.out)
+    size_metrics, series = json_sizes(runs, args.intervals)
+    write_json(args.json, BENCH_NAME, section, command, metrics=size_metrics + json_speed(methods, speed_info),
+               goals=goals, series=series,
+               params={"flavors": args.flavors, "steps": args.steps, "batch": args.batch, "seq_len": args.seq_len,
+                       "intervals": args.intervals, "metrics_interval": min(args.intervals), "level": args.level,
+                       "repeats": args.repeats, "throughput_mb": args.throughput_mb, "quick": args.quick,
+                       "zipnn": None if ZIPNN_NOTE else zipnn_version(),
+                       "raw_bytes": {f"{a.flavor} {GROUP_NAMES[g]}": a.analyzer.raw.get(g) for a in runs
+                                     for g in GROUPS}})
     return 0
 
 
