@@ -714,7 +714,7 @@ class Runner:
         return info
 
     def close(self) -> None:
-        if self.distributed:
+        if dcp is not None and dist.is_available() and dist.is_initialized():  # also after a half-done init
             try:
                 dist.destroy_process_group()
             except Exception as exc:  # noqa: BLE001
@@ -820,7 +820,7 @@ def report(r: Runner, info: dict, args: argparse.Namespace, command: str, machin
     # Tokens/s
     if r.phases:
         peak = peak_flops(torch.cuda.get_device_name(0)) if r.cuda else None
-        base = [p for p in r.phases if p.key == "none"]
+        n_base = 0
         lines += [f"### Tokens/s (a save every {args.every} steps; windows of {args.every} steps)", "",
                   "| Phase | tokens/s per window, median (min–max) | × no save (adjacent) | MFU % | Peak device memory GiB "
                   "| Durable after s | Drain at end s |",
@@ -835,7 +835,8 @@ def report(r: Runner, info: dict, args: argparse.Namespace, command: str, machin
             mfu = [100 * x * job.flops_per_token / peak for x in p.rates] if peak else None
             mem = f"{p.peak_mem / 2**30:.1f}" if p.peak_mem is not None else "–"
             durable = median_span(p.durable, 2) if p.durable else "–"
-            name = S[p.key] + (f" #{base.index(p) + 1}" if p.key == "none" else "")
+            n_base += p.key == "none"
+            name = S[p.key] + (f" #{n_base}" if p.key == "none" else "")
             lines.append(f"| {name} | {median_span(p.rates, 0)} | {ratio} | "
                          f"{median_span(mfu, 1) if mfu else 'n/a'} | {mem} | {durable} | "
                          f"{f'{p.drain_s:.2f}' if p.key != 'none' else '–'} |")
