@@ -12,19 +12,20 @@ needed for the size scaling. Values are small integers and halves, so every upda
 The training job is emulated so that the host is free while the accelerator computes: one step =
 ``time.sleep(step_s)`` (the compute) followed by an in-place ``add_(1)`` of every state tensor (the
 optimizer step: the first moment the state changes, so a snapshot not yet taken must complete before
-it). ``step_s`` is ``max(0.1 s, 1.25 x the time the system's warm-up save kept working after
-its call returned)``, from the second of two untimed warm-up saves: long enough that each system's
-background work fits in a step (the regime asynchronous checkpointing is for); on the ranks axis the
-ranks agree on the largest value.
+it). The compute lasts ``step_s = max(0.1 s, the time the system's untimed warm-up save kept working
+after its call returned)`` (on the ranks axis the largest over ranks), and if the save is not durable
+by then, until it is: every system's background work fits in a step (the regime asynchronous
+checkpointing is for), so no save waits for the one before it.
 
 The **stall** of a save is the time the training thread is blocked by checkpointing: the time inside
 the save call plus any wait before the next in-place update. A save is made every step; each system
-runs two untimed warm-up saves (each drained), then ``--saves`` timed ones; tables show the median and
+runs one untimed warm-up save (drained), then ``--saves`` timed ones; tables show the median and
 min-max stall per save. The secondary metric, **durable**, is the time from the save call until the
 save was committed (where the system tells).
 
 bare copy          ``dst.copy_(src)`` of every tensor into buffers preallocated and faulted in at
-                   set-up: the limit when the copy is not overlapped with compute.
+                   set-up: the limit when the copy is not overlapped with compute. Each save copies
+                   with the process's intra-op threads and with one; the faster counts.
 ours               ``ckpt.CheckpointManager(dir, interval=1)`` (default: async ``double_buffer``),
                    ``save(step, state, force=True)``; ``manager.before_step()`` right before the
                    update (what ``attach(optimizer)`` calls from the optimizer's step pre-hook).
@@ -91,8 +92,8 @@ MiB = 1 << 20
 COLS = 1024  # columns of every weight matrix (4 KiB rows)
 PARAMS = 8  # weight matrices (and biases)
 MIN_STEP_S = 0.1
-STEP_MARGIN = 1.25
-WARMUPS = 2  # untimed, drained saves: ours allocates its two buffer sets lazily, one per save
+WARMUPS = 1  # untimed, drained saves before the timed ones (first-call costs: buffers, thread pools, caches)
+DURABLE_TIMEOUT_S = 600
 GOAL_COPY_RATIO = 0.05
 GOAL_FLAT = 2.0
 WORKER_TIMEOUT_S = 900
@@ -179,6 +180,7 @@ class System:
     def __init__(self, state: dict, work: Path, ctx: Ctx):
         self.state, self.work, self.ctx = state, work, ctx
         self.durable_at: dict[int, float] = {}
+        self.tells_durable = self.writes  # whether durable_at gets filled on this rank
         self.parts: dict[str, float] = {}  # the last save's named parts (training thread)
         self.extra: dict[str, Any] = {}
 
@@ -244,6 +246,7 @@ class Ours(System):
 
     def setup(self) -> None:
         self.manager = ckpt.CheckpointManager(self.work / "ours", interval=1, on_commit=self._committed)
+        self.tells_durable = self.ctx.rank == 0  # on_commit runs on the coordinator only
 
     def _committed(self, info) -> None:
         self.durable_at[info.step] = time.perf_counter()
@@ -386,6 +389,7 @@ class TorchSnapshot(System):
         t0 = time.perf_counter()
         if self.pending is not None:
             self.pending.wait()
+            self.pending = None  # its buffers may go before the next clones are made
         t1 = time.perf_counter()
         path = self.dirs[step] = self.work / self.key / f"step-{step:06d}"
         self.pending = torchsnapshot.Snapshot.async_take(str(path), {"state": torchsnapshot.StateDict(self.state)})
@@ -442,8 +446,20 @@ def sync(ctx: Ctx) -> None:
         dist.barrier()
 
 
+def until_durable(system: System, step: int) -> float:
+    """Sleep until ``step`` is durable (where this rank is told); returns the seconds slept."""
+    if not system.tells_durable:
+        return 0.0
+    start = time.perf_counter()
+    while step not in system.durable_at:
+        if time.perf_counter() - start > DURABLE_TIMEOUT_S:
+            raise TimeoutError(f"save of step {step} not durable after {DURABLE_TIMEOUT_S} s")
+        time.sleep(0.002)
+    return time.perf_counter() - start
+
+
 def measure(key: str, nbytes: int, saves: int, verify: bool, work: Path, ctx: Ctx) -> dict:
-    """Two warm-up saves (each drained), then ``saves`` timed steps of save -> compute -> wait -> update."""
+    """A warm-up save (drained), then ``saves`` timed steps of save -> compute -> wait -> update."""
     rss0 = _vm("VmRSS")
     state = make_state(nbytes, ctx.rank, ctx.world)
     system = SYSTEMS[key](state, work, ctx)
@@ -460,8 +476,9 @@ def measure(key: str, nbytes: int, saves: int, verify: bool, work: Path, ctx: Ct
             t2 = time.perf_counter()
             update(state)
             out["warmup"].append({"in_save": t1 - t0, "after_return": t2 - t1})
-        step_s = agree_max(max(MIN_STEP_S, STEP_MARGIN * out["warmup"][-1]["after_return"]), ctx)
+        step_s = agree_max(max(MIN_STEP_S, out["warmup"][-1]["after_return"]), ctx)
         out["step_s"] = step_s
+        out["extended"] = []
         starts = {}
         timed = range(WARMUPS + 1, WARMUPS + saves + 1)
         for step in timed:
@@ -472,6 +489,7 @@ def measure(key: str, nbytes: int, saves: int, verify: bool, work: Path, ctx: Ct
             in_save = time.perf_counter() - start if counted is None else counted
             parts = dict(system.parts)
             time.sleep(step_s)  # the accelerator computes; the host is free
+            out["extended"].append(until_durable(system, step))  # the step outlasts the background work
             w0 = time.perf_counter()
             system.before_step()
             wait = time.perf_counter() - w0
@@ -578,6 +596,7 @@ class Point:
     durables: list[float] = field(default_factory=list)  # per save (max over ranks, where known)
     parts: dict[str, list[float]] = field(default_factory=dict)  # named parts of the stall, per save (max over ranks)
     step_s: float = 0.0
+    extended: list[float] = field(default_factory=list)  # per save: compute lengthened until durable (max over ranks)
     verified: bool | None = None
     peak_rss_growth: int = 0
     host_buffer_bytes: int | None = None
@@ -595,6 +614,8 @@ def summarize(key: str, x: int, ranks: list[dict]) -> Point:
     point.state_bytes = sum(r["state_bytes"] for r in ranks)
     per_save = list(zip(*[r["records"] for r in ranks]))
     point.stalls = [max(rec["stall"] for rec in recs) for recs in per_save]
+    point.parts["in save"] = [max(rec["in_save"] for rec in recs) for recs in per_save]
+    point.parts["wait before update"] = [max(rec["wait"] for rec in recs) for recs in per_save]
     for recs in per_save:
         known = [rec["durable"] for rec in recs if rec["durable"] is not None]
         if known:
@@ -603,6 +624,7 @@ def summarize(key: str, x: int, ranks: list[dict]) -> Point:
             if all(name in rec["parts"] for rec in recs):
                 point.parts.setdefault(name, []).append(max(rec["parts"][name] for rec in recs))
     point.step_s = ranks[0]["step_s"]
+    point.extended = [max(e) for e in zip(*[r["extended"] for r in ranks])]
     checks = [r["verified"] for r in ranks if "verified" in r]
     point.verified = all(checks) if checks else None
     point.peak_rss_growth = max(r["peak_rss_growth"] for r in ranks)
@@ -611,7 +633,7 @@ def summarize(key: str, x: int, ranks: list[dict]) -> Point:
     return point
 
 
-def print_point(p: Point, what: str) -> None:
+def print_point(p: Point, what: str, wall: float) -> None:
     if p.error:
         print(f"{what:>12s} {SYSTEMS[p.key].label:34s} FAILED: {p.error}", flush=True)
         return
@@ -619,7 +641,7 @@ def print_point(p: Point, what: str) -> None:
     check = "" if p.verified is None else f" verified {'OK' if p.verified else 'MISMATCH'}"
     print(f"{what:>12s} {SYSTEMS[p.key].label:34s} stall median {median(p.stalls) * 1e3:9.1f} ms ["
           + " ".join(f"{s * 1e3:.1f}" for s in p.stalls) + f"] step {p.step_s:.2f}s{durable}{check} "
-          f"load {os.getloadavg()[0]:.1f}", flush=True)
+          f"({wall:.1f}s, load {os.getloadavg()[0]:.1f})", flush=True)
 
 
 def ms_cell(values: list[float]) -> str:
@@ -736,10 +758,11 @@ def report(sizes: dict[str, list[Point]], ranks: dict[str, list[Point]], info: d
         "**The job emulates an accelerator job whose host is free while the device computes**: one step = "
         f"`time.sleep(step)` (the compute) then an in-place `add_(1)` of every state tensor (the optimizer step: the "
         f"first moment the state changes, so a snapshot not yet taken must finish first, and what was saved can be "
-        f"checked against the state at save time). The step lasts max({MIN_STEP_S} s, {STEP_MARGIN}× the time the "
-        "system's second untimed warm-up save kept working after its call returned), so each system's background work "
-        "fits in a step. A save every step: two untimed warm-up saves, each drained (first-call costs: buffers, "
-        "thread pools, caches), then "
+        f"checked against the state at save time). The compute lasts max({MIN_STEP_S} s, the time the system's "
+        "untimed warm-up save kept working after its call returned) and, if the save is not yet durable then, until "
+        "it is: each system's background work fits in a step, so no save waits for the one before it (the regime "
+        "asynchronous checkpointing is for; back-pressure is not measured here). A save every step: one untimed, "
+        "drained warm-up save (first-call costs: buffers, thread pools, caches), then "
         f"{args.saves} timed ones. **Stall** = time inside the save call + time waited before the next update, on "
         "the training thread; cells are **milliseconds, median (min–max) over the saves**; *× bare copy* divides "
         "medians. Each system runs in a fresh process per point (forked after the imports).",
@@ -793,8 +816,11 @@ def notes(sizes: dict[str, list[Point]], ranks: dict[str, list[Point]], info: di
         for k, row in points.items():
             ok = [p for p in row if not p.error]
             if ok:
-                steps.append(f"{SYSTEMS[k].label} ({axis}): " + ", ".join(f"{label(p)} {p.step_s:.2f}" for p in ok))
-    out.append("- Emulated step lengths, s (the rule above): " + "; ".join(steps) + ".")
+                steps.append(f"{SYSTEMS[k].label} ({axis}): " + ", ".join(
+                    f"{label(p)} {p.step_s:.2f}" + (f" (+{max(p.extended):.2f})" if max(p.extended) >= 0.005 else "")
+                    for p in ok))
+    out.append("- Emulated compute per step, s (the rule above; in brackets the most it was lengthened until a save "
+               "was durable): " + "; ".join(steps) + ".")
     checks = [f"{SYSTEMS[k].label} at {lab}: {'equal' if p.verified else '**MISMATCH**'}"
               for points, lab_of in ((sizes, lambda p: size_label(p.state_bytes)), (ranks, lambda p: f"{p.x} ranks"))
               for k, row in points.items() for p in row if p.verified is not None for lab in [lab_of(p)]]
@@ -804,9 +830,15 @@ def notes(sizes: dict[str, list[Point]], ranks: dict[str, list[Point]], info: di
     waits = [f"{SYSTEMS[k].label} {size_label(p.state_bytes)} {median(p.parts['wait previous']) * 1e3:.1f}"
              for k, row in sizes.items() for p in row if "wait previous" in p.parts and not p.error]
     if waits:
-        out.append("- Of the peers' stall, the wait for their previous save (one in flight), median ms: "
-                   + "; ".join(waits) + ". With the step longer than the background work it is usually ~0.")
-    copies = [f"{size_label(p.state_bytes)} " + " / ".join(f"{median(v) * 1e3:.1f} ({name})" for name, v in p.parts.items())
+        out.append("- Of the peers' stall, the wait for their previous save (one in flight; the step rule keeps it "
+                   "near 0), median ms: " + "; ".join(waits) + ".")
+    split = [f"{SYSTEMS[k].label} {median(p.parts['in save']) * 1e3:.1f} + {median(p.parts['wait before update']) * 1e3:.1f}"
+             for k, row in sizes.items() if row and not row[-1].error and SYSTEMS[k].writes for p in [row[-1]]]
+    if split:
+        out.append(f"- The stall's two parts at {size_label(sizes['ours'][-1].state_bytes) if sizes.get('ours') else 'the largest size'}, "
+                   "median ms, in the save call + waited before the update: " + "; ".join(split) + ".")
+    copies = [f"{size_label(p.state_bytes)} " + " / ".join(f"{median(v) * 1e3:.1f} ({name})" for name, v in p.parts.items()
+                                                         if "thread" in name)
               for p in sizes.get("copy", []) if not p.error]
     if copies:
         out.append("- Bare copy, both copies of each save (median ms; the row counts the faster per save): "
@@ -838,16 +870,18 @@ def run(args: argparse.Namespace, work: Path) -> tuple[dict, dict]:
     ranks: dict[str, list[Point]] = {k: [] for k in args.systems} if args.ranks else {}
     for i, mb in enumerate(args.sizes_mb):
         for key in args.systems:
+            t = time.perf_counter()
             ranks_out = run_point(key, int(mb * MiB), args.saves, i == 0, work, None)
             point = summarize(key, int(mb * MiB), ranks_out)
-            print_point(point, size_label(int(mb * MiB)))
+            print_point(point, size_label(int(mb * MiB)), time.perf_counter() - t)
             sizes[key].append(point)
         settle()
     for n in args.ranks:
         for key in args.systems:
+            t = time.perf_counter()
             ranks_out = run_point(key, int(args.ranks_mb * MiB), args.saves, n == max(args.ranks), work, n)
             point = summarize(key, n, ranks_out)
-            print_point(point, f"{n} ranks")
+            print_point(point, f"{n} ranks", time.perf_counter() - t)
             ranks[key].append(point)
     return sizes, ranks
 
@@ -893,7 +927,7 @@ def main(argv: list[str] | None = None) -> int:
                goals=goal_list, series=series_of(sizes, ranks),
                params={"sizes_mib": args.sizes_mb, "ranks": args.ranks, "ranks_mib": args.ranks_mb,
                        "saves": args.saves, "systems": args.systems, "step_rule":
-                       f"max({MIN_STEP_S} s, {STEP_MARGIN} x warm-up background time)", "wall_s": round(wall, 1)})
+                       f"max({MIN_STEP_S} s, warm-up background time), then until durable", "wall_s": round(wall, 1)})
     return 0
 
 
