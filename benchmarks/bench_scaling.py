@@ -160,6 +160,19 @@ def equal_after_update(saved: Any, live: Any) -> bool:
         equal_after_update(saved[k], live[k]) for k in live)
 
 
+def select(tree: Any, template: Any) -> Any:
+    """The part of ``tree`` that ``template`` names (same keys, ``tree``'s values)."""
+    if not isinstance(template, dict) or not isinstance(tree, dict):
+        return tree
+    return {k: select(tree[k], v) for k, v in template.items() if k in tree}
+
+
+def first_layer(state: dict) -> dict:
+    """The subtree of layer 0 (weight, bias and their optimizer state): a spot check's target."""
+    return {"model": {k: v for k, v in state["model"].items() if k.startswith("layers.0.")},
+            "optim": {"state": {k: v for k, v in state["optim"]["state"].items() if k.startswith("layers.0.")}}}
+
+
 # ---------------------------------------------------------------------------------------------
 # Systems
 # ---------------------------------------------------------------------------------------------
@@ -200,8 +213,9 @@ class System:
     def prune(self, keep_from: int) -> None:
         """Delete finished saves older than ``keep_from`` (outside the timing; keeps the disk small)."""
 
-    def load(self, step: int) -> Any:
-        """What ``step`` holds, loaded back (for the check outside the timing)."""
+    def load(self, step: int, template: dict) -> Any:
+        """The part of ``step`` that ``template`` (a subtree of the state) names, loaded back (for the
+        check outside the timing)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -260,10 +274,10 @@ class Ours(System):
     def drain(self) -> None:
         self.manager.wait()
 
-    def load(self, step: int) -> Any:
-        target = zeros_like(self.state)
-        # Each rank asks for its own shards only: the other ranks' keys are expected in the checkpoint.
-        self.manager.load(target, step=step, strict=not self.ctx.distributed)
+    def load(self, step: int, template: dict) -> Any:
+        target = zeros_like(template)
+        # Part of the state (or a rank's own shards): the checkpoint's other keys are expected.
+        self.manager.load(target, step=step, strict=False)
         return target
 
     def close(self) -> None:
@@ -318,8 +332,8 @@ class DCPDefault(System):
             if self.ctx.rank == 0:  # one directory for all ranks
                 shutil.rmtree(path, ignore_errors=True)
 
-    def load(self, step: int) -> Any:
-        target = zeros_like(self.state)
+    def load(self, step: int, template: dict) -> Any:
+        target = zeros_like(template)
         dcp.load(target, checkpoint_id=self.dirs[step], process_group=self.pg, no_dist=not self.ctx.distributed)
         return target
 
@@ -357,14 +371,18 @@ class TorchSave(System):
         for step in [s for s in self.durable_at if s < keep_from]:
             remove(self.path(step))
 
-    def load(self, step: int) -> Any:
-        return torch.load(self.path(step), weights_only=True)
+    def load(self, step: int, template: dict) -> Any:
+        return select(torch.load(self.path(step), weights_only=True, mmap=True), template)
 
 
 class TorchSnapshot(System):
     key, label = "torchsnapshot", "torchsnapshot"
-    note = ("`Snapshot.async_take` (returns after cloning every tensor) + the wait for the previous one; durable "
-            "at `done()` (metadata written; its file plug-in does not fsync)")
+    note = ("`Snapshot.async_take` + the wait for the previous one; durable at `done()` (metadata written; its file "
+            "plug-in does not fsync). `async_take` returns once its write requests are staged: tensors under its "
+            "128 MiB slab threshold are batched (copied) into slabs, but in 0.1.0 a larger CPU tensor is not cloned "
+            "(`TensorBufferStager._should_copy_cpu_tensor` compares the entry's serializer string with an Enum member), "
+            "so from 3 GiB of this state up (tensors of > 128 MiB) it returns without a snapshot; check 2 below "
+            "catches that")
 
     def setup(self) -> None:
         if torchsnapshot is None:
@@ -408,10 +426,16 @@ class TorchSnapshot(System):
             if self.ctx.rank == 0:  # one directory for all ranks
                 shutil.rmtree(path, ignore_errors=True)
 
-    def load(self, step: int) -> Any:
-        target = torchsnapshot.StateDict(zeros_like(self.state))
-        torchsnapshot.Snapshot(str(self.dirs[step])).restore({"state": target})
-        return dict(target)
+    def load(self, step: int, template: dict) -> Any:
+        """Entry by entry (``restore`` would read every entry, whatever the target holds)."""
+        snapshot = torchsnapshot.Snapshot(str(self.dirs[step]))
+
+        def read(node: Any, path: tuple) -> Any:
+            if isinstance(node, dict):
+                return {k: read(v, path + (k,)) for k, v in node.items()}
+            return snapshot.read_object("/".join((str(self.ctx.rank), "state", *path)), obj_out=torch.zeros_like(node))
+
+        return read(template, ())
 
     def close(self) -> None:
         self.stop.set()
@@ -458,6 +482,24 @@ def until_durable(system: System, step: int) -> float:
     return time.perf_counter() - start
 
 
+def contract_check(system: System, state: dict, step: int, ctx: Ctx) -> bool:
+    """One more save, untimed, of layer 0 only (1/8 of the state, same tensor sizes), with the update
+    right where the system allows it: after the call and ``before_step()``, no compute in between.
+    Whether the save holds the state at the call (the timed loop's compute, lasting until the save is
+    durable, would hide a system that writes from the live tensors)."""
+    part = first_layer(state)
+    system.state = part
+    try:
+        sync(ctx)
+        system.save(step)
+        system.before_step()
+        update(part)
+        system.drain()
+        return equal_after_update(system.load(step, part), part)
+    finally:
+        system.state = state
+
+
 def measure(key: str, nbytes: int, saves: int, verify: bool, work: Path, ctx: Ctx) -> dict:
     """A warm-up save (drained), then ``saves`` timed steps of save -> compute -> wait -> update."""
     rss0 = _vm("VmRSS")
@@ -501,10 +543,10 @@ def measure(key: str, nbytes: int, saves: int, verify: bool, work: Path, ctx: Ct
         for step, rec in zip(timed, out["records"]):
             done = system.durable_at.get(step)
             rec["durable"] = None if done is None else done - starts[step]
-        if verify and system.writes:
-            loaded = system.load(timed[-1])
-            out["verified"] = equal_after_update(loaded, state)
-            del loaded
+        if system.writes:
+            if verify:  # the whole state, as the last timed save holds it
+                out["verified"] = equal_after_update(system.load(timed[-1], state), state)
+            out["consistent"] = contract_check(system, state, timed[-1] + 1, ctx)
     finally:
         system.close()
     out["extra"] = system.extra
@@ -597,7 +639,8 @@ class Point:
     parts: dict[str, list[float]] = field(default_factory=dict)  # named parts of the stall, per save (max over ranks)
     step_s: float = 0.0
     extended: list[float] = field(default_factory=list)  # per save: compute lengthened until durable (max over ranks)
-    verified: bool | None = None
+    verified: bool | None = None  # the last timed save, loaded back whole, equals the state at save time
+    consistent: bool | None = None  # the contract check (see contract_check), on every rank
     peak_rss_growth: int = 0
     host_buffer_bytes: int | None = None
     error: str | None = None
@@ -627,6 +670,8 @@ def summarize(key: str, x: int, ranks: list[dict]) -> Point:
     point.extended = [max(e) for e in zip(*[r["extended"] for r in ranks])]
     checks = [r["verified"] for r in ranks if "verified" in r]
     point.verified = all(checks) if checks else None
+    contracts = [r["consistent"] for r in ranks if "consistent" in r]
+    point.consistent = all(contracts) if contracts else None
     point.peak_rss_growth = max(r["peak_rss_growth"] for r in ranks)
     buffers = [r["extra"]["host_buffer_bytes"] for r in ranks if "host_buffer_bytes" in r["extra"]]
     point.host_buffer_bytes = sum(buffers) if buffers else None
@@ -639,6 +684,7 @@ def print_point(p: Point, what: str, wall: float) -> None:
         return
     durable = f" durable {median(p.durables):.3f}s" if p.durables else ""
     check = "" if p.verified is None else f" verified {'OK' if p.verified else 'MISMATCH'}"
+    check += "" if p.consistent is None else f" contract {'OK' if p.consistent else 'INCONSISTENT'}"
     print(f"{what:>12s} {SYSTEMS[p.key].label:34s} stall median {median(p.stalls) * 1e3:9.1f} ms ["
           + " ".join(f"{s * 1e3:.1f}" for s in p.stalls) + f"] step {p.step_s:.2f}s{durable}{check} "
           f"({wall:.1f}s, load {os.getloadavg()[0]:.1f})", flush=True)
@@ -666,7 +712,8 @@ def axis_table(points: dict[str, list[Point]], columns: list[str], durable: bool
     for key, row in points.items():
         if durable and not SYSTEMS[key].writes:
             continue
-        cells = [f"failed: {p.error}" if p.error else ms_cell(p.durables if durable else p.stalls) for p in row]
+        cells = [f"failed: {p.error}" if p.error else ms_cell(p.durables if durable else p.stalls)
+                 + (" **inconsistent**" if p.verified is False or p.consistent is False else "") for p in row]
         if ratios:
             cells += ["–" if r is None else f"{r:.3f}" for r in ratio_over(points, key)]
         lines.append(f"| {SYSTEMS[key].label} | " + " | ".join(cells) + " |")
@@ -714,23 +761,20 @@ def goals(sizes: dict[str, list[Point]]) -> list[dict]:
 
 
 def metrics_of(sizes: dict[str, list[Point]], ranks: dict[str, list[Point]], ranks_bytes: int) -> list[dict]:
+    """stall_s and durable_s per system and point; ``axis`` tells the curves apart, ``consistent`` is
+    check 2's result (False: the save did not snapshot the state)."""
     out = []
-    for key, row in sizes.items():
-        for p in row:
-            if p.error:
-                continue
-            out.append(metric(SYSTEMS[key].label, "stall_s", "s", p.stalls, x=p.state_bytes, axis="size"))
-            if p.durables:
-                out.append(metric(SYSTEMS[key].label, "durable_s", "s", p.durables, x=p.state_bytes, axis="size"))
-    for key, row in ranks.items():
-        for p in row:
-            if p.error:
-                continue
-            out.append(metric(SYSTEMS[key].label, "stall_s", "s", p.stalls, x=p.x, axis="ranks",
-                              state_bytes=p.state_bytes or ranks_bytes))
-            if p.durables:
-                out.append(metric(SYSTEMS[key].label, "durable_s", "s", p.durables, x=p.x, axis="ranks",
-                                  state_bytes=p.state_bytes or ranks_bytes))
+    for axis, points in (("size", sizes), ("ranks", ranks)):
+        for key, row in points.items():
+            for p in row:
+                if p.error:
+                    continue
+                extra = {"axis": axis, **({"state_bytes": p.state_bytes or ranks_bytes} if axis == "ranks" else {}),
+                         **({"consistent": p.consistent} if p.consistent is not None else {})}
+                x = p.state_bytes if axis == "size" else p.x
+                out.append(metric(SYSTEMS[key].label, "stall_s", "s", p.stalls, x=x, **extra))
+                if p.durables:
+                    out.append(metric(SYSTEMS[key].label, "durable_s", "s", p.durables, x=x, **extra))
     return out
 
 
@@ -821,12 +865,27 @@ def notes(sizes: dict[str, list[Point]], ranks: dict[str, list[Point]], info: di
                     for p in ok))
     out.append("- Emulated compute per step, s (the rule above; in brackets the most it was lengthened until a save "
                "was durable): " + "; ".join(steps) + ".")
-    checks = [f"{SYSTEMS[k].label} at {lab}: {'equal' if p.verified else '**MISMATCH**'}"
-              for points, lab_of in ((sizes, lambda p: size_label(p.state_bytes)), (ranks, lambda p: f"{p.x} ranks"))
-              for k, row in points.items() for p in row if p.verified is not None for lab in [lab_of(p)]]
-    out.append("- Check, outside the timing: the last timed save loaded back (ours: `manager.load(step=)`; DCP: "
-               "`dcp.load`; torch.save: `torch.load`; torchsnapshot: `Snapshot.restore`) equals the state at save time, "
-               "bit for bit, on every rank: " + ("; ".join(checks) if checks else "not run") + ".")
+    def label_of(axis: str, p: Point) -> str:
+        return size_label(p.state_bytes) if axis == "size" else f"{p.x} ranks"
+
+    every = [(axis, k, p) for axis, pts in (("size", sizes), ("ranks", ranks)) for k, row in pts.items() for p in row]
+    whole = [(a, k, p) for a, k, p in every if p.verified is not None]
+    bad_whole = [f"{SYSTEMS[k].label} at {label_of(a, p)}" for a, k, p in whole if not p.verified]
+    out.append("- Check 1, outside the timing: the last timed save, loaded back whole (ours: `manager.load(step=, "
+               "strict=False)`; DCP: `dcp.load`; torch.save: `torch.load`; torchsnapshot: `Snapshot.read_object` per "
+               "entry), equals the state at save time, bit for bit, on every rank; run at the smallest size and at the "
+               f"most ranks ({len(whole)} points): "
+               + ("all equal." if not bad_whole else "**mismatch**: " + "; ".join(bad_whole) + "."))
+    contract = [(a, k, p) for a, k, p in every if p.consistent is not None]
+    bad = [f"{SYSTEMS[k].label} at {label_of(a, p)}" for a, k, p in contract if not p.consistent]
+    out.append("- Check 2, the snapshot contract, at every point: one more save, untimed, of layer 0 (weight, bias and "
+               "their optimizer state: 1/8 of the state, the same tensor sizes), then the update at once, right where "
+               "the system allows it (after the call and its pre-step wait; no compute in between), then loaded back "
+               f"and compared with the state at the call ({len(contract)} points): "
+               + ("all consistent." if not bad else "**inconsistent** (cells marked so in the tables): "
+                  + "; ".join(bad) + ". An inconsistent save holds values changed after its call returned: it did not "
+                  "snapshot the state, so its stall leaves out the copy a consistent checkpoint needs. In the timed loop "
+                  "the compute lasts until the save is durable, which hides this."))
     waits = [f"{SYSTEMS[k].label} {size_label(p.state_bytes)} {median(p.parts['wait previous']) * 1e3:.1f}"
              for k, row in sizes.items() for p in row if "wait previous" in p.parts and not p.error]
     if waits:
