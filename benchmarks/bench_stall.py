@@ -2,7 +2,7 @@
 """Checkpoint stall in a training loop: ours against its peers, in one run (issue 3).
 
     python benchmarks/bench_stall.py --quick                                  # smoke run, < 45 s
-    python benchmarks/bench_stall.py --gib 1 --saves 3 --out benchmarks/RESULTS.md
+    python benchmarks/bench_stall.py --gib 1 --saves 3 --nosave-steps 10    # ~3 min on a quiet 2-core box
 
 A single-process CPU training loop: a stack of ``Linear(hidden, hidden)`` layers sized so that weights +
 AdamW state (``exp_avg``, ``exp_avg_sq``: 3 x 4 bytes per fp32 parameter) come to about ``--gib`` GiB,
@@ -13,8 +13,9 @@ save call plus any wait before the next optimizer step (the first moment the par
 method runs as one phase of ``--saves x --every`` training steps with a save after steps 1, 1+K,
 1+2K, ... (K = ``--every``), preceded by one untimed warm-up save (buffers, first-call costs) that is
 drained before the phase starts. Each phase reports the median stall over its saves. Phases run one
-after another in the same process on the same (continuing) model, with a no-save phase before and after
-every method: the mean rate of those two is that method's throughput baseline (the machine drifts).
+after another in the same process on the same (continuing) model, with a no-save phase (``--nosave-steps``
+steps; default as many as a method's phase) before and after every method: the mean rate of those two is
+that method's throughput baseline (the machine drifts).
 
 What is timed (``time.perf_counter`` on the training thread):
 
