@@ -49,7 +49,7 @@ class Bench:
 BENCHES = [
     Bench("save_load", "bench_save_load.py", ["--quick"], ["--gib", "1", "--repeats", "3"],
           "save/load throughput and resharded load"),
-    Bench("stall", "bench_stall.py", ["--quick"], ["--gib", "0.5", "--saves", "3"],
+    Bench("stall", "bench_stall.py", ["--quick"], ["--gib", "1", "--saves", "3", "--nosave-steps", "10"],
           "stall per save in a training loop"),
     Bench("scaling", "bench_scaling.py", ["--quick"], [],
           "stall vs state size and ranks"),
@@ -59,7 +59,8 @@ BENCHES = [
           "merge throughput and peak memory"),
     Bench("storage", "bench_storage.py", ["--quick"], [],
           "replication and object-store save/load"),
-    Bench("trainer", "bench_trainer.py", ["--quick"], [],
+    Bench("trainer", "bench_trainer.py", ["--quick"],
+          ["--threads", "2", "--repeats", "3", "2", "--window", "40", "10", "--breakdown", "20", "0"],
           "trainer tokens/s with and without checkpointing"),
     Bench("layouts", "bench_layouts.py", ["--quick"], ["--repeats", "3"],
           "trainer tokens/s per parallel layout", in_quick=False),
