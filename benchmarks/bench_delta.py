@@ -88,7 +88,8 @@ try:
     ZIPNN_NOTE = None
 except Exception as exc:  # a peer, not a dependency
     zipnn = None
-    ZIPNN_NOTE = f"zipnn is not importable ({type(exc).__name__}: {exc}); `pip install zipnn` (or the bench extra) to include it"
+    ZIPNN_NOTE = (f"zipnn is not importable ({type(exc).__name__}: {exc}); `pip install zipnn` (or the bench extra) "
+                  "to include it")
 
 SECTION = "## Incremental checkpoints: delta size and codec speed (issue 5)"
 BASE_CONFIG = "configs/debug.toml"
@@ -612,14 +613,14 @@ def delta_goals(goals: dict, methods: list[Method] | None, info: dict | None) ->
     no_zipnn = f"not measured: {ZIPNN_NOTE}" if ZIPNN_NOTE else "not measured"
     xor = [(t, v) for t, v in goals["vs_zipnn_delta"] if v is not None]
     out = [
-        worst_goal(f"ours (delta) ≤ {GOAL_DELTA_RAW}× raw (fp32 weights + AdamW)", goals["delta_raw"], GOAL_DELTA_RAW, "<=",
-                   lambda v: f"{v:.3f}×", "not measured: no pair of states"),
+        worst_goal(f"ours (delta) ≤ {GOAL_DELTA_RAW}× raw (fp32 weights + AdamW)", goals["delta_raw"], GOAL_DELTA_RAW,
+                   "<=", lambda v: f"{v:.3f}×", "not measured: no pair of states"),
         worst_goal(f"ours (delta) ≥ {GOAL_VS_ZSTD}× smaller than zstd-1 of the full state (fp32 weights + AdamW)",
                    goals["vs_zstd"], GOAL_VS_ZSTD, ">=", lambda v: f"{v:.2f}×", "not measured: no pair of states"),
-        worst_goal("ours (delta) no larger than zipnn of the full state (fp32 weights + AdamW)", goals["vs_zipnn"], 1.0, ">=",
-                   lambda v: f"zipnn/ours {v:.2f}×", no_zipnn,
-                   "; for information, zipnn's own XOR delta of the same pair / ours: "
-                   + ", ".join(f"{t}: {v:.2f}×" for t, v in xor) if xor else ""),
+        worst_goal("ours (delta) no larger than zipnn of the full state (fp32 weights + AdamW)", goals["vs_zipnn"],
+                   1.0, ">=", lambda v: f"zipnn/ours {v:.2f}×", no_zipnn,
+                   ("; for information, zipnn's own XOR delta of the same pair / ours: "
+                    + ", ".join(f"{t}: {v:.2f}×" for t, v in xor)) if xor else ""),
     ]
     if methods:
         ours, n = methods[0], info["nbytes"]

@@ -2,7 +2,7 @@
 """Consolidation into one weights file: ckpt-merge against DCP's dcp_to_torch_save, time and peak memory.
 
     python benchmarks/bench_merge.py --out benchmarks/RESULTS.md     # 256 MiB, 1, 2 and 4 GiB, 3 repeats (~5 min)
-    python benchmarks/bench_merge.py --quick --json /tmp/merge.json   # 32, 64 and 128 MiB, 2 repeats (~20 s)
+    python benchmarks/bench_merge.py --quick --json /tmp/merge.json   # 32, 64 and 128 MiB, 1 repeat (~15 s)
 
 The same state (fp32: an embedding of 1/8 of the state, 16 MiB matrices, small vectors, one int64
 tensor; random values) is saved twice, once by ``ckpt.save`` and once by DCP's ``FileSystemWriter``
@@ -24,16 +24,20 @@ pages lazily: without this, every method's growth read ~7 MiB higher than in a f
 process; with it, both read the same to 0.1 MiB); then ``gc`` + ``malloc_trim``, then (as root) the
 page cache is dropped so the source is read cold, VmHWM is reset through ``/proc/self/clear_refs``
 and the call is timed. Peak memory growth is VmHWM after the call minus the RSS before it. Methods
-rotate per repeat; the table shows medians (min–max). After the first repeat of each size the three
-outputs are compared bitwise (ours against DCP's, every tensor, outside the timing). Each size's
-sources and outputs are deleted before the next size (disk: about 5× the largest state at once).
+rotate per repeat; the table shows medians (min–max). In the first repeat of each size every
+output is checked right after its run (outside the timing, while it is still in the page cache):
+the same keys, dtypes, shapes and bytes (xxh3-64 per tensor) as the state that was saved. Outputs
+are deleted after their run, each size's sources before the next size (disk: about 3× the largest
+state at once).
 
 Goal (``--json``: ``harness.goal``): merge memory flat — ours' peak growth ≤ the largest tensor +
 64 MiB at every size, in both formats and every run. The measured value is the worst excess of a
 run's growth over the state's largest tensor, in MiB, against 64: the bound is additive (one tensor
 in memory plus bounded overhead), so the excess shows the overhead directly and is comparable
 across sizes, where a ratio to the state would shrink as the state grows. DCP's growth per size is
-in the goal's detail for contrast.
+in the goal's detail for contrast. ``--json`` also writes, per system ("ours → safetensors",
+"ours → torch .pt", "dcp_to_torch_save") and size (``x`` = state bytes), ``merge_s`` (s) and
+``peak_growth_mib`` (MiB, with ``largest_tensor_mib``), one value per repeat.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ from harness import (
 )
 
 import torch  # noqa: E402  (after harness: the checkout's ckpt first on sys.path)
+import xxhash  # noqa: E402
 
 BENCH_NAME = "merge"
 METHODS = {
@@ -80,7 +85,7 @@ OURS = ("ours-torch", "ours-safetensors")
 MIB = 2**20
 MATRIX = (2048, 2048)  # 16 MiB of fp32
 FULL_SIZES = [256, 1024, 2048, 4096]
-QUICK = {"sizes": [32, 64, 128], "repeats": 2}
+QUICK = {"sizes": [32, 64, 128], "repeats": 1}  # ~15 s on a quiet 2-core box
 GOAL_SLACK_MIB = 64  # ours' peak growth <= largest tensor + this
 # The modules a run uses, imported once by the fork server (``__main__`` is this script).
 PRELOAD = ["__main__", "torch.distributed.checkpoint.format_utils", "tools.merge", "safetensors"]
@@ -186,7 +191,6 @@ def run(ctx, method: str, source: Path, out: Path, cold: bool) -> dict:
     """``worker`` in a fresh process forked from the fork server; its result or its error."""
     if out.exists():
         out.unlink()
-    os.sync()
     receiver, sender = ctx.Pipe(duplex=False)
     process = ctx.Process(target=_child, args=(method, str(source), str(out), cold, sender), name=f"merge-{method}")
     process.start()
@@ -204,21 +208,29 @@ def run(ctx, method: str, source: Path, out: Path, cold: bool) -> dict:
 
 
 # -- checking ----------------------------------------------------------------------------------
-def check_outputs(outputs: dict[str, Path]) -> str:
-    """Ours (both formats) against DCP's output, every tensor bitwise (mmap'd, outside the timing)."""
+def digests(tensors: dict[str, torch.Tensor]) -> dict[str, tuple]:
+    """key -> (dtype, shape, xxh3-64 of the tensor's bytes)."""
+    return {key: (t.dtype, tuple(t.shape),
+                  xxhash.xxh3_64_intdigest(t.contiguous().reshape(-1).view(torch.uint8).numpy()))
+            for key, t in tensors.items()}
+
+
+def check_output(method: str, path: Path, expected: dict[str, tuple]) -> None:
+    """The output of ``method`` holds the state's tensors under its flat keys, bit for bit (xxh3-64 of
+    every tensor's bytes, dtype and shape against the state's), read right after the run (outside the
+    timing) while the file is still in the page cache."""
     import safetensors
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
-    reference, _ = flatten_state_dict(torch.load(outputs["dcp"], weights_only=True, mmap=True))
-    ours_pt = torch.load(outputs["ours-torch"], weights_only=True, mmap=True)
-    assert sorted(ours_pt) == sorted(reference), "keys differ"
-    with safetensors.safe_open(outputs["ours-safetensors"], "pt") as st:
-        assert sorted(st.keys()) == sorted(reference), "safetensors keys differ"
-        for key, expected in reference.items():
-            for got in (ours_pt[key], st.get_tensor(key)):
-                assert got.dtype == expected.dtype and got.shape == expected.shape, key
-                assert torch.equal(got.reshape(-1).view(torch.uint8), expected.reshape(-1).view(torch.uint8)), key
-    return f"{len(reference)} tensors equal bitwise"
+    if method == "ours-safetensors":
+        with safetensors.safe_open(path, "pt") as st:
+            got = digests({key: st.get_tensor(key) for key in st.keys()})
+    else:
+        loaded = torch.load(path, weights_only=True, mmap=True)
+        got = digests(flatten_state_dict(loaded)[0] if method == "dcp" else loaded)  # DCP's is nested
+    if got != expected:
+        wrong = sorted(k for k in expected.keys() | got.keys() if got.get(k) != expected.get(k))
+        raise RuntimeError(f"{method}: {path.name} differs from the state in {len(wrong)} tensors: {wrong[:5]}")
 
 
 # -- results -----------------------------------------------------------------------------------
@@ -321,7 +333,8 @@ def report(results: dict, info: dict, args, command: str, machine: list[str], lo
 
 # -- the run -----------------------------------------------------------------------------------
 def write_sources(size: int, work: Path, info: dict) -> dict[str, Path]:
-    """The state of ``size`` MiB saved by ckpt.save and by DCP's FileSystemWriter; its facts in ``info``."""
+    """The state of ``size`` MiB saved by ckpt.save and by DCP's FileSystemWriter; its facts and its
+    tensors' digests (flat keys, as the outputs hold them) in ``info``."""
     import torch.distributed.checkpoint as dcp
 
     import ckpt
@@ -330,7 +343,8 @@ def write_sources(size: int, work: Path, info: dict) -> dict[str, Path]:
     ckpt.save(state, work / f"ours-{size}")
     dcp.save(state, storage_writer=dcp.FileSystemWriter(str(work / f"dcp-{size}")), no_dist=True)
     info["sizes"][size] = {"bytes": state_bytes(state), "tensors": len(state["model"]),
-                           "largest": max(t.nbytes for t in state["model"].values())}
+                           "largest": max(t.nbytes for t in state["model"].values()),
+                           "digests": digests({f"model.{k}": t for k, t in state["model"].items()})}
     del state
     settle()
     return {"ours-torch": work / f"ours-{size}", "ours-safetensors": work / f"ours-{size}", "dcp": work / f"dcp-{size}"}
@@ -338,24 +352,29 @@ def write_sources(size: int, work: Path, info: dict) -> dict[str, Path]:
 
 def measure_size(ctx, size: int, work: Path, args, info: dict) -> dict[str, list[dict]]:
     """Every method ``args.repeats`` times on the state of ``size`` MiB (order rotated per repeat);
-    outputs checked after the first repeat; sources and outputs deleted afterwards."""
+    each output of the first repeat checked against the state; sources and outputs deleted afterwards."""
+    t0 = time.perf_counter()
     sources = write_sources(size, work, info)
+    print(f"{size} MiB: state built and saved twice in {time.perf_counter() - t0:.1f} s", flush=True)
     outputs = {m: work / f"out-{size}-{m}.{'safetensors' if m == 'ours-safetensors' else 'pt'}" for m in METHODS}
     per: dict[str, list[dict]] = {m: [] for m in METHODS}
     try:
         for rep in range(args.repeats):
             for method in rotated(list(METHODS), rep):
+                t0 = time.perf_counter()
                 result = run(ctx, method, sources[method], outputs[method], cold=not args.warm)
                 info["cold"] = result["cold"]
                 per[method].append(result)
-                print(f"{size} MiB rep {rep} {method}: {result['seconds']:.2f} s, peak +{result['peak'] / MIB:.1f} MiB",
-                      flush=True)
-                if rep > 0:
-                    outputs[method].unlink(missing_ok=True)
+                print(f"{size} MiB rep {rep} {method}: {result['seconds']:.2f} s, peak +{result['peak'] / MIB:.1f} MiB "
+                      f"(run's process: {time.perf_counter() - t0:.1f} s)", flush=True)
+                if rep == 0:
+                    t0 = time.perf_counter()
+                    check_output(method, outputs[method], info["sizes"][size]["digests"])
+                    print(f"{size} MiB: {method}'s output checked in {time.perf_counter() - t0:.1f} s", flush=True)
+                outputs[method].unlink()
             if rep == 0:
-                info["sizes"][size]["check"] = check_outputs(outputs)
-                for path in outputs.values():
-                    path.unlink(missing_ok=True)
+                info["sizes"][size]["check"] = (f"all {len(info['sizes'][size]['digests'])} tensors of the three "
+                                                f"outputs equal to the state's")
                 settle()
     finally:
         if not args.keep:
@@ -368,12 +387,12 @@ def measure_size(ctx, size: int, work: Path, args, info: dict) -> dict[str, list
 
 
 def check_disk(work: Path, sizes: list[int], parser) -> None:
-    """Two sources and three outputs of the largest state are on disk at once."""
-    need = 5 * max(sizes) * MIB * 1.05
+    """Two sources and one output of the largest state are on disk at once."""
+    need = 3 * max(sizes) * MIB * 1.05
     free = shutil.disk_usage(work).free
     if free < need:
         parser.error(f"the work dir's file system has {free / 2**30:.1f} GiB free; the {max(sizes)} MiB state needs "
-                     f"~{need / 2**30:.1f} GiB (two sources, three outputs): pass smaller --sizes or another --dir")
+                     f"~{need / 2**30:.1f} GiB (two sources, an output): pass smaller --sizes or another --dir")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -382,7 +401,7 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"state sizes in MiB (default {' '.join(map(str, FULL_SIZES))})")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true",
-                        help=f"{', '.join(map(str, QUICK['sizes']))} MiB, {QUICK['repeats']} repeats (~20 s)")
+                        help=f"{', '.join(map(str, QUICK['sizes']))} MiB, {QUICK['repeats']} repeat(s) (~15 s)")
     parser.add_argument("--warm", action="store_true", help="do not drop the page cache before each run")
     args = parser.parse_args(argv)
     if args.quick:
