@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import shutil
 import sys
@@ -53,6 +54,7 @@ import warnings
 from pathlib import Path
 
 from harness import (
+    REPO,
     Load,
     argument_parser,
     command_line,
@@ -87,8 +89,10 @@ MATRIX = (2048, 2048)  # 16 MiB of fp32
 FULL_SIZES = [256, 1024, 2048, 4096]
 QUICK = {"sizes": [32, 64, 128], "repeats": 1}  # ~15 s on a quiet 2-core box
 GOAL_SLACK_MIB = 64  # ours' peak growth <= largest tensor + this
-# The modules a run uses, imported once by the fork server (``__main__`` is this script).
-PRELOAD = ["__main__", "torch.distributed.checkpoint.format_utils", "tools.merge", "safetensors"]
+# The modules a run uses, imported once by the fork server (``__main__`` is this script, where the
+# Python version honours it; 3.11 drops the main path on the way).
+PRELOAD = ["__main__", "harness", "ckpt", "tools.merge", "torch.distributed.checkpoint.format_utils", "safetensors",
+           "xxhash"]
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DCP without a process group
 
@@ -181,9 +185,21 @@ def _child(method: str, source: str, out: str, cold: bool, conn) -> None:
 
 
 def fork_server():
-    """The fork server's context: its process starts on the first run and imports ``PRELOAD``."""
+    """The fork server's context, its process started: it imports ``PRELOAD`` from this checkout.
+    Python 3.11's fork server ignores the parent's ``sys.path``, so without ``PYTHONPATH`` it would
+    import a pip-installed (editable) ``ckpt``/``tools`` from wherever that checkout is, and every
+    run would inherit those modules."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "benchmarks"), *([saved] if saved else [])])
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
     return ctx
 
 
