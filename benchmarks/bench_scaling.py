@@ -825,7 +825,9 @@ def report(sizes: dict[str, list[Point]], ranks: dict[str, list[Point]], info: d
             "save (the step's all-reduce), and a save's stall is the **max over ranks** of each rank's stall (durable: "
             f"the max where known). **This machine has {os.cpu_count()} cores: 4 ranks are oversubscribed** (each "
             "rank's training thread, staging and writer threads share the cores with the others'), so the 4-rank "
-            "column measures contention as much as scaling.",
+            "column measures contention as much as scaling. With ≥ 2 ranks ours' `save()` holds one small collective "
+            "(the ranks agree on failures, free buffers and deltas), so its stall includes waiting for the slowest rank "
+            "to reach `save()`; DCP's planning collectives run in its upload thread, torch.save has none.",
             "",
             *axis_table(ranks, [f"{p.x} rank{'s' if p.x > 1 else ''}" for p in next(iter(ranks.values()), [])]),
             "",
@@ -880,11 +882,16 @@ def notes(sizes: dict[str, list[Point]], ranks: dict[str, list[Point]], info: di
                   + "; ".join(bad) + ". An inconsistent save holds values changed after its call returned: it did not "
                   "snapshot the state, so its stall leaves out the copy a consistent checkpoint needs. In the timed loop "
                   "the compute lasts until the save is durable, which hides this."))
-    waits = [f"{SYSTEMS[k].label} {size_label(p.state_bytes)} {median(p.parts['wait previous']) * 1e3:.1f}"
-             for k, row in sizes.items() for p in row if "wait previous" in p.parts and not p.error]
+    waits = {}
+    for points in (sizes, ranks):
+        for k, row in points.items():
+            for p in row:
+                if "wait previous" in p.parts and not p.error:
+                    waits[k] = max(waits.get(k, 0.0), median(p.parts["wait previous"]))
     if waits:
-        out.append("- Of the peers' stall, the wait for their previous save (one in flight; the step rule keeps it "
-                   "near 0), median ms: " + "; ".join(waits) + ".")
+        out.append("- Of the peers' stall, the wait for their previous save (one in flight; the compute rule keeps it "
+                   "near 0), largest median over the points: "
+                   + "; ".join(f"{SYSTEMS[k].label} {v * 1e3:.1f} ms" for k, v in waits.items()) + ".")
     split = [f"{SYSTEMS[k].label} {median(p.parts['in save']) * 1e3:.1f} + {median(p.parts['wait before update']) * 1e3:.1f}"
              for k, row in sizes.items() if row and not row[-1].error and SYSTEMS[k].writes for p in [row[-1]]]
     if split:
@@ -939,6 +946,14 @@ def run(args: argparse.Namespace, work: Path) -> tuple[dict, dict]:
     return sizes, ranks
 
 
+def mem_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser(__doc__, keep=True)
     parser.add_argument("--quick", action="store_true",
@@ -962,6 +977,11 @@ def main(argv: list[str] | None = None) -> int:
         print("torchsnapshot is not installed: skipped (pip install torchsnapshot)", flush=True)
         args.systems.remove("torchsnapshot")
 
+    need = 3 * max(args.sizes_mb) * MiB  # the state + ours' two host buffer sets
+    available = mem_available()
+    if available is not None and need > available:
+        print(f"warning: the largest point may need {need / 2**30:.1f} GiB of memory; "
+              f"{available / 2**30:.1f} GiB is available", flush=True)
     command = command_line("bench_scaling.py", argv)
     t0 = time.perf_counter()
     load = Load(processes=True)
