@@ -48,13 +48,12 @@ def _curves(ax, metrics: list[dict], x_scale: float = 1.0) -> None:
         xs = [m["x"] / x_scale for m in points]
         ys = [m["median"] for m in points]
         err = list(zip(*[_span(m) for m in points]))
-        line = ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=system,
-                           **(OURS_STYLE if _is_ours(system) else {"linewidth": 1.2}))
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=system,
+                    **(OURS_STYLE if _is_ours(system) else {"linewidth": 1.2}))
         bad = [(x, y) for x, y, m in zip(xs, ys, points) if m.get("consistent") is False]
         if bad:  # the benchmark found this save did not hold the state at the call: not a real snapshot
             ax.scatter(*zip(*bad), marker="x", s=90, color="red", zorder=6,
                        label=f"{system}: inconsistent (saved state changed after the call)")
-        del line
 
 
 def _size_ticks(ax, metrics: list[dict]) -> None:
