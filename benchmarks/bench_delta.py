@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Incremental checkpoints: delta size on real training runs and codec speed, against peers (issue 5).
 
-    python benchmarks/bench_delta.py --out benchmarks/RESULTS.md          # debug 300 + small 150 steps (~5 min)
+    python benchmarks/bench_delta.py --out benchmarks/RESULTS.md          # debug 300 + small 200 steps (~4 min)
     python benchmarks/bench_delta.py --quick --json /tmp/delta.json       # debug, 100 steps (~25 s)
 
 Sizes (one run; byte counts are deterministic). For each model flavor (``--flavors``, default
-``debug`` for 300 steps and ``small`` for 150 steps) the trainer runs in-process, single process on
+``debug`` for 300 steps and ``small`` for 200 steps) the trainer runs in-process, single process on
 CPU (``Trainer(load_config(argv))`` with ``--config configs/debug.toml`` and
 ``--checkpoint.enable false``: FSDP2 over a 1-rank gloo group, fp32 master weights, AdamW). The
 ``CheckpointManager`` is not used: at every step that is a multiple of a save interval
@@ -769,9 +769,9 @@ def zipnn_version() -> str:
         return "?"
 
 
-# steps, batch, seq_len: the whole default run ~5 min on a quiet 2-core box (small: 150 steps, so its
-# interval-100 pair (100 -> 200) is out of reach; debug has two)
-DEFAULT_RUN = {"debug": (300, 8, 128), "small": (150, 4, 64)}
+# steps, batch, seq_len: the whole default run ~4 min on a quiet 2-core box; small runs 200 steps so that
+# the interval-100 pair (100 -> 200) is measured on the larger model (trainer/plan.py cites it)
+DEFAULT_RUN = {"debug": (300, 8, 128), "small": (200, 4, 64)}
 FALLBACK_RUN = (150, 4, 64)
 
 
@@ -790,7 +790,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argument_parser(__doc__)
     parser.add_argument("--flavors", nargs="+", default=["debug", "small"], help="model flavors (default debug small)")
     parser.add_argument("--steps", nargs="+", type=int,
-                        help="training steps, one value or one per flavor (default: debug 300, small 150)")
+                        help="training steps, one value or one per flavor (default: debug 300, small 200)")
     parser.add_argument("--batch", nargs="+", type=int,
                         help="global batch size, one value or one per flavor (default: debug 8, small 4)")
     parser.add_argument("--seq-len", nargs="+", type=int,

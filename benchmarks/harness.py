@@ -307,9 +307,15 @@ def verdict(ok: bool | None) -> str:
 
 
 def command_line(script: str, argv: list[str] | None) -> str:
-    """The command that reproduces this run, as it goes into the report."""
+    """The command that reproduces this run, as it goes into the report (``--json FILE``, where the
+    runner keeps the numbers, is an output and left out)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--json" in args:
+        at = args.index("--json")
+        del args[at:at + 2]
+    args = [a for a in args if not a.startswith("--json=")]
     return "python " + shlex.join([os.path.relpath(sys.argv[0], REPO) if argv is None else f"benchmarks/{script}",
-                                   *(sys.argv[1:] if argv is None else argv)])
+                                   *args])
 
 
 def provenance(machine: list[str], command: str, load: str | None = None, extra: Sequence[str] = ()) -> list[str]:

@@ -73,6 +73,9 @@ def _anchor(heading: str) -> str:
     return text.replace(" ", "-")
 
 
+JSON_OPTION = re.compile(r" --json(?:=| )\S+")
+
+
 def section_of(record: dict | None, bench) -> list[str]:
     if record is None:
         return [f"## {bench.title} ({bench.script})", "",
@@ -84,7 +87,8 @@ def section_of(record: dict | None, bench) -> list[str]:
         return [f"## {bench.title} ({bench.script}) — failed in the latest run", "", ran, "",
                 f"`{record.get('command', '')}`: {record['failed']}. Last lines of its output:", "", "```",
                 *record.get("tail", []), "```", ""]
-    section = (record.get("section") or "").rstrip("\n").split("\n")
+    # results stored before harness.command_line left the runner's --json out still name it
+    section = JSON_OPTION.sub("", record.get("section") or "").rstrip("\n").split("\n")
     return [section[0], "", ran, *section[1:], ""]
 
 
