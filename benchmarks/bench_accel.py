@@ -88,7 +88,7 @@ import torch.nn.functional as F
 
 from harness import (  # first: puts this checkout's root on sys.path
     REPO, Load, argument_parser, command_line, goal, machine_description, median, median_span, metric,
-    provenance, publish, settle, verdict, work_dir, write_json,
+    provenance, publish, settle, verdict, work_dir, write_json, model_and_optimizer_tensors,
 )
 
 from trainer import model as model_mod  # noqa: E402
@@ -278,11 +278,7 @@ class Job:
         return host
 
     def state_tensors(self) -> list[torch.Tensor]:
-        out = []
-        for p in self.model.parameters():
-            out.append(p.detach())
-            out.extend(v for v in self.opt.state[p].values() if isinstance(v, torch.Tensor))
-        return out
+        return model_and_optimizer_tensors(self.model, self.opt)
 
     def state_bytes(self) -> int:
         return sum(t.nbytes for t in self.state_tensors())

@@ -47,7 +47,6 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import shutil
-import sys
 import time
 import traceback
 import warnings

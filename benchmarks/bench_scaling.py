@@ -80,6 +80,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse  # n
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: E402
 
 import ckpt  # noqa: E402
+from scripts.crash_harness import loopback_interface  # noqa: E402  (GLOO_SOCKET_IFNAME; shared with the tests)
 
 try:
     import torchsnapshot
@@ -550,18 +551,6 @@ def measure(key: str, nbytes: int, saves: int, verify: bool, work: Path, ctx: Ct
         system.close()
     out["peak_rss_growth"] = _vm("VmHWM") - rss0
     return out
-
-
-def loopback_interface() -> str:
-    """The name of the loopback interface (``lo`` on Linux), for GLOO_SOCKET_IFNAME."""
-    for _, name in socket.if_nameindex():
-        try:
-            flags = int(Path(f"/sys/class/net/{name}/flags").read_text(), 16)
-        except (OSError, ValueError):
-            continue
-        if flags & 0x8:  # IFF_LOOPBACK
-            return name
-    return "lo"
 
 
 def free_port() -> int:

@@ -85,7 +85,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from harness import (  # first: puts this checkout's root on sys.path
     Load, argument_parser, command_line, fsync_path, goal, machine_description, median, median_span, metric,
-    provenance, publish, settle, verdict, work_dir, write_json,
+    provenance, publish, settle, verdict, work_dir, write_json, model_and_optimizer_tensors,
 )
 
 import ckpt  # noqa: E402
@@ -161,11 +161,7 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
 
     def state_tensors(self) -> list[torch.Tensor]:
-        out = []
-        for p in self.model.parameters():
-            out.append(p.detach())
-            out.extend(v for v in self.opt.state[p].values() if isinstance(v, torch.Tensor))
-        return out
+        return model_and_optimizer_tensors(self.model, self.opt)
 
     def state_bytes(self) -> int:
         return sum(t.nbytes for t in self.state_tensors())

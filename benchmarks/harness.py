@@ -350,6 +350,15 @@ def write_section(out: Path, section: str) -> None:
     out.write_text(new.rstrip("\n") + "\n")
 
 
+def model_and_optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Every tensor a checkpoint of (model, optimizer) holds: each parameter, then its optimizer state."""
+    out = []
+    for p in model.parameters():
+        out.append(p.detach())
+        out.extend(v for v in optimizer.state[p].values() if isinstance(v, torch.Tensor))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Structured results (the contract between every bench_*.py and run.py)
 # ---------------------------------------------------------------------------------------------

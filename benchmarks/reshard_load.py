@@ -203,7 +203,7 @@ def rank_main(rank: int, full: dict, work: str, repeats: int, cold: bool, check:
         seconds, _, _ = collective_timed(me, me.member(SAVED),
                                          lambda: save(system, saved, work / system, me.group(SAVED)), cold)
         out["save_s"][system] = seconds
-    del saved
+    saved = None  # drop the saved shards before the loads allocate theirs
     out["clock"]["saved"] = time.time()
 
     live = {layout: sharded_state(full, layout, me, fill=False) for layout in LAYOUTS if me.member(layout)}
