@@ -91,39 +91,38 @@ def _save(fig, path: Path) -> None:
     plt.close(fig)
 
 
-def stall_vs_size(records: dict, path: Path) -> bool:
-    ms = _metrics(records.get("scaling"), "stall_s", axis="size")
+def _stall_curves(records: dict, path: Path, axis: str) -> bool:
+    """Stall per save against the scaling benchmark's ``axis`` ("size" or "ranks"), a line per system."""
+    ms = _metrics(records.get("scaling"), "stall_s", axis=axis)
     if not ms:
         return False
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    _curves(ax, ms, x_scale=1e9)
-    ax.set_xscale("log", base=2)
+    if axis == "size":
+        _curves(ax, ms, x_scale=1e9)
+        ax.set_xscale("log", base=2)
+        _size_ticks(ax, ms)
+        ax.set_xlabel("state size (model + optimizer)")
+        ax.set_ylabel("stall per save (s, log)")
+        ax.set_title("Training-thread stall per save vs state size")
+    else:
+        _curves(ax, ms)
+        ax.set_xticks(sorted({m["x"] for m in ms}))
+        ax.set_xlabel("ranks (fixed total state, sharded)")
+        ax.set_ylabel("stall per save, slowest rank (s, log)")
+        ax.set_title("Stall per save vs number of ranks")
     ax.set_yscale("log")
-    _size_ticks(ax, ms)
-    ax.set_xlabel("state size (model + optimizer)")
-    ax.set_ylabel("stall per save (s, log)")
-    ax.set_title("Training-thread stall per save vs state size")
     ax.legend(fontsize=7)
     ax.grid(True, which="both", alpha=0.3)
     _save(fig, path)
     return True
+
+
+def stall_vs_size(records: dict, path: Path) -> bool:
+    return _stall_curves(records, path, "size")
 
 
 def stall_vs_ranks(records: dict, path: Path) -> bool:
-    ms = _metrics(records.get("scaling"), "stall_s", axis="ranks")
-    if not ms:
-        return False
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    _curves(ax, ms)
-    ax.set_yscale("log")
-    ax.set_xticks(sorted({m["x"] for m in ms}))
-    ax.set_xlabel("ranks (fixed total state, sharded)")
-    ax.set_ylabel("stall per save, slowest rank (s, log)")
-    ax.set_title("Stall per save vs number of ranks")
-    ax.legend(fontsize=7)
-    ax.grid(True, which="both", alpha=0.3)
-    _save(fig, path)
-    return True
+    return _stall_curves(records, path, "ranks")
 
 
 def throughput(records: dict, path: Path) -> bool:
