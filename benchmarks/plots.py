@@ -184,38 +184,32 @@ def merge_memory(records: dict, path: Path) -> bool:
     return True
 
 
-def storage(records: dict, path: Path) -> bool:
-    ms = _metrics(records.get("storage"), "mibps")
+def _bar_panels(ms: list[dict], panel_of, ylabel: str, title: str, path: Path, width: float = 4.5) -> bool:
+    """One bar chart per panel (``panel_of(metric)`` names it), side by side, one bar per system."""
     if not ms:
         return False
-    groups: dict[str, list[dict]] = defaultdict(list)
+    panels: dict[str, list[dict]] = defaultdict(list)
     for m in ms:
-        groups[m.get("op", "")].append(m)
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups), 4.2), squeeze=False)
-    for ax, (op, group) in zip(axes[0], groups.items()):
-        _bars(ax, {op: group}, "MiB/s (higher is better)")
-        ax.set_title(op)
+        panels[panel_of(m)].append(m)
+    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), 4.2), squeeze=False)
+    for ax, (panel, group) in zip(axes[0], panels.items()):
+        _bars(ax, {panel: group}, ylabel)
+        ax.set_title(panel)
         ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle("Object store (S3 protocol, loopback server)")
+    fig.suptitle(title)
     _save(fig, path)
     return True
+
+
+def storage(records: dict, path: Path) -> bool:
+    return _bar_panels(_metrics(records.get("storage"), "mibps"), lambda m: m.get("op", ""),
+                       "MiB/s (higher is better)", "Object store (S3 protocol, loopback server)", path)
 
 
 def trainer(records: dict, path: Path) -> bool:
-    ms = _metrics(records.get("trainer"), "tokens_per_s")
-    if not ms:
-        return False
-    groups: dict[str, list[dict]] = defaultdict(list)
-    for m in ms:
-        groups[f"{m.get('flavor', '')}, {m.get('threads', '?')} threads"].append(m)
-    fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4.2), squeeze=False)
-    for ax, (label, group) in zip(axes[0], groups.items()):
-        _bars(ax, {label: group}, "tokens/s (higher is better)")
-        ax.set_title(label)
-        ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle("Trainer throughput with and without checkpointing")
-    _save(fig, path)
-    return True
+    return _bar_panels(_metrics(records.get("trainer"), "tokens_per_s"),
+                       lambda m: f"{m.get('flavor', '')}, {m.get('threads', '?')} threads",
+                       "tokens/s (higher is better)", "Trainer throughput with and without checkpointing", path, 5)
 
 
 PLOTS = [
