@@ -60,7 +60,7 @@ from ckpt.write import Payload, tensor_bytes, write_file
 from tools.cli import EXPECTED_FAILURES, fail, progress
 from tools.merge import DTYPES, EXTENSIONS, parse_size, resolve_source
 from trainer import hf_adapter
-from trainer.config_schema import ConfigError
+from trainer.config import ConfigError
 from trainer.model import ModelArgs
 
 PROG = "ckpt-convert"

@@ -19,7 +19,7 @@ from typing import Iterator, Protocol
 import numpy as np
 import torch
 
-from trainer.config_schema import ConfigError
+from trainer.config.schema import ConfigError, is_byte_tokenizer
 
 SHIPPED_CORPUS = Path(__file__).with_name("corpus")
 
@@ -93,11 +93,6 @@ class HFTokenizer:
 
     def decode(self, ids) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
-
-
-def is_byte_tokenizer(path: str | None) -> bool:
-    """Whether ``path`` names the built-in byte-level tokenizer (``None``, ``""`` or ``"byte"``)."""
-    return path is None or path in ("", "byte")
 
 
 def load_tokenizer(path: str | None) -> ByteTokenizer | HFTokenizer:

@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 
 from ckpt.errors import CheckpointError
 from ckpt.manager import CheckpointManager
-from trainer.config_schema import ConfigError
+from trainer.config import ConfigError
 from trainer.parallel import ParallelismError
 
 DONE, FAILED, REFUSED = 0, 1, 2

@@ -342,7 +342,7 @@ def args_from_run_config(config: dict, *, vocab_size: int | None = None) -> Mode
     the run read from its file. Only the ``model`` section and ``training.seq_len`` are read, so a
     config written by another version of the trainer still works. ConfigError when they cannot."""
     from trainer.config import Config
-    from trainer.config_schema import ConfigError
+    from trainer.config import ConfigError
 
     if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
         raise ConfigError("the recorded run config has no model section")

@@ -3,8 +3,9 @@
 Contract: :func:`coerce` turns a raw value from a file or the command line (or one set by hand)
 into the annotated type of ``section.key`` (``X | None`` fields take ``none``/``null``; booleans
 take true/false/1/0/yes/no/y/n/on/off) or raises :class:`ConfigError` naming the key.
-:func:`field_help` and :func:`help_lines` give the field's attribute docstring (parsed with
-:mod:`ast` from :mod:`trainer.config_schema`'s source at import time), type and default.
+:func:`field_help` and :func:`help_lines` give the field's help (its ``help`` metadata, else its
+attribute docstring, parsed with :mod:`ast` from the source of the module defining the section
+class or the base class that declares it, at import time), type and default.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ from __future__ import annotations
 import ast
 import dataclasses
 import math
+import sys
 import types
 import typing
 from typing import Any
 
-from trainer import config_schema
-from trainer.config_schema import CHOICES, SECTIONS, ConfigError
+from trainer.config.schema import CHOICES, SECTIONS, ConfigError
 
 HINTS: dict[str, dict[str, Any]] = {name: typing.get_type_hints(cls) for name, cls in SECTIONS.items()}
 
@@ -93,29 +94,39 @@ def coerce(section: str, key: str, value: Any) -> Any:
 # ---------------------------------------------------------------------------------- field docs
 
 
-def _parse_field_docs() -> dict[str, dict[str, str]]:
-    """{class name: {field: attribute docstring}} from the schema module's source."""
+def _class_docs(cls: type) -> dict[str, str]:
+    """{field: attribute docstring} of the fields ``cls`` itself declares, from its module's source."""
     try:
-        with open(config_schema.__file__, encoding="utf-8") as f:
+        with open(sys.modules[cls.__module__].__file__, encoding="utf-8") as f:
             tree = ast.parse(f.read())
-    except (OSError, SyntaxError, TypeError):  # pragma: no cover - running without sources
+    except (OSError, SyntaxError, TypeError, KeyError, AttributeError):  # pragma: no cover - no sources
         return {}
-    docs: dict[str, dict[str, str]] = {}
     for node in tree.body:
-        if not isinstance(node, ast.ClassDef):
-            continue
-        per: dict[str, str] = {}
-        body = node.body
-        for stmt, nxt in zip(body, body[1:]):
-            if (
-                isinstance(stmt, ast.AnnAssign)
+        if isinstance(node, ast.ClassDef) and node.name == cls.__name__:
+            return {
+                stmt.target.id: " ".join(nxt.value.value.split())
+                for stmt, nxt in zip(node.body, node.body[1:])
+                if isinstance(stmt, ast.AnnAssign)
                 and isinstance(stmt.target, ast.Name)
                 and isinstance(nxt, ast.Expr)
                 and isinstance(nxt.value, ast.Constant)
                 and isinstance(nxt.value.value, str)
-            ):
-                per[stmt.target.id] = " ".join(nxt.value.value.split())
-        docs[node.name] = per
+            }
+    return {}
+
+
+def _parse_field_docs() -> dict[str, dict[str, str]]:
+    """{section: {field: help}}: a field's ``help`` metadata, else its attribute docstring in the
+    nearest class of the section's MRO that has one."""
+    docs: dict[str, dict[str, str]] = {}
+    for section, cls in SECTIONS.items():
+        per: dict[str, str] = {}
+        for klass in reversed(cls.__mro__[:-1]):  # bases first, so a subclass's docstring wins
+            per.update(_class_docs(klass))
+        for f in dataclasses.fields(cls):
+            if "help" in f.metadata:
+                per[f.name] = " ".join(f.metadata["help"].split())
+        docs[section] = per
     return docs
 
 
@@ -123,8 +134,8 @@ _FIELD_DOCS = _parse_field_docs()
 
 
 def field_help(section: str, key: str) -> str:
-    """The help text of ``section.key`` (its attribute docstring)."""
-    return _FIELD_DOCS.get(SECTIONS[section].__name__, {}).get(key, "")
+    """The help text of ``section.key`` (its attribute docstring or ``help`` metadata)."""
+    return _FIELD_DOCS.get(section, {}).get(key, "")
 
 
 def _default_text(f: dataclasses.Field) -> str:

@@ -21,9 +21,9 @@ import dataclasses
 import os
 from typing import Any
 
-from trainer import config_aliases as aliases
-from trainer.config_fields import HINTS, coerce, help_lines, is_bool
-from trainer.config_schema import SECTIONS, ConfigError
+import trainer.config.aliases as aliases
+from trainer.config.fields import HINTS, coerce, help_lines, is_bool
+from trainer.config.schema import SECTIONS, ConfigError
 
 
 def _valid_sections() -> str:

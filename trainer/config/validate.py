@@ -3,7 +3,7 @@
 Contract: :func:`validate` re-coerces every field to its annotated type (so a Config built by hand
 is checked like a parsed one), lower-cases the choice strings, and raises :class:`ConfigError`
 ``section.key=value is invalid: requirement`` for the first value out of range (the model's
-shapes through :meth:`trainer.config.Config.model_args`, against the byte tokenizer's vocabulary
+shapes through :func:`trainer.config.derive.model_args`, against the byte tokenizer's vocabulary
 when that is the tokenizer; a tokenizer.json is checked once loaded). Nothing here
 rejects what only the parallel layer can judge (``tp``/``pp`` above 1, HSDP with DDP, degrees
 against the world size); :mod:`trainer.parallel` does that.
@@ -12,24 +12,22 @@ against the world size); :mod:`trainer.parallel` does that.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ckpt.errors import InvalidOptionError
-from trainer.config_fields import coerce
-from trainer.config_schema import CHOICES, SECTIONS, ConfigError
-from trainer.data import is_byte_tokenizer
+from trainer.config.derive import model_args
+from trainer.config.fields import coerce
+from trainer.config.schema import CHOICES, SECTIONS, ConfigError, is_byte_tokenizer
 from trainer.model import BYTE_VOCAB_SIZE
-
-if TYPE_CHECKING:
-    from trainer.config import Config
 
 
 def _fail(section: str, key: str, value: Any, requirement: str) -> None:
     raise ConfigError(f"{section}.{key}={value!r} is invalid: {requirement}")
 
 
-def validate(cfg: Config) -> None:
-    """Raise ConfigError naming the first key whose value is out of range."""
+def validate(cfg: Any) -> None:
+    """Raise ConfigError naming the first key of ``cfg`` (a :class:`trainer.config.Config`) whose
+    value is out of range."""
     for section, cls in SECTIONS.items():
         obj = getattr(cfg, section)
         if not isinstance(obj, cls):
@@ -84,7 +82,7 @@ def validate(cfg: Config) -> None:
         _fail("training", "gc_freq", t.gc_freq, "must be >= 0 (0 leaves collection automatic)")
     if not t.dataset:
         _fail("training", "dataset", t.dataset, 'must be "shipped" or a path')
-    cfg.model_args(BYTE_VOCAB_SIZE if is_byte_tokenizer(m.tokenizer) else None)  # the shapes fit together
+    model_args(cfg, BYTE_VOCAB_SIZE if is_byte_tokenizer(m.tokenizer) else None)  # the shapes fit together
 
     for key in ("dp_replicate", "tp", "pp"):
         if getattr(p, key) < 1:

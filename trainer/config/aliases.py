@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.config_fields import coerce
-from trainer.config_schema import ConfigError
+from trainer.config.fields import coerce
+from trainer.config.schema import ConfigError
 
 SEED_SECTION = "distributed"
 """The seed's section that has no native counterpart of its own (its keys set ``parallelism``)."""

@@ -1,22 +1,31 @@
 """The configuration's sections: every key, its type, default, help text and allowed values.
 
 Contract: one dataclass per section; every field has an attribute docstring (the string literal
-under it), which :mod:`trainer.config_fields` parses for ``--help``. :data:`SECTIONS` lists the
-sections in help/file order and :data:`CHOICES` the fields restricted to a set of values (the
-checkpoint ones are the engine's enums from :mod:`ckpt.options`, not a second list). Nothing here
-parses or validates; :class:`trainer.config.Config` composes the sections.
+under it), which :mod:`trainer.config.fields` parses for ``--help``, or its help in the field's
+metadata (the ``checkpoint`` section's engine options, :mod:`trainer.config.checkpoint`).
+:data:`SECTIONS` lists the sections in help/file order and :data:`CHOICES` the fields restricted to
+a set of values (the checkpoint ones are the engine's enums from :mod:`ckpt.options`, not a second
+list). :func:`is_byte_tokenizer` says what ``model.tokenizer`` names. Nothing here parses or
+validates; :class:`trainer.config.Config` composes the sections.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from ckpt.options import AsyncMode, Compression, FailurePolicy, SaveOptions, choices
+from trainer.config.checkpoint import CHOICES as CHECKPOINT_CHOICES
+from trainer.config.checkpoint import CheckpointConfig
 
 
 class ConfigError(ValueError):
     """A configuration file or command-line override that cannot be used."""
+
+
+def is_byte_tokenizer(path: str | None) -> bool:
+    """Whether ``model.tokenizer`` = ``path`` names the built-in byte-level tokenizer (``None``, ``""``
+    or ``"byte"``)."""
+    return path is None or path in ("", "byte")
 
 
 @dataclass
@@ -139,73 +148,6 @@ class OptimizationConfig:
 
 
 @dataclass
-class CheckpointConfig:
-    """Checkpointing through ckpt.CheckpointManager."""
-
-    enable: bool = False
-    """Save checkpoints and resume from them."""
-    folder: str = "checkpoints"
-    """Checkpoint folder (the primary mount), relative to job.dump_folder unless absolute or a URL
-    such as s3://bucket/run (credentials from the standard AWS environment variables)."""
-    replicas: list[str] = field(default_factory=list)
-    """Further mounts every committed checkpoint is copied to in the background (directories on a
-    shared file system, s3://bucket/prefix URLs); resuming falls back to them when the primary's
-    copy is missing or damaged. On the command line: comma-separated."""
-    replica_read_back: bool = False
-    """After copying a checkpoint to a replica, read it back and verify every checksum (default:
-    sizes are checked)."""
-    close_timeout: float = 300.0
-    """Seconds the end of the run waits for pending replication."""
-    interval: int = 10
-    """Save at every step that is a multiple of `interval`."""
-    async_mode: str = AsyncMode.DOUBLE_BUFFER.value
-    """double_buffer: stage to host buffers and write in the background; sync: write inline."""
-    keep: int = 3
-    """Number of newest committed checkpoints to keep."""
-    keep_every: int | None = None
-    """Also keep every checkpoint whose step is a multiple of this; none: only the newest `keep`."""
-    full_every: int = 1
-    """Incremental checkpoints: a full checkpoint, then up to full_every-1 lossless deltas (1: always full)."""
-    compress: str = Compression.NONE.value
-    """none: store full checkpoints raw; zstd: as zstd-compressed byte planes (deltas always are)."""
-    zstd_level: int = 1
-    """zstd level for deltas and compressed fulls."""
-    on_error: str = FailurePolicy.STOP.value
-    """What a failed save (disk full, folder not writable) does. stop: the run exits with code 1
-    as soon as the failure is known (the next step, or the end), keeping every checkpoint committed before; a restart resumes from the
-    newest of them and, if the same save fails again, exits at it again. continue: the run warns,
-    counts the failure (ckpt_failures in the metrics) and trains on; the next interval retries
-    as a full checkpoint, and the steps it could not write are simply missing (a restart resumes
-    from the newest one that was written). A create_seed_checkpoint run always stops."""
-    load_step: int | None = None
-    """Step to resume from (needs enable); none: the latest committed step, if any. A step that
-    is not committed is refused, naming the committed ones."""
-    create_seed_checkpoint: bool = False
-    """Initialise the model, save it as step 0 and exit (run with a single process)."""
-    initial_load_path: str | None = None
-    """A checkpoint to take the model's weights from when the run has no checkpoint of its own yet:
-    a checkpoint directory, or a root (its newest committed step); a path (relative to the working
-    directory) or a URL. E.g. the output of `ckpt-convert HF_DIR DST --from hf`. Only the weights
-    are loaded (the tensors under "model."; every one the model has must be there, in its shape and
-    dtype): the optimizer, learning-rate schedule and data position start fresh. Ignored once the
-    run has a checkpoint in checkpoint.folder (it resumes from that); works with checkpoint.enable
-    false too; with create_seed_checkpoint the seed holds these weights."""
-
-    def save_options(self, *, device_type: str | None, user_metadata: dict) -> SaveOptions:
-        """The engine's :class:`~ckpt.options.SaveOptions` for this section (after validation).
-
-        ``device_type`` is the staging device ("cuda"/"npu"/"cpu"; None: the accelerator in use)
-        and ``user_metadata`` the JSON-able dict recorded in every manifest.
-        """
-        return SaveOptions(
-            interval=self.interval, keep=self.keep, keep_every=self.keep_every, async_mode=self.async_mode,
-            on_error=self.on_error, full_every=self.full_every, compress=self.compress,
-            zstd_level=self.zstd_level, device_type=device_type, user_metadata=user_metadata,
-            replicas=tuple(self.replicas), replica_read_back=self.replica_read_back,
-            close_timeout=self.close_timeout)
-
-
-@dataclass
 class MetricsConfig:
     """What the run reports."""
 
@@ -231,7 +173,5 @@ CHOICES: dict[tuple[str, str], tuple[Any, ...]] = {
     ("optimization", "precision"): ("fp32", "bf16", "fp16"),
     ("optimization", "zero_stage"): (0, 1, 2, 3),
     ("parallelism", "pp_schedule"): ("gpipe", "1f1b", "interleaved1f1b"),
-    ("checkpoint", "async_mode"): choices(AsyncMode),
-    ("checkpoint", "compress"): choices(Compression),
-    ("checkpoint", "on_error"): choices(FailurePolicy),
+    **{("checkpoint", key): values for key, values in CHECKPOINT_CHOICES.items()},
 }
