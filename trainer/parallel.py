@@ -67,12 +67,41 @@ def dp_rank(mesh: DeviceMesh, dims: ParallelDims) -> int:
     return mesh.get_local_rank("dp_replicate") * dims.dp_shard + mesh.get_local_rank("dp_shard")
 
 
+TP_TOP: dict[str, int] = {"tok_embeddings": 0, "output": 0}
+"""Tensor parallelism outside the blocks: module -> the dimension of its weight that is split
+(both by vocabulary); the final norm is replicated (sequence parallel)."""
+TP_BLOCK: dict[str, int] = {
+    "attention.wq": 0, "attention.wk": 0, "attention.wv": 0, "attention.wo": 1,
+    "feed_forward.w1": 0, "feed_forward.w2": 1, "feed_forward.w3": 0,
+}
+"""Tensor parallelism inside a block: module (relative to the block) -> the dimension of its weight
+that is split: 0 by output features (ColwiseParallel), 1 by input features (RowwiseParallel); the
+norms are replicated (sequence parallel). :func:`apply_tp` applies these two tables and the dry-run
+plan (:mod:`trainer.plan`) counts what they leave on one rank."""
+
+
+def tp_dim(name: str) -> int | None:
+    """The dimension tensor parallelism splits parameter ``name`` (a state-dict key) along (None:
+    replicated)."""
+    for module, dim in (*TP_BLOCK.items(), *TP_TOP.items()):
+        if name.endswith(f"{module}.weight"):
+            return dim
+    return None
+
+
+def check_tp_heads(args, tp: int) -> None:
+    """ParallelismError unless ``tp`` divides the query and the key/value heads of ``args``."""
+    for what, count in (("model.n_heads", args.n_heads), ("model.n_kv_heads", args.kv_heads)):
+        if count % tp:
+            raise ParallelismError(f"{what} = {count} is not divisible by parallelism.tp = {tp}")
+
+
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
-    """Megatron-style tensor parallelism with sequence parallelism (torchtitan's plan): q/k/v and
-    w1/w3 split by output features, wo and w2 by input features, so each block needs one
-    all-gather in and one reduce-scatter out; norms and the residual stream are sharded along the
-    sequence between blocks; the embedding is split by vocabulary and the output projection
-    gathers its logits (plain tensors for the loss)."""
+    """Megatron-style tensor parallelism with sequence parallelism (torchtitan's plan, the tables
+    :data:`TP_TOP` and :data:`TP_BLOCK`): q/k/v and w1/w3 split by output features, wo and w2 by
+    input features, so each block needs one all-gather in and one reduce-scatter out; norms and
+    the residual stream are sharded along the sequence between blocks; the embedding is split by
+    vocabulary and the output projection gathers its logits (plain tensors for the loss)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -82,34 +111,26 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
         parallelize_module,
     )
 
-    tp = tp_mesh.size()
-    args = model.args
-    for what, count in (("model.n_heads", args.n_heads), ("model.n_kv_heads", args.kv_heads)):
-        if count % tp:
-            raise ParallelismError(f"{what} = {count} is not divisible by parallelism.tp = {tp}")
+    check_tp_heads(model.args, tp_mesh.size())
     top = {}
-    if model.tok_embeddings is not None:
+    if model.tok_embeddings is not None:  # an Embedding's rows (TP_TOP: dim 0) are "rowwise" in DTensor's words
         top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
     if model.norm is not None:
         top["norm"] = SequenceParallel()
     if model.output is not None:
         top["output"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
     parallelize_module(model, tp_mesh, top)
-    for block in model.layers.values():
-        parallelize_module(block, tp_mesh, {
+    for block in model.layers.values():  # fresh styles per block, as parallelize_module is given them
+        block_plan = {
             "attention_norm": SequenceParallel(),
             "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
                                             desired_input_layouts=(Replicate(), None, None)),
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
             "ffn_norm": SequenceParallel(),
             "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-            "feed_forward.w3": ColwiseParallel(),
-        })
+        }
+        for name, dim in TP_BLOCK.items():
+            block_plan[name] = ColwiseParallel() if dim == 0 else RowwiseParallel(output_layouts=Shard(1))
+        parallelize_module(block, tp_mesh, block_plan)
 
 
 def apply_activation_checkpointing(model: nn.Module, *, every: int = 1, op_level: bool = False) -> None:

@@ -430,9 +430,9 @@ def main(argv: list[str] | None = None) -> int:
     """The command line; returns the exit code (see the module docstring)."""
     argv = sys.argv[1:] if argv is None else argv
     if "--dry-run" in argv:  # the memory and checkpoint plan of this config, no process group (trainer.plan)
-        from trainer import plan
+        from trainer.plan.cli import main as dry_run
 
-        return plan.main([arg for arg in argv if arg != "--dry-run"])
+        return dry_run([arg for arg in argv if arg != "--dry-run"])
     if "-h" in argv or "--help" in argv:
         print(__doc__)
         print(help_text())

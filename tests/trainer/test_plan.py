@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from trainer import plan as plan_mod
+from trainer.plan import params as plan_params
 from trainer.config import load_config
 from trainer.model import FLAVORS, ModelArgs, TransformerBlock, model_args, rope_tables
 from trainer.plan import GIB, KNOWN_DEVICES, format_plan, main, plan
@@ -243,8 +244,8 @@ def test_activation_checkpointing_keeps_the_block_input():
 
 def test_seed_70b_plans_on_64_ranks_on_the_meta_device(monkeypatch):
     built = []
-    real = plan_mod.meta_model
-    monkeypatch.setattr(plan_mod, "meta_model", lambda a: built.append(real(a)) or built[-1])
+    real = plan_params.meta_model
+    monkeypatch.setattr(plan_params, "meta_model", lambda a: built.append(real(a)) or built[-1])
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     p = plan(cfg(config=SEED_70B), 64)  # no timing: the meta build and the RSS bound show nothing is allocated
     assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) < 2**20  # < 1 GiB (KiB): nothing allocated
@@ -334,7 +335,7 @@ def test_text_report_for_debug(capsys):
 
 # ---------------------------------------------------------------------------------------------------
 # Memory options of newer configurations (set on the Config directly: the plan reads them with
-# getattr, so these tests hold with or without the keys in trainer/config_schema.py)
+# getattr, so these tests hold with or without the keys in trainer/config/schema.py)
 
 
 def test_op_level_checkpointing_keeps_matmul_and_attention_outputs():
