@@ -14,7 +14,7 @@ import torch
 import ckpt
 from ckpt.consolidate import full_tensors
 from tools import convert
-from trainer import hf_adapter
+from trainer.hf import from_hf, model_args_of, rotary
 from trainer.model import Transformer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,7 +58,7 @@ def _load_hf(path: Path):
 
 def _ours(step_dir: Path) -> Transformer:
     manifest = ckpt.read_manifest(step_dir)
-    model = Transformer(convert.model_args_of(manifest))
+    model = Transformer(model_args_of(manifest))
     ckpt.load({"model": model}, step_dir, strict=False)
     return model.eval()
 
@@ -89,7 +89,7 @@ def test_to_hf_loads_in_transformers_and_computes_our_logits(run, tmp_path, monk
     assert diff < TOLERANCE
 
     # The same export without the rotary permutation computes something else: the test can fail.
-    monkeypatch.setattr(hf_adapter, "permute_to_hf", lambda weight, n_heads: weight)
+    monkeypatch.setattr(rotary, "permute_to_hf", lambda weight, n_heads: weight)
     assert convert.main([str(run), str(tmp_path / "plain"), "--to", "hf", "--quiet"]) == 0
     unpermuted = _logits_diff(ours, _load_hf(tmp_path / "plain")[0])
     print(f"max |logits diff| of the export: {diff:.3g}; without the permutation: {unpermuted:.3g}")
@@ -145,7 +145,7 @@ def test_from_hf_then_the_trainer_starts_from_it(tmp_path, capsys):
     step = tmp_path / "init" / "step-00000000"
     assert _logits_diff(_ours(step), hf) < TOLERANCE
 
-    expected = dict(hf_adapter.from_hf(k, v, convert.model_args_of(ckpt.read_manifest(step)))
+    expected = dict(from_hf(k, v, model_args_of(ckpt.read_manifest(step)))
                     for k, v in hf.state_dict().items())
     losses, loaded = _train(tmp_path / "run", 2, *flags)
     assert loaded.keys() == expected.keys()
@@ -160,7 +160,7 @@ def test_to_torch_and_safetensors_under_our_names(run, tmp_path, capsys):
     original = {k[len("model."):]: v for k, v in full_tensors(src) if k.startswith("model.")}
     assert convert.main([str(run), str(tmp_path / "w.pt"), "--to", "torch"]) == 0
     weights = torch.load(tmp_path / "w.pt", weights_only=True)
-    model = Transformer(convert.model_args_of(ckpt.read_manifest(src)))
+    model = Transformer(model_args_of(ckpt.read_manifest(src)))
     model.load_state_dict(weights)  # strict: exactly the model's keys
     assert all(torch.equal(weights[k], original[k]) for k in original)
     assert convert.main([str(run), str(tmp_path / "w.safetensors"), "--to", "safetensors", "--step", "2",

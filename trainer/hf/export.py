@@ -1,0 +1,185 @@
+"""A trainer checkpoint's model as a Hugging Face ``LlamaForCausalLM`` directory, or as plain weights files.
+
+Contract: :func:`export_hf` writes the weights under Hugging Face names with the rotary q/k rows
+permuted (:mod:`trainer.hf.rotary`), sharded safetensors + index beyond ``max_shard_size``,
+``config.json``, ``generation_config.json`` and the run's tokenizer files when it used a
+tokenizer.json; :func:`export_weights` writes them under our own names as one torch.save /
+safetensors file (or shards + index). Both read one whole tensor at a time through the engine's
+consolidation (:mod:`ckpt.consolidate`: every chunk verified, deltas replayed) and leave the output
+whole or not at all; :func:`export_bytes` is what they write, for a progress bar. The model's
+shapes come from the manifest (:func:`trainer.hf.run.model_args_of`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable, Iterator
+
+import torch
+
+from ckpt import CheckpointError, CheckpointExistsError, commit
+from ckpt.consolidate import TensorSpec, full_tensors, select_keys, tensor_specs, write_output
+from ckpt.format import Manifest
+from ckpt.read import read_manifest
+from ckpt.storage import Location, locate
+from trainer.config.schema import is_byte_tokenizer
+from trainer.hf.config import generation_config, hf_config
+from trainer.hf.names import hf_name
+from trainer.hf.rotary import to_hf
+from trainer.hf.run import PREFIX, model_args_of, tokenizer_files
+from trainer.model import ModelArgs
+
+DEFAULT_HF_SHARD = 5 * 10**9
+"""``max_shard_size`` of a Hugging Face export (transformers' own default, 5 GB)."""
+
+
+def _natural(name: str) -> list:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+@dataclass
+class Export:
+    """What an export wrote (the CLI's summary line)."""
+
+    weight_files: list[str]  # the weights files written
+    files: list[str]  # every path written
+    args: ModelArgs
+    tensors: int
+    nbytes: int
+    note: str = ""  # what the output lacks, for the summary line (e.g. no tokenizer file)
+
+
+def export_bytes(manifest: Manifest, dtype: torch.dtype | None = None) -> int:
+    """The tensor bytes an export of ``manifest``'s model writes (floats as ``dtype``)."""
+    return sum(s.nbytes for s in tensor_specs(manifest, select_keys(manifest, "model"), dtype=dtype))
+
+
+def export_hf(source: str | Location, dst: str | os.PathLike, *, dtype: torch.dtype | None = None,
+              max_shard_size: int = DEFAULT_HF_SHARD, overwrite: bool = False,
+              progress: Callable[[int], object] | None = None, manifest: Manifest | None = None) -> Export:
+    """The checkpoint ``source`` as a Hugging Face ``LlamaForCausalLM`` directory ``dst`` (local),
+    written under a temporary sibling and renamed at the end."""
+    source = locate(source)
+    manifest = read_manifest(source) if manifest is None else manifest
+    if "://" in os.fspath(dst):
+        raise CheckpointError(f"{dst}: a Hugging Face export is written to a local directory")
+    target = locate(os.fspath(dst))
+    if target.exists() and not overwrite:
+        raise CheckpointExistsError(f"{target} already exists", path=str(target))
+    args = model_args_of(manifest, source)
+    keys = sorted(select_keys(manifest, "model"), key=lambda k: _natural(hf_name(k[len(PREFIX):])))
+    specs = [TensorSpec(hf_name(s.key[len(PREFIX):]), s.dtype, s.shape)
+             for s in _in_order(tensor_specs(manifest, keys, dtype=dtype), keys)]
+    out_dtype = next((s.dtype for s in specs if s.dtype.is_floating_point), torch.float32)
+
+    files, note, tokenizer = _tokenizer_export(manifest)
+    files["config.json"] = _json(hf_config(args, out_dtype, tokenizer=tokenizer))
+    files["generation_config.json"] = _json(generation_config(args, tokenizer=tokenizer))
+
+    def stream() -> Iterator[tuple[str, torch.Tensor]]:
+        for key, tensor in full_tensors(source, keys, dtype=dtype, manifest=manifest):
+            yield to_hf(key[len(PREFIX):], tensor, args)
+
+    storage = target.storage
+    storage.makedirs(target.parent.path)
+    commit.collect_garbage(target)  # what dead exports to the same DST left
+    tmp = target.parent / f"{target.name}{commit.TMP_MARK}{os.urandom(6).hex()}"
+    try:
+        written = write_output(tmp, specs, stream(), format="safetensors", max_shard_size=max_shard_size,
+                               metadata=_step_metadata(manifest), progress=progress)
+        for name, data in files.items():
+            storage.write_bytes((tmp / name).path, data)
+        storage.sync_dir(tmp.path)
+        _publish(tmp, target, overwrite=overwrite)
+    except BaseException:
+        if tmp.exists():
+            storage.remove_tree(tmp.path)
+        raise
+    weights = [str(target / Path(p).name) for p in written if p.endswith(".safetensors")]
+    return Export(weights, [str(target / Path(p).name) for p in written] + [str(target / name) for name in files],
+                  args, len(specs), sum(s.nbytes for s in specs), note)
+
+
+def _in_order(specs: list[TensorSpec], keys: list[str]) -> list[TensorSpec]:
+    by_key = {s.key: s for s in specs}
+    return [by_key[k] for k in keys]
+
+
+def _json(doc: dict) -> bytes:
+    return (json.dumps(doc, indent=2) + "\n").encode()
+
+
+def _step_metadata(manifest: Manifest) -> dict[str, str]:
+    return {"ckpt.kind": manifest.kind, **({"ckpt.step": str(manifest.step)} if manifest.step is not None else {})}
+
+
+def _tokenizer_export(manifest: Manifest) -> tuple[dict[str, bytes], str, object]:
+    """(files, note, tokenizer) for the run's tokenizer: its Hugging Face files when it used a
+    tokenizer.json that still exists; none (and why, in the note) otherwise."""
+    user = manifest.user or {}
+    config = user.get("config")
+    model = config.get("model") if isinstance(config, dict) else None
+    path = model.get("tokenizer") if isinstance(model, dict) else None
+    origin = user.get("converted_from")
+    if is_byte_tokenizer(path) and isinstance(origin, dict) and isinstance(origin.get("config"), dict):
+        ids = SimpleNamespace(bos_id=origin["config"].get("bos_token_id"), eos_id=origin["config"].get("eos_token_id"))
+        return {}, f"no tokenizer file: {origin.get('path')}, which this was imported from, had none", ids
+    if is_byte_tokenizer(path):
+        return {}, ("no tokenizer file: the run used the built-in byte tokenizer (ids 0-255 are UTF-8 bytes, "
+                    "256 BOS, 257 EOS)"), None
+    try:
+        files, tokenizer = tokenizer_files(path)
+    except Exception as exc:  # gone, unreadable, no `tokenizers` package, or its own parse errors
+        return {}, f"no tokenizer file: the run's tokenizer {path} cannot be read here ({exc})", None
+    return files, f"tokenizer {path} copied", tokenizer
+
+
+def _publish(tmp: Location, target: Location, *, overwrite: bool) -> None:
+    """Rename ``tmp`` to ``target``; an existing ``target`` (with ``overwrite``) is moved aside
+    first and deleted once the new one is in place."""
+    storage = target.storage
+    old = None
+    if target.exists():
+        if not overwrite:
+            raise CheckpointExistsError(f"{target} appeared while converting; not replaced", path=str(target))
+        old = target.parent / f"{target.name}{commit.OLD_MARK}{os.urandom(6).hex()}"
+        storage.rename(target.path, old.path)
+    storage.rename(tmp.path, target.path)
+    storage.sync_dir(target.parent.path)
+    if old is not None:
+        if old.is_dir():
+            storage.remove_tree(old.path)
+        else:
+            storage.remove(old.path)
+
+
+def export_weights(source: str | Location, dst: str | os.PathLike, *, format: str, dtype: torch.dtype | None = None,
+                   max_shard_size: int | None = None, overwrite: bool = False,
+                   progress: Callable[[int], object] | None = None, manifest: Manifest | None = None) -> Export:
+    """The model weights of checkpoint ``source`` under our own names (no ``model.`` prefix) as one
+    ``format`` file (or shards + index in a directory with ``max_shard_size``)."""
+    source = locate(source)
+    manifest = read_manifest(source) if manifest is None else manifest
+    keys = select_keys(manifest, "model")
+    specs = [TensorSpec(s.key[len(PREFIX):], s.dtype, s.shape) for s in tensor_specs(manifest, keys, dtype=dtype)]
+    metadata = _step_metadata(manifest)
+    try:
+        args = model_args_of(manifest, source)
+        metadata["ckpt.model_args"] = json.dumps(dataclasses.asdict(args))
+    except CheckpointError:
+        args = None  # plain weights need no model config; the header just does not describe it
+
+    def stream() -> Iterator[tuple[str, torch.Tensor]]:
+        for key, tensor in full_tensors(source, keys, dtype=dtype, manifest=manifest):
+            yield key[len(PREFIX):], tensor
+
+    written = write_output(dst, specs, stream(), format=format, max_shard_size=max_shard_size, overwrite=overwrite,
+                           metadata=metadata, progress=progress)
+    weights = [p for p in written if not p.endswith(".index.json")]
+    return Export(weights, written, args, len(specs), sum(s.nbytes for s in specs))

@@ -1,0 +1,228 @@
+"""A local Hugging Face llama directory as a checkpoint the trainer starts from.
+
+Contract: :func:`open_hf` reads ``config.json`` and the safetensors headers (weights located, not
+read; only ``.safetensors``, which need no unpickling) and refuses, with a CheckpointError naming
+why, what our model cannot represent or what is not such a directory; :func:`import_hf` writes the
+weights under ``model.<our key>`` (q/k rows permuted back to our rotary layout, floats as
+``dtype``) one tensor at a time as step ``step`` of a new checkpoint root, committed by the engine's
+protocol (:func:`write_step`), recording the model's exact arguments and, when a flavor builds it,
+the trainer's ``model`` config section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors import safe_open
+
+from ckpt import CheckpointError, CheckpointExistsError, CheckpointNotFoundError, commit
+from ckpt.consolidate import converted_dtype
+from ckpt.format import Chunk, Manifest, TensorEntry, data_file_name
+from ckpt.root import CheckpointRoot
+from ckpt.storage import Location
+from ckpt.write import Payload, tensor_bytes, write_file
+from trainer.hf.config import UnsupportedHFConfig, args_from_hf_config
+from trainer.hf.names import HF_IGNORED, our_name
+from trainer.hf.rotary import from_hf
+from trainer.hf.run import PREFIX, shape_problems, trainer_model_config
+from trainer.model import ModelArgs
+
+HF_WEIGHTS, HF_INDEX = "model.safetensors", "model.safetensors.index.json"
+
+
+@dataclass
+class HFModel:
+    """A local Hugging Face llama directory, its weights located (not read)."""
+
+    path: Path
+    config: dict
+    args: ModelArgs
+    weights: dict[str, tuple[Path, torch.dtype, tuple[int, ...]]]  # our key -> (file, dtype, shape), HF order
+    hf_keys: dict[str, str]  # our key -> Hugging Face key
+    tokenizer: Path | None
+
+    def import_bytes(self, dtype: torch.dtype | None = torch.float32) -> int:
+        """The tensor bytes :func:`import_hf` writes of it (floats as ``dtype``; None: as stored)."""
+        return sum(converted_dtype(stored, dtype).itemsize * math.prod(shape)
+                   for _, stored, shape in self.weights.values())
+
+
+def open_hf(path: str | os.PathLike) -> HFModel:
+    """Read ``config.json`` and the safetensors headers of a Hugging Face llama directory; refuse
+    what our model cannot represent (CheckpointError naming why)."""
+    directory = Path(path)
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        ours = (directory / "manifest.json").is_file() or any(directory.glob("step-*"))
+        raise CheckpointNotFoundError(f"{directory} is not a Hugging Face model directory (no config.json)"
+                                      + ("; it is a checkpoint of this engine: export it with --to" if ours else ""),
+                                      path=str(directory))
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        if isinstance(config, dict) and {"model", "training", "checkpoint"} <= config.keys():
+            raise CheckpointNotFoundError(f"{directory} is a trainer run's folder (its config.json is the run's), "
+                                          "not a Hugging Face model directory; export its checkpoints with --to",
+                                          path=str(directory))
+        args = args_from_hf_config(config)
+    except (ValueError, UnicodeDecodeError) as exc:  # JSON errors, UnsupportedHFConfig
+        kind = "cannot be converted" if isinstance(exc, UnsupportedHFConfig) else "is not valid JSON"
+        raise CheckpointError(f"{config_file} {kind}: {exc}", path=str(directory)) from None
+    index = directory / HF_INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            files = sorted({directory / name for name in weight_map.values()})
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CheckpointError(f"{index} is not a safetensors index ({exc})", path=str(directory)) from None
+    elif (directory / HF_WEIGHTS).is_file():
+        files = [directory / HF_WEIGHTS]
+    else:
+        torch_files = sorted(p.name for p in directory.glob("pytorch_model*.bin"))
+        hint = (f" (it has {torch_files[0]}: only .safetensors weights are read, as they need no unpickling; "
+                "re-save with save_pretrained(..., safe_serialization=True))") if torch_files else ""
+        raise CheckpointNotFoundError(f"{directory} holds no {HF_WEIGHTS} or {HF_INDEX}{hint}", path=str(directory))
+    weights, hf_keys, foreign = {}, {}, []
+    for file in files:
+        if not file.is_file():
+            raise CheckpointNotFoundError(f"{file} (named by {HF_INDEX}) is missing", path=str(directory))
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                for hf_key in handle.keys():
+                    if HF_IGNORED.match(hf_key):
+                        continue
+                    try:
+                        key = our_name(hf_key)
+                    except KeyError:
+                        foreign.append(hf_key)
+                        continue
+                    view = handle.get_slice(hf_key)
+                    dtype = _SAFETENSORS_DTYPES.get(view.get_dtype())
+                    if dtype is None:
+                        raise CheckpointError(f"{file}: {hf_key} has dtype {view.get_dtype()}", path=str(directory))
+                    weights[key] = (file, dtype, tuple(view.get_shape()))
+                    hf_keys[key] = hf_key
+        except CheckpointError:
+            raise
+        except Exception as exc:  # safetensors reports a damaged header as its own error types
+            raise CheckpointError(f"{file} cannot be read as safetensors: {exc}", path=str(directory)) from None
+    problems = shape_problems({k: v[2] for k, v in weights.items()}, args)
+    if foreign:
+        problems.insert(0, f"weights our llama has no place for: {', '.join(sorted(foreign)[:3])}"
+                           + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""))
+    if problems:
+        raise CheckpointError(f"{directory}: the weights do not fit its config.json: {'; '.join(problems)}",
+                              path=str(directory))
+    tokenizer = directory / "tokenizer.json"
+    return HFModel(directory, config, args, weights, hf_keys, tokenizer if tokenizer.is_file() else None)
+
+
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+                       "U8": torch.uint8, "BOOL": torch.bool}
+
+
+@dataclass
+class Import:
+    """What an import wrote (the CLI's summary lines)."""
+
+    path: str  # the step directory written
+    model: HFModel
+    model_config: dict | None  # the trainer's model section that builds it (None: no flavor fits)
+    tensors: int
+    nbytes: int
+
+
+def import_hf(src: str | os.PathLike, dst: str | os.PathLike, *, step: int = 0,
+              dtype: torch.dtype | None = torch.float32, overwrite: bool = False,
+              progress: Callable[[int], object] | None = None) -> Import:
+    """The Hugging Face llama directory ``src`` as step ``step`` of the checkpoint root ``dst``: the
+    model weights under ``model.<our key>`` (q/k rows permuted back to our rotary layout, floats as
+    ``dtype``), read and written one tensor at a time and committed as one full checkpoint.
+
+    ``dst`` must not hold anything yet; with ``overwrite`` an existing step ``step`` is replaced,
+    but a root holding other steps is still refused (the trainer would start from the newest)."""
+    model = open_hf(src)
+    root = CheckpointRoot(os.fspath(dst))
+    if root.path.exists():
+        entries = [e for e in root.path.list() if e != ".lock"] if root.path.is_dir() else ["(a file)"]
+        others = [s for s in root.committed() if s != step] if root.path.is_dir() else []
+        if entries and not overwrite:
+            raise CheckpointExistsError(f"{root.path} already exists", path=str(root.path))
+        if others:
+            steps = ", ".join(map(str, others[-3:]))
+            raise CheckpointExistsError(f"{root.path} holds other checkpoints (steps {steps}); "
+                                        "a run would start from the newest of them: choose an empty DST",
+                                        path=str(root.path))
+    tokenizer = None if model.tokenizer is None else str(model.tokenizer.resolve())
+    section = trainer_model_config(model.args, tokenizer=tokenizer)
+    user = {"model_args": dataclasses.asdict(model.args),
+            "converted_from": {"format": "hf", "path": str(model.path.resolve()), "config": model.config}}
+    if section is not None:
+        user["config"] = {"model": section}
+    specs = [(PREFIX + key, converted_dtype(stored, dtype), shape) for key, (_, stored, shape) in model.weights.items()]
+    handles: dict[Path, object] = {}
+
+    def produce(key: str, file: Path, out_dtype: torch.dtype):
+        def read() -> torch.Tensor:
+            if file not in handles:
+                handles[file] = safe_open(str(file), framework="pt")
+            _, tensor = from_hf(model.hf_keys[key], handles[file].get_tensor(model.hf_keys[key]), model.args)
+            tensor = tensor.to(out_dtype).contiguous()
+            if progress is not None:
+                progress(tensor.numel() * tensor.element_size())
+            return tensor
+        return read
+
+    producers = {PREFIX + key: produce(key, file, converted_dtype(stored, dtype))
+                 for key, (file, stored, _) in model.weights.items()}
+    root.lock()
+    try:
+        path = root.step_path(step)
+        manifest = write_step(path, specs, producers, step=step, user=user, overwrite=overwrite)
+    finally:
+        root.unlock()
+        handles.clear()
+    nbytes = sum(e.dtype.itemsize * math.prod(e.shape) for e in manifest.tensors.values())
+    return Import(str(path), model, section, len(specs), nbytes)
+
+
+def write_step(path: Location, specs: list[tuple[str, torch.dtype, tuple[int, ...]]],
+               producers: dict[str, Callable[[], torch.Tensor]], *, step: int, user: dict,
+               overwrite: bool) -> Manifest:
+    """A full checkpoint at ``path`` holding each spec's tensor (key, dtype, shape) as one chunk,
+    produced one at a time while it is written (one data file), committed by the engine's protocol."""
+    attempt = commit.begin(path, overwrite=overwrite)
+    try:
+        manifest = Manifest(step=step, kind="full", world_size=1, created=time.time(), user=user)
+        payloads = []
+        for key, dtype, shape in specs:
+            manifest.tensors[key] = TensorEntry(dtype, tuple(shape), [])
+            manifest.paths[key] = tuple(key.split(".", 1))
+            payloads.append(Payload(key, _checked(key, dtype, shape, producers[key]), dtype.itemsize * math.prod(shape)))
+        for key, blob in write_file(attempt.directory, data_file_name(0, 0, attempt.tag), payloads):
+            shape = manifest.tensors[key].shape
+            manifest.add_record(key, Chunk((0,) * len(shape), shape, blob))
+        manifest.sort_chunks()
+        commit.finish(attempt, manifest, overwrite=overwrite)
+    except BaseException:
+        commit.abort(attempt)
+        raise
+    return manifest
+
+
+def _checked(key: str, dtype: torch.dtype, shape: tuple, produce: Callable[[], torch.Tensor]):
+    def bytes_of():
+        tensor = produce()
+        if tensor.dtype != dtype or tuple(tensor.shape) != tuple(shape):
+            raise CheckpointError(f"{key}: read {tensor.dtype} {list(tensor.shape)}, expected {dtype} {list(shape)}",
+                                  tensor=key)
+        return tensor_bytes(tensor)
+    return bytes_of
