@@ -22,6 +22,7 @@ canonical names with or without a pipeline: a pipelined run's checkpoint loads i
 from __future__ import annotations
 
 import copy
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -36,6 +37,13 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
 def stage_ids(pp_rank: int, pp: int, virtual_stages: int) -> list[int]:
     """The stage indices rank ``pp_rank`` holds (loop placement)."""
     return [pp_rank + k * pp for k in range(virtual_stages)]
+
+
+def microbatch_count(pp_microbatches: int | None, accumulation: int, pp: int) -> int:
+    """The microbatches a step's per-rank batch (micro x accumulation sequences) goes through the
+    schedule in: ``parallelism.pp_microbatches``, else the accumulation's micro-batches, else pp
+    (the least that fills the pipeline)."""
+    return pp_microbatches or (accumulation if accumulation > 1 else pp)
 
 
 def layer_ranges(n_layers: int, n_stages: int) -> list[range]:
@@ -138,3 +146,27 @@ def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float, pp_group: di
         dist.all_reduce(norm, group=pp_group)
         norm = norm.sqrt()
     torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm, foreach=True)
+
+
+def build(model: nn.Module, parallelize: Callable[[nn.Module], nn.Module], mesh, *, pp: int, virtual_stages: int,
+          schedule: str, pp_microbatches: int | None, micro_batch: int, accumulation: int, dp: int, zero_stage: int,
+          device: torch.device) -> tuple[Pipeline, ModelParts]:
+    """This rank's stages of ``model`` (its index in ``mesh``'s ``pp`` dimension), each part
+    parallelized by ``parallelize`` like a whole model, as a :class:`Pipeline` and the
+    :class:`ModelParts` over them. A step's whole per-rank batch (``micro_batch x accumulation``
+    sequences) runs in one schedule, in :func:`microbatch_count` microbatches; ParallelismError when
+    they do not divide it, or for DDP (``zero_stage`` 0 with ``dp`` > 1), which cannot wrap stages."""
+    if zero_stage == 0 and dp > 1:
+        raise ParallelismError("zero_stage 0 (DDP) cannot wrap pipeline stages; use zero_stage >= 1")
+    per_rank = micro_batch * accumulation
+    microbatches = microbatch_count(pp_microbatches, accumulation, pp)
+    if per_rank % microbatches:
+        raise ParallelismError(
+            f"the per-rank batch of a step ({per_rank} sequences) is not divisible by the pipeline's "
+            f"{microbatches} microbatches (parallelism.pp_microbatches)")
+    n_stages = pp * virtual_stages
+    stages = stage_ids(mesh.get_local_rank("pp"), pp, virtual_stages)
+    parts = [parallelize(split_model(model, stage, n_stages)) for stage in stages]
+    pipe = Pipeline(parts, stages, n_stages, schedule=schedule, microbatches=microbatches, device=device,
+                    group=mesh["pp"].get_group())
+    return pipe, ModelParts(parts)

@@ -27,7 +27,6 @@ import contextlib
 import gc
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -35,15 +34,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 import ckpt
-from ckpt import commit
-from ckpt.root import CheckpointRoot, step_name
-from ckpt.storage import locate
 from trainer import data as data_mod
 from trainer import exits
 from trainer import model as model_mod
+from trainer.checkpointing import RunCheckpoints
 from trainer.config import Config, help_text, load_config
 from trainer.device import device_name, init_distributed, peak_memory_gib, resolve_device_type, synchronize
 from trainer.metrics import MetricsLogger, peak_flops
@@ -52,7 +48,6 @@ from trainer import pipeline as pipeline_mod
 from trainer.parallel import (
     COMPUTE_DTYPES,
     ParallelDims,
-    ParallelismError,
     all_reduce_mean,
     dp_rank,
     parallelize,
@@ -108,12 +103,14 @@ def scheduled_garbage_collection(gc_freq: int):
 class Trainer:
     """One run. The constructor refuses what cannot work before writing anything: the config and
     data first, then (with the process group) layout and model, then the checkpoint folder's lock,
-    then the resume; only then does it write config.json and open metrics.jsonl."""
+    then the resume (:mod:`trainer.checkpointing`); only then does it write config.json and open
+    metrics.jsonl. ``manager`` is the run's :class:`ckpt.CheckpointManager` (None without
+    checkpointing)."""
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.manager, self.metrics, self._owns_process_group = None, None, False
-        self.checkpoints_written, self.started = 0, time.perf_counter()
+        self.checkpoints, self.manager, self.metrics, self._owns_process_group = None, None, None, False
+        self.started = time.perf_counter()
         try:
             self._start()
         except BaseException:
@@ -121,7 +118,7 @@ class Trainer:
             raise
 
     def _start(self) -> None:
-        cfg, t, c = self.cfg, self.cfg.training, self.cfg.checkpoint
+        cfg, t = self.cfg, self.cfg.training
         self.tokenizer, tokens = data_mod.load_training_tokens(cfg.model.tokenizer, t.dataset, t.seq_len)
         self.model_args = cfg.model_args(self.tokenizer.vocab_size)
         with exits.refusing(f"training.device={t.device!r}"):
@@ -157,19 +154,10 @@ class Trainer:
             self.state["scaler"] = self.scaler
         self.flops_per_token = model_mod.flops_per_token(self.model_args, t.seq_len)
         self.peak = peak_flops(device_name(self.device_type))
-        self.resumed_step: int | None = None
-        if c.enable or c.create_seed_checkpoint:  # the lock first: a second run is refused before it writes
-            folder = c.folder if "://" in c.folder or os.path.isabs(c.folder) else str(Path(cfg.job.dump_folder) / c.folder)
-            options = c.save_options(device_type=self.device_type, user_metadata={"config": cfg.to_dict()})
-            if c.create_seed_checkpoint:  # the run exists to write it
-                options = options.replace(on_error=ckpt.FailurePolicy.STOP)
-            with exits.refusing(f"checkpoint.folder={str(folder)!r}"):
-                self.manager = ckpt.CheckpointManager(folder, options, on_commit=self._committed)
-            self.manager.attach(self.optimizer)
-            if not c.create_seed_checkpoint:
-                self.resume()
-        if c.initial_load_path and self.resumed_step is None:
-            self.load_initial_weights(c.initial_load_path)
+        # the lock first: a second run is refused before it writes
+        self.checkpoints = RunCheckpoints(cfg, device_type=self.device_type, optimizer=self.optimizer, log=self.log)
+        self.manager = self.checkpoints.manager
+        self.checkpoints.start(self.state, self.model)
         with exits.refusing(f"job.dump_folder={cfg.job.dump_folder!r}"):
             self.metrics = MetricsLogger(cfg.job.dump_folder, enabled=self.rank == 0, tensorboard=cfg.metrics.tensorboard)
             if self.rank == 0:
@@ -184,72 +172,14 @@ class Trainer:
     def _pipeline(self, model: torch.nn.Module) -> tuple[pipeline_mod.Pipeline, pipeline_mod.ModelParts]:
         """This rank's pipeline stages, each parallelized like a whole model (trainer.pipeline)."""
         p = self.cfg.parallelism
-        if self.cfg.optimization.zero_stage == 0 and self.dims.dp > 1:
-            raise ParallelismError("zero_stage 0 (DDP) cannot wrap pipeline stages; use zero_stage >= 1")
-        # The pipeline runs a step's whole per-rank batch in one schedule: its microbatches are the
-        # accumulation's micro-batches (or pp_microbatches when given; pp when neither says).
-        per_rank = self.micro_batch * self.accumulation
-        microbatches = p.pp_microbatches or (self.accumulation if self.accumulation > 1 else p.pp)
-        if per_rank % microbatches:
-            raise ParallelismError(
-                f"the per-rank batch of a step ({per_rank} sequences) is not divisible by the pipeline's "
-                f"{microbatches} microbatches (parallelism.pp_microbatches)")
-        n_stages = p.pp * p.pp_virtual_stages
-        stages = pipeline_mod.stage_ids(self.mesh.get_local_rank("pp"), p.pp, p.pp_virtual_stages)
-        parts = [self._parallelize(pipeline_mod.split_model(model, stage, n_stages)) for stage in stages]
-        pipe = pipeline_mod.Pipeline(parts, stages, n_stages, schedule=p.pp_schedule, microbatches=microbatches,
-                                     device=self.device, group=self.mesh["pp"].get_group())
-        return pipe, pipeline_mod.ModelParts(parts)
+        return pipeline_mod.build(model, self._parallelize, self.mesh, pp=p.pp, virtual_stages=p.pp_virtual_stages,
+                                  schedule=p.pp_schedule, pp_microbatches=p.pp_microbatches,
+                                  micro_batch=self.micro_batch, accumulation=self.accumulation, dp=self.dims.dp,
+                                  zero_stage=self.cfg.optimization.zero_stage, device=self.device)
 
     def log(self, message: str) -> None:
         if self.rank == 0:
             print(message, flush=True)
-
-    def _committed(self, info: ckpt.CommitInfo) -> None:
-        """One line per committed checkpoint (the manager calls this on rank 0, from its writer)."""
-        copies = f"; copying to {info.replicas} replica{'s' * (info.replicas > 1)}" if info.replicas else ""
-        self.log(f"checkpoint step {info.step} committed: {info.kind}, {human_bytes(info.bytes)} in "
-                 f"{info.seconds:.2f} s, {info.path}{copies}")
-        self.checkpoints_written += 1
-
-    def resume(self) -> None:
-        """Load checkpoint.load_step, or the newest committed step if any (done by the constructor)."""
-        load_step = self.cfg.checkpoint.load_step
-        try:
-            step = self.manager.load(self.state, step=load_step)
-        except ckpt.CheckpointError as exc:
-            if load_step is not None and isinstance(exc, ckpt.CheckpointNotFoundError):
-                raise exits.Refused(f"checkpoint.load_step={load_step}: {exc}") from exc
-            raise exits.Failed(f"the checkpoint to resume from cannot be loaded: {exc}") from exc
-        if step is not None:
-            self.resumed_step = step
-            self.log(f"resumed from checkpoint step {step} ({self.manager.root})")
-
-    def load_initial_weights(self, source: str) -> None:
-        """checkpoint.initial_load_path: the model's weights only, from a checkpoint directory or the
-        newest committed step of a root (done by the constructor when nothing was resumed). Refused
-        (exit 2) when it holds no checkpoint or its ``model.`` tensors are not exactly the model's;
-        a damaged checkpoint fails (exit 1)."""
-        what = f"checkpoint.initial_load_path={source!r}"
-        with exits.refusing(what):
-            path = initial_checkpoint(source)
-            manifest = ckpt.read_manifest(path)
-        live = {f"model.{key}" for key in get_model_state_dict(self.model)}
-        saved = {key for key in manifest.tensors if key.startswith("model.")}
-        if live != saved:
-            missing, unexpected = sorted(live - saved), sorted(saved - live)
-            raise exits.Refused(
-                f"{what}: its model weights do not fit this model ({len(missing)} missing: "
-                f"{', '.join(missing[:3]) or '-'}; {len(unexpected)} unexpected: {', '.join(unexpected[:3]) or '-'}); "
-                "set model.* to the shapes it was written with")
-        try:  # non-strict: whatever else it holds (an optimizer, a data position) is left out
-            ckpt.load({"model": self.model}, path, strict=False)
-        except ckpt.IncompatibleCheckpointError as exc:
-            raise exits.Refused(f"{what}: its model weights do not fit this model: {exc}") from exc
-        except ckpt.CheckpointError as exc:
-            raise exits.Failed(f"{what} cannot be loaded: {exc}") from exc
-        step = "" if manifest.step is None else f" (step {manifest.step})"
-        self.log(f"model weights loaded from {path}{step}; optimizer, schedule and data start fresh")
 
     def train_step(self) -> torch.Tensor:
         inputs, labels = self.loader.next_batch()
@@ -293,9 +223,7 @@ class Trainer:
         the data-parallel mean loss of every step run."""
         cfg, t = self.cfg, self.cfg.training
         if cfg.checkpoint.create_seed_checkpoint:
-            self.manager.save(0, self.state, force=True)
-            self.close_checkpoints()
-            self.log(f"seed checkpoint written to {self.manager.root / 'step-00000000'}")
+            self.checkpoints.write_seed(self.state)
             return []
         last = t.steps if stop_at is None else min(stop_at, t.steps)
         with scheduled_garbage_collection(t.gc_freq) as collect_garbage:
@@ -311,15 +239,10 @@ class Trainer:
             step = self.train_state.step
             # The stall of a step: the wait for the last snapshot (inside the optimizer step's
             # pre-hook) and the time inside save().
-            before = 0.0 if self.manager is None else self.manager.stats.stall_s
+            before = self.checkpoints.stall_s
             loss = self.train_step()
             self.train_state.tokens_seen += tokens_per_step
-            failure = None
-            if self.manager is not None:
-                try:
-                    self.manager.save(step, self.state, force=step == t.steps)
-                except ckpt.CheckpointError as exc:
-                    failure = exc
+            failure = self.checkpoints.save(step, self.state, force=step == t.steps)
             # The mean loss and "did a save fail on any rank?" in one all-reduce: every rank stops at
             # the same step, also when the failure of a background write reached one rank first.
             mean_loss, any_failed = all_reduce_mean(torch.stack([loss, loss.new_tensor(float(failure is not None))]))
@@ -327,8 +250,7 @@ class Trainer:
                 raise exits.save_failed(self.manager, failure)
             losses.append(mean_loss)
             window_steps += 1
-            if self.manager is not None:
-                stall += self.manager.stats.stall_s - before
+            stall += self.checkpoints.stall_s - before
             if step % cfg.metrics.log_freq == 0 or step == t.steps:
                 synchronize(self.device_type)
                 elapsed = time.perf_counter() - window_start
@@ -342,31 +264,18 @@ class Trainer:
                     "mfu_pct": None if self.peak is None else 100 * self.flops_per_token * tps / self.world / self.peak,
                     "memory_gib": peak_memory_gib(self.device_type),
                     "ckpt_stall_ms": 1e3 * stall / window_steps,
-                    "ckpt_failures": 0 if self.manager is None else self.manager.stats.failures,
+                    "ckpt_failures": self.checkpoints.failures,
                 })
                 window_start, window_steps, stall = time.perf_counter(), 0, 0.0
             collect_garbage(step)
         return losses
-
-    def close_checkpoints(self) -> None:
-        """Wait for the last saves and release the folder; a failed save raises exits.Failed (on_error
-        stop) or, under on_error continue, is reported with the count of failed saves."""
-        try:
-            self.manager.close()
-        except ckpt.CheckpointError as exc:
-            raise exits.save_failed(self.manager, exc) from exc
-        failures = self.manager.stats.failures
-        if failures:
-            steps = self.manager.steps()
-            self.log(f"{failures} checkpoint save{'s' if failures > 1 else ''} failed (checkpoint.on_error=continue); "
-                     f"newest committed step: {steps[-1] if steps else 'none'}")
 
     def close(self, *, quiet: bool = False) -> None:
         """Release everything. ``quiet``: already failing, so a further checkpoint error is dropped
         (the first one is reported) instead of raised."""
         try:
             if self.manager is not None:
-                self.close_checkpoints()
+                self.checkpoints.close()
         except (exits.Failed, ckpt.CheckpointError):
             if not quiet:
                 raise
@@ -375,19 +284,6 @@ class Trainer:
                 self.metrics.close()
             if self._owns_process_group and dist.is_initialized():
                 dist.destroy_process_group()
-
-
-def initial_checkpoint(source: str):
-    """The checkpoint ``source`` names: itself when committed, else the newest committed step of
-    the root ``source``; CheckpointNotFoundError when there is none."""
-    location = locate(source)
-    if commit.is_committed(location):
-        return location
-    steps = CheckpointRoot(location).steps() if location.is_dir() else []
-    if not steps:
-        raise ckpt.CheckpointNotFoundError(f"{location} is neither a checkpoint (no manifest.json) nor a root "
-                                           "holding a committed step", path=str(location))
-    return location / step_name(steps[-1])
 
 
 def _train(argv: list[str]) -> None:
@@ -404,13 +300,6 @@ def _train(argv: list[str]) -> None:
     trainer.log(summary(trainer, losses))
 
 
-def human_bytes(count: int) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if count < 1000 or unit == "TB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1000
-
-
 def summary(trainer: Trainer, losses: list[float]) -> str:
     """The run's last line: steps, time, tokens/s, checkpoints written, the newest step and where."""
     t = trainer.cfg.training
@@ -420,9 +309,7 @@ def summary(trainer: Trainer, losses: list[float]) -> str:
     if losses:
         line += f", final loss {losses[-1]:.4f}"
     if trainer.manager is not None:
-        steps = trainer.manager.steps()
-        newest = f"newest step {steps[-1]} at {trainer.manager.root / step_name(steps[-1])}" if steps else "none committed"
-        line += f"; {trainer.checkpoints_written} checkpoints written, {newest}"
+        line += trainer.checkpoints.summary()
     return line
 
 

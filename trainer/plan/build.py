@@ -15,7 +15,7 @@ from typing import Any
 
 from trainer import model as model_mod
 from trainer.config import Config, ConfigError
-from trainer.pipeline import layer_ranges
+from trainer.pipeline import layer_ranges, microbatch_count
 import trainer.plan.memory as memory
 import trainer.plan.params as params
 from trainer.plan.activations import Numerics, korthikanti_layer_bytes, numerics
@@ -43,7 +43,7 @@ def _batch(cfg: Config, dp: int, pp: int, problems: list[str]) -> dict[str, Any]
         # at once, in parallelism.pp_microbatches microbatches (none: the accumulation steps, or pp
         # without accumulation) — as trainer.train does.
         per_rank = micro * accumulation
-        n = getattr(cfg.parallelism, "pp_microbatches", None) or (accumulation if accumulation > 1 else pp)
+        n = microbatch_count(getattr(cfg.parallelism, "pp_microbatches", None), accumulation, pp)
         if per_rank % n:
             problems.append(f"the per-rank batch of a step ({per_rank} sequences) is not divisible by {n} "
                             "pipeline microbatches")

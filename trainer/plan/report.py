@@ -147,4 +147,3 @@ def format_plan(p: Plan) -> str:
             lines.append(title)
             lines.extend(f"           {i}" for i in items)
     return "\n".join(lines)
-

@@ -1,0 +1,181 @@
+"""A training run's checkpoints: the manager, what the run resumes from, the weights it starts from,
+the seed checkpoint, and the lines the run prints about them.
+
+Contract: :class:`RunCheckpoints` is built by :class:`trainer.train.Trainer` before anything is
+written. With ``checkpoint.enable`` (or ``create_seed_checkpoint``) it opens the
+:class:`ckpt.CheckpointManager` of ``checkpoint.folder`` (relative to ``job.dump_folder`` unless
+absolute or a URL) first, so a second run on the folder is refused before it writes, and attaches
+the optimizer. :meth:`RunCheckpoints.start` then resumes from ``checkpoint.load_step`` or the newest
+committed step, or, when nothing was resumed, loads the model's weights only from
+``checkpoint.initial_load_path`` (:func:`initial_checkpoint`). Errors become the run's exits
+(:mod:`trainer.exits`): what cannot be used as asked is :class:`~trainer.exits.Refused` (exit 2),
+a checkpoint that cannot be loaded :class:`~trainer.exits.Failed` (exit 1). Rank 0 prints one line
+per committed checkpoint (:func:`commit_line`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+import ckpt
+from ckpt import commit
+from ckpt.root import CheckpointRoot, step_name
+from ckpt.storage import locate
+from trainer import exits
+from trainer.config import Config
+
+
+def checkpoint_folder(cfg: Config) -> str:
+    """``checkpoint.folder``, under ``job.dump_folder`` unless absolute or a URL."""
+    folder = cfg.checkpoint.folder
+    return folder if "://" in folder or os.path.isabs(folder) else str(Path(cfg.job.dump_folder) / folder)
+
+
+def human_bytes(count: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if count < 1000 or unit == "TB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+
+
+def commit_line(info: ckpt.CommitInfo) -> str:
+    """The line a run prints when a checkpoint is committed."""
+    copies = f"; copying to {info.replicas} replica{'s' * (info.replicas > 1)}" if info.replicas else ""
+    return (f"checkpoint step {info.step} committed: {info.kind}, {human_bytes(info.bytes)} in "
+            f"{info.seconds:.2f} s, {info.path}{copies}")
+
+
+def initial_checkpoint(source: str):
+    """The checkpoint ``source`` names: itself when committed, else the newest committed step of
+    the root ``source``; CheckpointNotFoundError when there is none."""
+    location = locate(source)
+    if commit.is_committed(location):
+        return location
+    steps = CheckpointRoot(location).steps() if location.is_dir() else []
+    if not steps:
+        raise ckpt.CheckpointNotFoundError(f"{location} is neither a checkpoint (no manifest.json) nor a root "
+                                           "holding a committed step", path=str(location))
+    return location / step_name(steps[-1])
+
+
+class RunCheckpoints:
+    """The checkpoints of one run (see the module docstring); ``manager`` is None without them."""
+
+    def __init__(self, cfg: Config, *, device_type: str, optimizer: torch.optim.Optimizer,
+                 log: Callable[[str], None]):
+        self.cfg, self.log = cfg, log
+        self.manager: ckpt.CheckpointManager | None = None
+        self.written = 0  # checkpoints committed by this run
+        self.resumed_step: int | None = None
+        c = cfg.checkpoint
+        if not (c.enable or c.create_seed_checkpoint):
+            return
+        folder = checkpoint_folder(cfg)
+        options = c.save_options(device_type=device_type, user_metadata={"config": cfg.to_dict()})
+        if c.create_seed_checkpoint:  # the run exists to write it
+            options = options.replace(on_error=ckpt.FailurePolicy.STOP)
+        with exits.refusing(f"checkpoint.folder={str(folder)!r}"):
+            self.manager = ckpt.CheckpointManager(folder, options, on_commit=self._committed)
+        self.manager.attach(optimizer)
+
+    def _committed(self, info: ckpt.CommitInfo) -> None:
+        """One line per committed checkpoint (the manager calls this on rank 0, from its writer)."""
+        self.log(commit_line(info))
+        self.written += 1
+
+    def start(self, state: dict, model: torch.nn.Module) -> None:
+        """Resume (unless the run writes the seed checkpoint), else take checkpoint.initial_load_path's weights."""
+        c = self.cfg.checkpoint
+        if self.manager is not None and not c.create_seed_checkpoint:
+            self.resume(state)
+        if c.initial_load_path and self.resumed_step is None:
+            self.load_initial_weights(model, c.initial_load_path)
+
+    def resume(self, state: dict) -> None:
+        """Load checkpoint.load_step, or the newest committed step if any."""
+        load_step = self.cfg.checkpoint.load_step
+        try:
+            step = self.manager.load(state, step=load_step)
+        except ckpt.CheckpointError as exc:
+            if load_step is not None and isinstance(exc, ckpt.CheckpointNotFoundError):
+                raise exits.Refused(f"checkpoint.load_step={load_step}: {exc}") from exc
+            raise exits.Failed(f"the checkpoint to resume from cannot be loaded: {exc}") from exc
+        if step is not None:
+            self.resumed_step = step
+            self.log(f"resumed from checkpoint step {step} ({self.manager.root})")
+
+    def load_initial_weights(self, model: torch.nn.Module, source: str) -> None:
+        """checkpoint.initial_load_path: the model's weights only, from a checkpoint directory or the
+        newest committed step of a root. Refused (exit 2) when it holds no checkpoint or its
+        ``model.`` tensors are not exactly the model's; a damaged checkpoint fails (exit 1)."""
+        what = f"checkpoint.initial_load_path={source!r}"
+        with exits.refusing(what):
+            path = initial_checkpoint(source)
+            manifest = ckpt.read_manifest(path)
+        live = {f"model.{key}" for key in get_model_state_dict(model)}
+        saved = {key for key in manifest.tensors if key.startswith("model.")}
+        if live != saved:
+            missing, unexpected = sorted(live - saved), sorted(saved - live)
+            raise exits.Refused(
+                f"{what}: its model weights do not fit this model ({len(missing)} missing: "
+                f"{', '.join(missing[:3]) or '-'}; {len(unexpected)} unexpected: {', '.join(unexpected[:3]) or '-'}); "
+                "set model.* to the shapes it was written with")
+        try:  # non-strict: whatever else it holds (an optimizer, a data position) is left out
+            ckpt.load({"model": model}, path, strict=False)
+        except ckpt.IncompatibleCheckpointError as exc:
+            raise exits.Refused(f"{what}: its model weights do not fit this model: {exc}") from exc
+        except ckpt.CheckpointError as exc:
+            raise exits.Failed(f"{what} cannot be loaded: {exc}") from exc
+        step = "" if manifest.step is None else f" (step {manifest.step})"
+        self.log(f"model weights loaded from {path}{step}; optimizer, schedule and data start fresh")
+
+    @property
+    def stall_s(self) -> float:
+        """Seconds training has waited for checkpoints so far (0 without them)."""
+        return 0.0 if self.manager is None else self.manager.stats.stall_s
+
+    @property
+    def failures(self) -> int:
+        """Saves that failed under on_error=continue so far."""
+        return 0 if self.manager is None else self.manager.stats.failures
+
+    def save(self, step: int, state: dict, *, force: bool) -> ckpt.CheckpointError | None:
+        """``manager.save`` (nothing without checkpoints); the error of a failed save, to be agreed
+        on by all ranks, or None."""
+        if self.manager is None:
+            return None
+        try:
+            self.manager.save(step, state, force=force)
+        except ckpt.CheckpointError as exc:
+            return exc
+        return None
+
+    def write_seed(self, state: dict) -> None:
+        """checkpoint.create_seed_checkpoint: ``state`` as step 0, waited for, the folder released."""
+        self.manager.save(0, state, force=True)
+        self.close()
+        self.log(f"seed checkpoint written to {self.manager.root / step_name(0)}")
+
+    def close(self) -> None:
+        """Wait for the last saves and release the folder; a failed save raises exits.Failed (on_error
+        stop) or, under on_error continue, is reported with the count of failed saves."""
+        try:
+            self.manager.close()
+        except ckpt.CheckpointError as exc:
+            raise exits.save_failed(self.manager, exc) from exc
+        failures = self.manager.stats.failures
+        if failures:
+            steps = self.manager.steps()
+            self.log(f"{failures} checkpoint save{'s' if failures > 1 else ''} failed (checkpoint.on_error=continue); "
+                     f"newest committed step: {steps[-1] if steps else 'none'}")
+
+    def summary(self) -> str:
+        """The run's last line's checkpoint part: checkpoints written, the newest step and where."""
+        steps = self.manager.steps()
+        newest = f"newest step {steps[-1]} at {self.manager.root / step_name(steps[-1])}" if steps else "none committed"
+        return f"; {self.written} checkpoints written, {newest}"
