@@ -4,7 +4,7 @@ Contract: pure arithmetic on :class:`~trainer.model.ModelArgs`, the tp degree an
 ``b`` sequences of ``s`` tokens; the formulas, and what they count, are in
 :mod:`trainer.plan.memory`'s docstring. :class:`Numerics` says how many bytes each saved tensor
 takes in a precision under a wrapping (:func:`numerics`). Checked against the saved tensors of a
-real block in tests/trainer/plan/test_memory.py.
+real block in tests/trainer/plan/test_build.py.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ but before data-parallel sharding, e = 2 for bf16/fp16 compute, 4 for fp32):
   under TP + sequence parallelism s_t = ceil(s/tp), and heads, kv heads, f split by tp). Counted
   from what autograd saves in this model's block (fused SDPA attention: q, k, v, output and the
   log-sum-exp, no s×s scores; RMSNorm upcasts its input to fp32), checked against the saved tensors
-  of a real block in tests/trainer/test_plan.py:
+  of a real block in tests/trainer/plan/test_build.py:
 
       per layer = b·s_t·(8h + 2·e_n·h + 8) + b·s·n_in·e·h + b·s·(4·e·h + 4·a + 4·e·f)/tp
 
