@@ -1,7 +1,8 @@
 """Tokenizers, documents and a stateful, reshardable data loader; nothing is downloaded.
 
 - ``ByteTokenizer`` (default): UTF-8 bytes are ids 0..255, then BOS=256 and EOS=257.
-- ``HFTokenizer``: a local ``tokenizer.json`` through the ``tokenizers`` package, if installed.
+- ``HFTokenizer``: a local ``tokenizer.json`` (``tokenizer_file``: the file, or a folder holding it)
+  through the ``tokenizers`` package, if installed.
 - ``load_documents``: the corpus shipped in ``trainer/corpus/`` or local .txt / .jsonl files.
 - ``TokenStream``: every document tokenized once into one int32 array, ``BOS doc EOS BOS doc EOS ...``.
 - ``load_training_tokens``: the trainer's tokenizer and token array, refusing (ConfigError) what cannot work.
@@ -52,6 +53,17 @@ class ByteTokenizer:
         return bytes(int(i) for i in ids if int(i) < 256).decode("utf-8", errors="replace")
 
 
+def tokenizer_file(path: str | Path) -> Path:
+    """The tokenizer.json ``path`` names (the file, or a folder holding it); FileNotFoundError when
+    there is none."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no tokenizer file at {path}")
+    return path
+
+
 class HFTokenizer:
     """A local Hugging Face ``tokenizer.json`` (a file, or a folder holding one); needs ``tokenizers``.
 
@@ -71,12 +83,7 @@ class HFTokenizer:
                 "a tokenizer.json needs the 'tokenizers' package (pip install tokenizers); "
                 "leave the tokenizer unset to use the built-in byte-level tokenizer"
             ) from e
-        path = Path(path)
-        if path.is_dir():
-            path = path / "tokenizer.json"
-        if not path.is_file():
-            raise FileNotFoundError(f"no tokenizer file at {path}")
-        self._tok = _Tokenizer.from_file(str(path))
+        self._tok = _Tokenizer.from_file(str(tokenizer_file(path)))
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.bos_id = self._first_id(self.BOS_NAMES)
         self.eos_id = self._first_id(self.EOS_NAMES)

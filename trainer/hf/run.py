@@ -12,7 +12,6 @@ one readable line of shapes.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,7 +19,7 @@ import torch
 from ckpt import CheckpointError
 from ckpt.format import Manifest
 from trainer.config import Config, ConfigError
-from trainer.data import HFTokenizer
+from trainer.data import HFTokenizer, tokenizer_file
 from trainer.model import FLAVORS, ModelArgs, Transformer, ffn_hidden_dim, model_args
 
 PREFIX = "model."
@@ -97,11 +96,7 @@ def tokenizer_files(path: str) -> tuple[dict[str, bytes], Any]:
     """The Hugging Face files of the run's tokenizer ``path`` (a tokenizer.json, or a folder holding
     one): ``tokenizer.json`` as it is and a ``tokenizer_config.json`` naming its BOS/EOS tokens, and
     the tokenizer as the trainer reads it (``bos_id``/``eos_id``). FileNotFoundError when it is gone."""
-    file = Path(path)
-    if file.is_dir():
-        file = file / "tokenizer.json"
-    if not file.is_file():
-        raise FileNotFoundError(f"no tokenizer file at {file}")
+    file = tokenizer_file(path)
     tokenizer = HFTokenizer(file)
     raw = tokenizer._tok  # the tokenizers.Tokenizer
     config = {"tokenizer_class": "PreTrainedTokenizerFast",

@@ -19,17 +19,10 @@ from trainer.parallel import ParallelDims, ParallelismError, check_tp_heads
 
 
 @dataclass(frozen=True)
-class Layout:
-    dp_replicate: int
-    dp_shard: int
-    tp: int
-    pp: int
-    world_size: int
-    wrap: str  # "fsdp", "ddp" or "none"
+class Layout(ParallelDims):
+    """The trainer's :class:`~trainer.parallel.ParallelDims` and how the model is wrapped."""
 
-    @property
-    def dp(self) -> int:
-        return self.dp_replicate * self.dp_shard
+    wrap: str  # "fsdp", "ddp" or "none"
 
     @property
     def shard(self) -> int:
