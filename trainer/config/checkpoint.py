@@ -14,6 +14,7 @@ The keys, in order: ``enable``, ``folder``, the engine options, ``load_step``,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass
 from enum import Enum
@@ -66,7 +67,7 @@ def _engine_field(name: str, help: str) -> tuple[str, Any, dataclasses.Field]:
     if _enum(name) is not None:  # the string users write: the member's value
         return name, str, dataclasses.field(default=_enum(name)(default).value, metadata=meta)
     if typing.get_origin(tp) is tuple:  # a list in files and (comma-separated) on the command line
-        return name, list[str], dataclasses.field(default_factory=list, metadata=meta)
+        return name, list[str], dataclasses.field(default_factory=functools.partial(list, default), metadata=meta)
     return name, tp, dataclasses.field(default=default, metadata=meta)
 
 
@@ -74,8 +75,12 @@ CHOICES: dict[str, tuple[str, ...]] = {name: choices(_enum(name)) for name in EN
 """The enum-valued engine options: key -> allowed values (the engine's enums, not a second list)."""
 
 
+# The section's keys in order: a dataclass lists its bases' fields first, so _Where's come first, then
+# the engine options (_Engine, made from ENGINE_OPTIONS), then CheckpointConfig's own.
 @dataclass
 class _Where:
+    """The trainer's keys before the engine options."""
+
     enable: bool = False
     """Save checkpoints and resume from them."""
     folder: str = "checkpoints"
