@@ -26,10 +26,10 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from . import codec, commit
+from . import commit
 from .delta import DeltaBase
 from .errors import CheckpointError, InvalidManifestError, InvalidOptionError
-from .format import Chunk, Manifest, ValueEntry
+from .format import Chunk, Manifest, ValueEntry, codec
 from .options import SaveOptions
 from .read import ChunkSource, read_manifest
 from .storage import Location, locate

@@ -52,7 +52,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from . import commit, values
+from . import commit
 from .errors import (
     CheckpointError,
     CheckpointExistsError,
@@ -61,7 +61,7 @@ from .errors import (
     UnsafeCheckpointError,
     UnsupportedFormatError,
 )
-from .format import MAX_BYTES, MAX_DIMS, Chunk, Manifest, TensorEntry, ValueEntry, data_file_name, dtype_name
+from .format import MAX_BYTES, MAX_DIMS, Chunk, Manifest, TensorEntry, ValueEntry, data_file_name, dtype_name, values
 from .root import STEP_DIR
 from .storage import Location, locate
 from .write import Payload, tensor_bytes, write_file

@@ -2,13 +2,13 @@
 load, replay and tool takes to a checkpoint's bytes.
 
 1. locate  :func:`read_manifest` opens a committed checkpoint and validates its manifest before
-           anything in it is used (:mod:`ckpt.validate`);
+           anything in it is used (:mod:`ckpt.format.validate`);
 2. read    :class:`DataFiles` reads a blob with positional reads straight into the caller's buffer
            (the live tensor when the layouts match), confined to the checkpoint directory, refusing
            blobs beyond the end of their file before allocating for them;
 3. verify  every blob's xxh3-64 checksum, before its bytes are handed on (a direct read into a live
            tensor is hashed while the next chunk is read, and committed only once it verifies);
-4. decode  :class:`ChunkSource` turns stored bytes back into raw ones (:mod:`ckpt.codec`); a
+4. decode  :class:`ChunkSource` turns stored bytes back into raw ones (:mod:`ckpt.format.codec`); a
            ``delta``/``unchanged`` chunk is decoded against the chunk at the same offsets in the
            base checkpoint (a sibling directory, itself possibly a delta, down to the last full).
            A missing, corrupt or looping link raises :class:`~ckpt.errors.CorruptCheckpointError`
@@ -27,8 +27,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import torch
 
-from . import codec, commit, values
-from .blobs import checksum
+from . import commit
 from .errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -36,7 +35,7 @@ from .errors import (
     InvalidManifestError,
     UnsafeCheckpointError,
 )
-from .format import MANIFEST_NAME, Blob, Chunk, Manifest, ValueEntry, is_data_file_name
+from .format import MANIFEST_NAME, Blob, Chunk, Manifest, ValueEntry, checksum, codec, is_data_file_name, values
 from .storage import Location, ReadHandle, locate
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ from .device import accelerator_module
 from .errors import SnapshotSkipped
 from .options import BusyPolicy, as_enum
 from .tree import CONTAINERS, DESCEND, descend_containers, transform
-from .values import Leaf
+from .format.values import Leaf
 
 ALIGN = 64  # bytes between tensors inside one buffer set
 _HELD = Future()  # marks a set kept as a base until the next track(): earlier writes must not free it

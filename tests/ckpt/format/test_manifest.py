@@ -1,6 +1,6 @@
-"""ckpt.format: a hostile or unreadable manifest is refused before a single data byte is read (file
-names outside the checkpoint, absurd or inconsistent values, not JSON, a newer format version), and
-the refused load touches nothing."""
+"""ckpt.format.manifest (parsed through ckpt.format.validate): a hostile or unreadable manifest is
+refused before a single data byte is read (file names outside the checkpoint, absurd or inconsistent
+values, not JSON, a newer format version), and the refused load touches nothing."""
 
 from __future__ import annotations
 
