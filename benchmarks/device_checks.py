@@ -171,9 +171,19 @@ def preflight(ctx: Context, figures: dict) -> None:
                 figures[tool] = " / ".join(out.splitlines()[:3])
             except (OSError, subprocess.SubprocessError) as exc:
                 figures[tool] = f"failed: {exc}"
+    state = job_state_bytes(ctx)  # fp32 weights + AdamW moments of the overlap/stall job
+    figures["job_state_gib"] = round(state / GIB, 2)
+    figures["mem_available_gib"] = round(mem_available() / GIB, 1)
+    # Pinned buffers (two sets) + DCP's pinned copy + checkpoints on tmpfs (tmpfs is host memory too).
+    if str(ctx.work).startswith("/dev/shm") and (shutil.disk_usage(ctx.work).free < 3 * state
+                                                  or mem_available() < 7 * state):
+        ctx.work = REPO / "benchmarks" / "_work" / "ckpt-device-checks"
+        ctx.work.mkdir(parents=True, exist_ok=True)
+        figures["work_note"] = "not enough host memory for checkpoints on tmpfs: on disk instead"
     figures["work"] = str(ctx.work)
     figures["work_free_gib"] = round(shutil.disk_usage(ctx.work).free / GIB, 1)
-    figures["mem_available_gib"] = round(mem_available() / GIB, 1)
+    if shutil.disk_usage(ctx.work).free < 3 * state:
+        raise Failed(f"{ctx.work} has room for less than 3 checkpoints of {state / GIB:.1f} GiB")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -190,6 +200,16 @@ def preflight(ctx: Context, figures: dict) -> None:
         figures[f"all_reduce_{where}"] = "ok" if float(probe.sum()) == 4.0 else f"wrong: {probe.tolist()}"
     if any(str(v).startswith("wrong") for k, v in figures.items() if k.startswith("all_reduce")):
         raise Failed("an all-reduce changed its tensor")
+
+
+def job_state_bytes(ctx: Context) -> int:
+    import torch
+
+    from trainer import model as model_mod
+
+    with torch.device("meta"):
+        params = model_mod.num_params(model_mod.build(Job.model_args(ctx)))
+    return 16 * params
 
 
 def mem_available() -> int:
@@ -335,12 +355,8 @@ class Job:
         from trainer import model as model_mod
 
         self.ctx = ctx
-        if ctx.dry:
-            self.args = model_mod.model_args("debug", max_seq_len=128)
-            self.batch, self.seq = 2, 64
-        else:
-            self.args = model_mod.ModelArgs(dim=2048, n_layers=16, n_heads=16, vocab_size=32000, max_seq_len=2048)
-            self.batch, self.seq = 4, 2048
+        self.args = self.model_args(ctx)
+        self.batch, self.seq = (2, 64) if ctx.dry else (4, 2048)
         torch.manual_seed(seed)
         with torch.device(ctx.device):
             self.model = model_mod.build(self.args)
@@ -348,6 +364,14 @@ class Job:
         tokens = torch.randint(0, self.args.vocab_size, (self.batch, self.seq + 1), device=ctx.device)
         self.inputs, self.labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
         self.params = model_mod.num_params(self.model)
+
+    @staticmethod
+    def model_args(ctx: Context):
+        from trainer import model as model_mod
+
+        if ctx.dry:
+            return model_mod.model_args("debug", max_seq_len=128)
+        return model_mod.ModelArgs(dim=2048, n_layers=16, n_heads=16, vocab_size=32000, max_seq_len=2048)
 
     def forward_backward(self) -> None:
         torch = self.ctx.torch
