@@ -46,7 +46,8 @@ from .delta import DeltaBase, DeltaPolicy, tensor_signature
 from .errors import CheckpointError, CheckpointWriteError, InvalidOptionError
 from .options import AsyncMode, BusyPolicy, FailurePolicy, SaveOptions
 from .replicate import Replicator
-from .root import CheckpointRoot, step_name
+from .format import step_name
+from .root import CheckpointRoot
 from .snapshot_copy import single_threaded_aten
 from .staging import DoubleBufferStager
 from .state import export_state
