@@ -77,7 +77,7 @@ from harness import (  # first: puts this checkout's root on sys.path
     verdict, work_dir, write_json,
 )
 
-from ckpt import codec  # noqa: E402
+from ckpt.format import codec  # noqa: E402
 from trainer import model as model_mod  # noqa: E402
 from trainer.config import load_config  # noqa: E402
 from trainer.train import Trainer  # noqa: E402

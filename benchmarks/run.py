@@ -11,9 +11,9 @@ the other so that they never share the cores, and leaves its section and numbers
 the plots, then each benchmark's own section with its command), the PNG plots under
 ``benchmarks/plots/`` and the block between the ``bench:begin``/``bench:end`` markers in
 README.md. A benchmark that fails is reported as failed, with the last lines of its output; its
-previous result is not shown as current. The accelerator benchmark (``bench_accel.py``) runs only
-when named (``--only accelerator``), the layouts benchmark (2 and 4 ranks, ~5 min) in full runs
-and when named; their stored results, from whichever machine ran them, are included.
+previous result is not shown as current. The layouts benchmark (2 and 4 ranks, ~5 min) runs in full
+runs and when named; its stored result, from whichever machine ran it, is included. The checks on a
+lent accelerator are ``device_checks.py``, run by hand there (benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -64,8 +64,6 @@ BENCHES = [
           "trainer tokens/s with and without checkpointing"),
     Bench("layouts", "bench_layouts.py", ["--quick"], ["--repeats", "3"],
           "trainer tokens/s per parallel layout", in_quick=False),
-    Bench("accelerator", "bench_accel.py", ["--quick"], [],
-          "accelerator staging, stall and tokens/s", default=False),
 ]
 BY_NAME = {b.name: b for b in BENCHES}
 RESULTS_DIR = HERE / "results"

@@ -19,6 +19,7 @@ import logging
 
 from . import dcp
 from .api import load, save
+from .committed import read_manifest
 from .delta import DeltaBase
 from .errors import (
     CheckpointError,
@@ -40,7 +41,6 @@ from .format import FORMAT_VERSION, Manifest
 from .manager import CheckpointManager, CommitInfo, SaveStats
 from .options import AsyncMode, BusyPolicy, Compression, FailurePolicy, SaveOptions
 from .planner import SafeLoadPlanner
-from .read import read_manifest
 from .root import CheckpointRoot
 from .staging import DoubleBufferStager
 from .state import RNGState

@@ -18,11 +18,11 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from .committed import read_manifest
 from .dcp import Reader, Writer
 from .errors import CheckpointError, CheckpointWriteError, IncompatibleCheckpointError
 from .format import Manifest
 from .planner import SafeLoadPlanner
-from .read import read_manifest
 from .state import export_state, stored_whole
 from .storage import locate
 

@@ -45,9 +45,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import lmdb
 
+from .committed import read_manifest
 from .errors import CheckpointError, CorruptCheckpointError
 from .format import Manifest
-from .read import read_manifest
 from .root import CheckpointRoot
 from .storage import Location
 
@@ -123,8 +123,7 @@ def _encode(doc) -> bytes:
 
 
 def _step_record(manifest: Manifest) -> dict:
-    blobs = [c.blob for e in manifest.tensors.values() for c in e.chunks]
-    blobs += [v.blob for v in manifest.values.values() if v.blob is not None]
+    blobs = [blob for _key, blob in manifest.blobs()]
     return {"kind": manifest.kind, "base_step": manifest.base_step, "bytes": sum(b.length for b in blobs),
             "raw_bytes": sum(b.decoded_length for b in blobs), "tensors": len(manifest.tensors),
             "created": manifest.created}

@@ -27,6 +27,10 @@ Object stores (S3 and other fsspec mounts: no rename, no fsync):
    A prefix without a manifest does not exist for readers. Objects no manifest references — a dead
    attempt's — are deleted by the next writer of the target or a manager starting on the root.
 
+Whether a directory is committed (:func:`is_committed`, :func:`uncommitted_reason`) is the reader's
+side of this protocol; it lives in :mod:`ckpt.committed`, below this module and the read side, and is
+importable from here too. Every name above is made in :mod:`ckpt.format.names`.
+
 A single-file checkpoint (:mod:`ckpt.merged`) is a :class:`PendingFile`: on POSIX written and fsync'd
 under ``<name>.tmp-<id>`` and renamed over the target; on an object store one upload that appears
 whole when it completes.
@@ -39,14 +43,12 @@ import os
 import uuid
 from dataclasses import dataclass
 
+from .committed import is_committed, read_manifest, uncommitted_reason  # noqa: F401 (re-exported: the reader's side)
 from .errors import CheckpointError, CheckpointExistsError
-from .format import DATA_DIR, MANIFEST_NAME, Manifest
+from .format import DATA_DIR, MANIFEST_NAME, OLD_MARK, TMP_MARK, Manifest, aside_name, attempt_name, leftover_target
 from .storage import Location, locate
 
 log = logging.getLogger(__name__)
-
-TMP_MARK = ".tmp-"
-OLD_MARK = ".old-"
 
 
 @dataclass(frozen=True)
@@ -57,22 +59,6 @@ class Attempt:
     target: Location
     directory: Location
     tag: str = ""
-
-
-def uncommitted_reason(path: Location | str | os.PathLike) -> str | None:
-    """Why ``path`` is not a committed checkpoint directory (None when it is one)."""
-    path = locate(path)
-    if TMP_MARK in path.name or OLD_MARK in path.name:
-        return f"{path} is the leftover of an unfinished save, not a checkpoint"
-    if (path / MANIFEST_NAME).is_file():
-        return None
-    if not path.is_dir():
-        return f"no checkpoint at {path}"
-    return f"{path} is not a committed checkpoint (no {MANIFEST_NAME})"
-
-
-def is_committed(path: Location | str | os.PathLike) -> bool:
-    return uncommitted_reason(path) is None
 
 
 def _new_tag() -> str:
@@ -96,7 +82,7 @@ def begin(target: Location | str | os.PathLike, *, overwrite: bool) -> Attempt:
         return Attempt(target, target, _new_tag())
     if target.exists() and not overwrite:
         raise CheckpointExistsError(f"{target} already exists; pass overwrite=True to replace it", path=str(target))
-    tmp = target.parent / f"{target.name}{TMP_MARK}{_new_tag()}"
+    tmp = target.parent / attempt_name(target.name, _new_tag())
     storage.makedirs((tmp / DATA_DIR).path)
     return Attempt(target, tmp)
 
@@ -127,7 +113,7 @@ def _publish(tmp: Location, target: Location, *, overwrite: bool) -> None:
         if not overwrite:
             raise CheckpointExistsError(f"{target} appeared while saving; not replaced", path=str(target))
         if target.is_dir():
-            old = target.parent / f"{target.name}{OLD_MARK}{_new_tag()}"
+            old = target.parent / aside_name(target.name, _new_tag())
             storage.rename(target.path, old.path)
     storage.rename(tmp.path, target.path)
     storage.sync_dir(target.parent.path)
@@ -170,7 +156,7 @@ class PendingFile:
         storage.makedirs(target.parent.path)
         if storage.atomic_rename:
             collect_garbage(target)
-            self.tmp = target.parent / f"{target.name}{TMP_MARK}{_new_tag()}"
+            self.tmp = target.parent / attempt_name(target.name, _new_tag())
         else:
             self.tmp = target
         if not overwrite and target.exists():
@@ -222,8 +208,6 @@ def collect_garbage(target: Location | str | os.PathLike) -> None:
 
 
 def _readable_manifest(target: Location) -> Manifest | None:
-    from .read import read_manifest  # the read side imports this module
-
     try:
         return read_manifest(target)
     except CheckpointError:
@@ -236,9 +220,9 @@ def collect_root_garbage(root: Location | str | os.PathLike) -> None:
     root = locate(root)
     targets = set()
     for entry in root.list():
-        for mark in (TMP_MARK, OLD_MARK):
-            if mark in entry:
-                targets.add(entry.split(mark, 1)[0])
+        target = leftover_target(entry)
+        if target is not None:
+            targets.add(target)
     for name in sorted(targets):
         collect_garbage(root / name)
 

@@ -43,10 +43,11 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 
 from . import commit
+from .committed import read_manifest
 from .errors import CheckpointError, CheckpointExistsError, CheckpointWriteError, UnsupportedFormatError
 from .format import Manifest
 from .merged import SAFETENSORS_DTYPES, safetensors_header
-from .read import ChunkSource, read_manifest
+from .read import ChunkSource
 from .storage import Location, locate
 from .write import tensor_bytes
 

@@ -26,12 +26,13 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from . import codec, commit
+from . import commit
+from .committed import read_manifest
 from .delta import DeltaBase
 from .errors import CheckpointError, InvalidManifestError, InvalidOptionError
-from .format import Chunk, Manifest, ValueEntry
+from .format import Chunk, Manifest, ValueEntry, codec
 from .options import SaveOptions
-from .read import ChunkSource, read_manifest
+from .read import ChunkSource
 from .storage import Location, locate
 from .write import build_manifest, write_rank
 

@@ -52,7 +52,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from . import commit, values
+from . import commit
 from .errors import (
     CheckpointError,
     CheckpointExistsError,
@@ -61,13 +61,22 @@ from .errors import (
     UnsafeCheckpointError,
     UnsupportedFormatError,
 )
-from .format import MAX_BYTES, MAX_DIMS, Chunk, Manifest, TensorEntry, ValueEntry, data_file_name, dtype_name
-from .root import STEP_DIR
+from .committed import DCP_METADATA_NAME as METADATA_NAME
+from .format import (
+    MAX_BYTES,
+    MAX_DIMS,
+    Chunk,
+    Manifest,
+    TensorEntry,
+    ValueEntry,
+    data_file_name,
+    dtype_name,
+    parse_step_name,
+    values,
+)
 from .storage import Location, locate
 from .write import Payload, tensor_bytes, write_file
 
-METADATA_NAME = ".metadata"
-DATA_SUFFIX = ".distcp"
 MAX_METADATA_BYTES = 1 << 32
 MAX_VALUE_BYTES = 1 << 30  # a decompressed non-tensor value
 STREAM_SLACK = 1 << 20  # a torch.save zip around a chunk's bytes: headers, data.pkl, 64-byte padding
@@ -75,18 +84,6 @@ ZSTD = "stream.zstd"
 _ZIP_MAGIC = b"PK\x03\x04"
 _DCP_FILE = re.compile(r"__(\d+)_(\d+)\.distcp")
 _PATH_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
-
-
-# -- detection -----------------------------------------------------------------------------------
-
-def looks_like_dcp(path: str | os.PathLike | Location, storage_options: dict | None = None) -> bool:
-    """Whether ``path`` is a directory written by DCP's FileSystemWriter (a ``.metadata`` file and
-    ``*.distcp`` data files beside it)."""
-    try:
-        path = locate(path, storage_options)
-        return (path / METADATA_NAME).is_file() and any(n.endswith(DATA_SUFFIX) for n in path.list())
-    except (OSError, CheckpointError):
-        return False
 
 
 # -- .metadata: the allow-list unpickler ---------------------------------------------------------
@@ -398,9 +395,8 @@ def import_dcp(src: str | os.PathLike | Location, dst: str | os.PathLike | Locat
         if item.offsets is not None:
             sizes.setdefault(item.key, {})[item.offsets] = item.sizes
 
-    step_match = STEP_DIR.match(dst.name)
     manifest = Manifest(
-        step=int(step_match.group(1)) if step_match else None, kind="full", world_size=world,
+        step=parse_step_name(dst.name), kind="full", world_size=world,
         created=time.time(), dcp_version=metadata.version, user={"converted_from": "dcp"},
         paths=_paths(metadata),
     )

@@ -6,7 +6,8 @@
 
 ``process_group_backend`` gives the mixed string (``"cpu:gloo,npu:hccl"``) that ``dcp.async_save``
 needs, because DCP runs its CPU-side collectives on the same group. ``accelerator_module`` returns
-``torch.npu`` / ``torch.cuda`` (streams, events, RNG, pinned memory) or None on CPU.
+``torch.npu`` / ``torch.cuda`` (streams, events, RNG, pinned memory) or None on CPU;
+``empty_host_cache`` returns cached pinned host blocks to the system.
 """
 
 from __future__ import annotations
@@ -78,3 +79,16 @@ def accelerator_module(device_type: str | None = None) -> ModuleType | None:
             raise DeviceUnavailableError("torch_npu is not installed")
         return torch.npu
     return torch.cuda
+
+
+def empty_host_cache() -> None:
+    """Hand the accelerator's cached, unused pinned host blocks back to the system (no-op on CPU).
+
+    ``torch.accelerator.empty_host_cache`` where torch has it (it serves torch_npu too); on older
+    CUDA builds the CUDA host allocator's own call."""
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and hasattr(accelerator, "empty_host_cache"):
+        if accelerator.is_available():
+            accelerator.empty_host_cache()
+    elif torch.cuda.is_available() and hasattr(torch._C, "_host_emptyCache"):
+        torch._C._host_emptyCache()

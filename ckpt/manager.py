@@ -46,8 +46,10 @@ from .delta import DeltaBase, DeltaPolicy, tensor_signature
 from .errors import CheckpointError, CheckpointWriteError, InvalidOptionError
 from .options import AsyncMode, BusyPolicy, FailurePolicy, SaveOptions
 from .replicate import Replicator
-from .root import CheckpointRoot, step_name
-from .staging import DoubleBufferStager, single_threaded_aten
+from .format import step_name
+from .root import CheckpointRoot
+from .snapshot_copy import single_threaded_aten
+from .staging import DoubleBufferStager
 from .state import export_state
 
 log = logging.getLogger(__name__)
@@ -55,15 +57,19 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SaveStats:
-    """Counters of a manager. A save's *stall* is the time the training thread was blocked by it:
-    inside ``save()`` plus any wait for its snapshot before the next optimizer step."""
+    """Counters of a manager. A save's *stall* is the time training was blocked by it: the host
+    inside ``save()`` and in any host wait for its snapshot (before the next optimizer step or a
+    forward that changes buffers), plus, on an accelerator, the time the compute stream waited for
+    the snapshot copy (``device_stall_s``, measured with timing events; counted once those have
+    completed, so a stall may show up a step later)."""
 
     saves: int = 0
     skipped: int = 0
     failures: int = 0  # saves that failed (counted under on_error="continue")
-    stall_s: float = 0.0
+    stall_s: float = 0.0  # host + device
     last_stall_s: float = 0.0
-    host_buffer_bytes: int = 0
+    device_stall_s: float = 0.0
+    host_buffer_bytes: int = 0  # staging memory as the (pinned) host allocator reserves it
 
 
 @dataclass(frozen=True)
@@ -94,7 +100,7 @@ class CheckpointManager:
         self.options = options = (options or SaveOptions()).replace(**overrides)
         self._root = CheckpointRoot(root, storage_options)
         self.root = self._root.path
-        self.stats = SaveStats()
+        self._stats = SaveStats()
         self._on_commit = on_commit
         self._mounts = [self._root, *(CheckpointRoot(url, storage_options) for url in options.replicas)]
         named = [(m.path.storage.scheme, m.path.storage.identity(m.path.path)) for m in self._mounts]
@@ -131,10 +137,26 @@ class CheckpointManager:
         self._closed = False
 
     # -- training-loop API -----------------------------------------------------------------------
-    def attach(self, optimizer: torch.optim.Optimizer) -> None:
-        """Wait for a pending snapshot right before ``optimizer.step()`` (the first moment
-        parameters change). Custom loops without an optimizer call :meth:`before_step` instead."""
-        self._hooks.append(optimizer.register_step_pre_hook(lambda *_: self.before_step()))
+    @property
+    def stats(self) -> SaveStats:
+        """The counters, with the device stall measured so far added in."""
+        if self._stager is not None:
+            device = self._stager.device_stall_s
+            new, self._stats.device_stall_s = device - self._stats.device_stall_s, device
+            self._stats.stall_s += new
+            self._stats.last_stall_s += new
+        return self._stats
+
+    def attach(self, optimizer: torch.optim.Optimizer | None = None, *, model: torch.nn.Module | None = None) -> None:
+        """Wait for a pending snapshot right before the live state first changes: before
+        ``optimizer.step()`` and, with ``model``, before the forward of every module that holds
+        persistent buffers (BatchNorm running statistics change in forward; so do the buffers DDP
+        broadcasts when it starts its forward). Other in-place writes to checkpointed tensors (an EMA
+        updated by the loop, say) must call :meth:`before_step` first."""
+        if optimizer is not None:
+            self._hooks.append(optimizer.register_step_pre_hook(lambda *_: self.before_step()))
+        for module in _buffer_owners(model) if model is not None else ():
+            self._hooks.append(module.register_forward_pre_hook(lambda *_: self.before_step()))
 
     def before_step(self) -> None:
         """Block until the last snapshot no longer needs the live tensors (on an accelerator:
@@ -144,8 +166,8 @@ class CheckpointManager:
         start = time.perf_counter()
         self._stager.wait_snapshot()
         waited = time.perf_counter() - start
-        self.stats.stall_s += waited
-        self.stats.last_stall_s += waited
+        self._stats.stall_s += waited
+        self._stats.last_stall_s += waited
 
     def save(self, step: int, state: dict[str, Any], *, force: bool = False) -> bool:
         """Checkpoint ``state`` as ``step`` if due (``step % interval == 0``) or forced.
@@ -182,7 +204,7 @@ class CheckpointManager:
                 self._account(start)
             return True
         if busy:
-            self.stats.skipped += 1
+            self._stats.skipped += 1
             warnings.warn(f"checkpoint of step {step} skipped: both staging buffers are still being written",
                           stacklevel=2)
             return False
@@ -196,7 +218,7 @@ class CheckpointManager:
         with self._inflight_lock:
             self._inflight[step] = future
         future.add_done_callback(lambda f, step=step: self._finished(step, f))
-        self.stats.host_buffer_bytes = self._stager.host_bytes
+        self._stats.host_buffer_bytes = self._stager.host_bytes
         self._account(start)
         return True
 
@@ -372,17 +394,27 @@ class CheckpointManager:
                 wrapped.__cause__, error = error, wrapped
             if self.options.on_error is FailurePolicy.STOP:
                 raise error
-            self.stats.failures += 1
+            self._stats.failures += 1
             log.warning("checkpoint save failed (%s); training continues, the next save retries", error)
             warnings.warn(f"checkpoint save failed ({error}); continuing (on_error='continue')",
                           stacklevel=stacklevel)
 
     def _account(self, start: float) -> None:
         stall = time.perf_counter() - start
-        self.stats.saves += 1
-        self.stats.stall_s += stall
-        self.stats.last_stall_s = stall
+        self._stats.saves += 1
+        self._stats.stall_s += stall
+        self._stats.last_stall_s = stall
 
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("CheckpointManager is closed")
+
+
+def _buffer_owners(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Modules whose forward may change checkpointed buffers: each owner of a persistent buffer,
+    and the root when it is a DDP module that broadcasts buffers before its forward."""
+    owners = [m for m in model.modules()
+              if any(name not in m._non_persistent_buffers_set for name, b in m._buffers.items() if b is not None)]
+    if owners and getattr(model, "broadcast_buffers", False) and model not in owners:
+        owners.insert(0, model)
+    return owners

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.tensor import DTensor
 
-from . import values
+from .format import values
 from .collective import broadcast_error
 from .commit import PendingFile
 from .errors import CheckpointError, CheckpointWriteError, UnsupportedFormatError

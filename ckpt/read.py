@@ -1,14 +1,15 @@
 """The read side: locate → read → verify → decode, delta chains included. The one path every
 load, replay and tool takes to a checkpoint's bytes.
 
-1. locate  :func:`read_manifest` opens a committed checkpoint and validates its manifest before
-           anything in it is used (:mod:`ckpt.validate`);
+1. locate  :func:`~ckpt.committed.read_manifest` opens a committed checkpoint and validates its
+           manifest before anything in it is used (:mod:`ckpt.format.validate`);
 2. read    :class:`DataFiles` reads a blob with positional reads straight into the caller's buffer
            (the live tensor when the layouts match), confined to the checkpoint directory, refusing
            blobs beyond the end of their file before allocating for them;
 3. verify  every blob's xxh3-64 checksum, before its bytes are handed on (a direct read into a live
            tensor is hashed while the next chunk is read, and committed only once it verifies);
-4. decode  :class:`ChunkSource` turns stored bytes back into raw ones (:mod:`ckpt.codec`); a
+           :func:`verify_blobs` checks a whole checkpoint that way without decoding it;
+4. decode  :class:`ChunkSource` turns stored bytes back into raw ones (:mod:`ckpt.format.codec`); a
            ``delta``/``unchanged`` chunk is decoded against the chunk at the same offsets in the
            base checkpoint (a sibling directory, itself possibly a delta, down to the last full).
            A missing, corrupt or looping link raises :class:`~ckpt.errors.CorruptCheckpointError`
@@ -22,56 +23,24 @@ import io
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
 
-from . import codec, commit, values
-from .blobs import checksum
+from .committed import read_manifest
 from .errors import (
     CheckpointError,
-    CheckpointNotFoundError,
     CorruptCheckpointError,
     InvalidManifestError,
     UnsafeCheckpointError,
 )
-from .format import MANIFEST_NAME, Blob, Chunk, Manifest, ValueEntry, is_data_file_name
+from .format import MANIFEST_NAME, Blob, Chunk, Manifest, ValueEntry, checksum, codec, is_data_file_name, values
 from .storage import Location, ReadHandle, locate
 
 log = logging.getLogger(__name__)
 
-MAX_MANIFEST_BYTES = 1 << 30
 MAX_CHAIN = 100_000
-
-
-def read_manifest(path: str | os.PathLike | Location, storage_options: dict | None = None) -> Manifest:
-    """Parse and validate the manifest of the committed checkpoint at ``path`` (a directory or a URL)."""
-    return read_manifest_bytes(path, storage_options)[0]
-
-
-def read_manifest_bytes(path: str | os.PathLike | Location, storage_options: dict | None = None
-                        ) -> tuple[Manifest, bytes]:
-    """:func:`read_manifest`, also returning the manifest's bytes as stored."""
-    path = locate(path, storage_options)
-    reason = commit.uncommitted_reason(path)
-    if reason is not None:
-        from .dcp_import import looks_like_dcp  # only on this failure path
-
-        if path.storage.is_local and path.is_dir() and looks_like_dcp(path):
-            reason = (f"{path} is a checkpoint written by torch.distributed.checkpoint (DCP), not by ckpt; "
-                      f"convert it with: ckpt-convert {path} <dst> --from dcp")
-        raise CheckpointNotFoundError(reason, path=str(path), file=MANIFEST_NAME)
-    try:
-        raw = path.storage.read_bytes(path.path, MANIFEST_NAME, MAX_MANIFEST_BYTES)
-    except ValueError:
-        raise InvalidManifestError(f"{path / MANIFEST_NAME} is absurdly large", path=str(path),
-                                   file=MANIFEST_NAME) from None
-    try:
-        return Manifest.from_json(raw, source=str(path / MANIFEST_NAME)), raw
-    except CheckpointError as exc:
-        exc.path = str(path)
-        raise
 
 
 class DataFiles:
@@ -132,6 +101,33 @@ class DataFiles:
         for handle in self._handles.values():
             handle.close()
         self._handles.clear()
+
+
+def verify_blobs(path: Location, manifest: Manifest, *, files: Iterable[str] | None = None,
+                 progress: Callable[[int], None] | None = None,
+                 failed: Callable[[str, Blob, Exception], None] | None = None) -> None:
+    """Read every blob of the checkpoint at ``path`` (of the data files ``files`` only, when given)
+    and check it against its checksum, in the manifest's order (:meth:`Manifest.blobs`);
+    ``progress(length)`` after each. The first that fails raises; with ``failed``, each failure (a
+    :class:`~ckpt.errors.CheckpointError` or an ``OSError``) is handed to ``failed(key, blob, error)``
+    instead and the next blob is read. The one whole-checkpoint verification: ``ckpt-inspect
+    --verify`` and a replica's read-back (:mod:`ckpt.replicate`)."""
+    wanted = None if files is None else set(files)
+    data = DataFiles(path)
+    try:
+        for key, blob in manifest.blobs():
+            if wanted is not None and blob.file not in wanted:
+                continue
+            try:
+                data.read(blob, what=key)
+            except (CheckpointError, OSError) as exc:
+                if failed is None:
+                    raise
+                failed(key, blob, exc)
+            if progress is not None:
+                progress(blob.length)
+    finally:
+        data.close()
 
 
 class ChunkSource:

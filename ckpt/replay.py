@@ -13,7 +13,7 @@ from collections import defaultdict
 from typing import Callable
 
 from . import commit
-from .format import DATA_DIR, Chunk, Manifest, TensorEntry, ValueEntry
+from .format import Chunk, Manifest, TensorEntry, ValueEntry, numbered_file_name
 from .read import ChunkSource
 from .storage import locate
 from .write import Payload, write_file
@@ -49,7 +49,7 @@ def materialize(source_path: str | os.PathLike, out: str | os.PathLike | None = 
             manifest.values = {key: v for key, v in old.values.items() if v.blob is None}
             for number, (old_name, payloads) in enumerate(sorted(by_file.items())):
                 # object stores: names unique to this attempt (see ckpt.commit)
-                name = f"{DATA_DIR}/{attempt.tag}.file-{number:05d}.bin" if attempt.tag else old_name
+                name = numbered_file_name(number, attempt.tag) if attempt.tag else old_name
                 for (key, chunk), blob in write_file(attempt.directory, name, payloads):
                     record = ValueEntry(old.values[key].encoding, blob=blob) if chunk is None else \
                         Chunk(chunk.offsets, chunk.sizes, blob)

@@ -12,7 +12,7 @@ Contract of one copy (:func:`copy_step`):
    is computed over the bytes as they pass and compared with the manifest before the file is
    finished, so corruption on the source is never committed on a replica. Each written file is
    finished durably and its size checked; with ``read_back=True`` every blob is then read back from
-   the replica and verified.
+   the replica and verified (:func:`ckpt.read.verify_blobs`).
 3. Only when every rank succeeded does rank 0 write the manifest — the primary's bytes, unchanged —
    on the replica: the commit point. Otherwise the attempt is removed.
 
@@ -31,7 +31,6 @@ handed to ``on_state`` (the catalog). Nothing here ever blocks training.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections import deque
@@ -43,15 +42,15 @@ import xxhash
 from . import commit, retention
 from .collective import any_rank, broadcast_error
 from .errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, StorageError
-from .format import Blob, Manifest
-from .read import DataFiles, read_manifest_bytes
+from .format import Blob, Manifest, data_file_rank
+from .committed import read_manifest_bytes
+from .read import DataFiles, verify_blobs
 from .root import CheckpointRoot
 from .storage import Location
 
 log = logging.getLogger(__name__)
 
 SLICE = 16 << 20
-_RANK = re.compile(r"rank-(\d+)")
 
 PENDING, COPYING, COMMITTED, FAILED, DROPPED = "pending", "copying", "committed", "failed", "dropped"
 
@@ -66,21 +65,16 @@ def files_of_rank(manifest: Manifest, rank: int, world: int) -> list[str]:
     """The data files ``rank`` of ``world`` copies: those it wrote (by the rank in their name)."""
     mine = []
     for name in sorted(manifest.data_files()):
-        match = _RANK.search(name.rsplit("/", 1)[-1])
-        owner = int(match.group(1)) if match else 0
-        if owner % world == rank:
+        owner = data_file_rank(name)
+        if (0 if owner is None else owner) % world == rank:
             mine.append(name)
     return mine
 
 
 def _blobs_by_file(manifest: Manifest) -> dict[str, list[tuple[str, Blob]]]:
     by_file: dict[str, dict[tuple[int, int], tuple[str, Blob]]] = {}
-    for key, entry in manifest.tensors.items():
-        for chunk in entry.chunks:
-            by_file.setdefault(chunk.blob.file, {})[(chunk.blob.offset, chunk.blob.length)] = (key, chunk.blob)
-    for key, value in manifest.values.items():
-        if value.blob is not None:
-            by_file.setdefault(value.blob.file, {})[(value.blob.offset, value.blob.length)] = (key, value.blob)
+    for key, blob in manifest.blobs():
+        by_file.setdefault(blob.file, {})[(blob.offset, blob.length)] = (key, blob)
     return {name: [blobs[k] for k in sorted(blobs)] for name, blobs in by_file.items()}
 
 
@@ -129,17 +123,6 @@ def copy_file(source: DataFiles, target: Location, name: str, blobs: list[tuple[
     if written != reader.size:
         raise StorageError(f"{target / name} holds {written} bytes, the source {reader.size}", path=str(target))
     return written
-
-
-def _read_back(target: Location, manifest: Manifest, files: list[str]) -> None:
-    blobs = _blobs_by_file(manifest)
-    copy = DataFiles(target)
-    try:
-        for name in files:
-            for what, blob in blobs.get(name, []):
-                copy.read(blob, what=what)
-    finally:
-        copy.close()
 
 
 def _share(value, group, distributed: bool):
@@ -192,7 +175,7 @@ def copy_step(source: Location, target: Location, *, read_back: bool = False, gr
         finally:
             files.close()
         if read_back:
-            _read_back(directory, manifest, mine)
+            verify_blobs(directory, manifest, files=mine)
     except Exception as exc:
         local = exc
     failed, corrupt = any_rank((local is not None, isinstance(local, SourceCorruptError)), group,

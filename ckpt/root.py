@@ -9,9 +9,10 @@
 The root is a directory or a URL (``s3://bucket/run``); every access goes through its mount
 (:mod:`ckpt.storage`).
 
-:class:`CheckpointRoot` owns the step naming, the list of committed steps (the manifests are the
-truth), the writer's lock, the start-up clean-up after dead saves and the map of delta bases
-(step -> base step) that retention needs. The manager, retention and the tools share it.
+:class:`CheckpointRoot` owns the step directories (named and parsed by :mod:`ckpt.format.names`), the
+list of committed steps (the manifests are the truth), the writer's lock, the start-up clean-up after
+dead saves and the map of delta bases (step -> base step) that retention needs. The manager,
+retention and the tools share it.
 
 Listing never offers a delta whose chain lost a link (:meth:`CheckpointRoot.steps`); retention
 deletes newest first, so no listed step ever depends on one already gone (the manager does that).
@@ -21,23 +22,17 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 
 from . import commit
+from .committed import read_manifest
 from .errors import CheckpointError, StorageError
-from .read import read_manifest
+from .format import parse_step_name, step_name
 from .storage import Location, holder_text, locate
 
 log = logging.getLogger(__name__)
 
-STEP_DIR = re.compile(r"^step-(\d{8,})$")
 LOCK_NAME = ".lock"
 UNREADABLE = "unreadable"  # in the base map: the step's manifest could not be read
-
-
-def step_name(step: int) -> str:
-    """The directory name of a step's checkpoint: ``step-00000100``."""
-    return f"step-{step:08d}"
 
 
 def step_path(root: str | os.PathLike | Location, step: int, storage_options: dict | None = None) -> Location:
@@ -65,9 +60,9 @@ class CheckpointRoot:
         """Every ``step-N`` entry under the root, committed or not."""
         found = {}
         for name in self.path.list():
-            match = STEP_DIR.match(name)
-            if match:
-                found[int(match.group(1))] = self.path / name
+            step = parse_step_name(name)
+            if step is not None:
+                found[step] = self.path / name
         return found
 
     def committed(self) -> list[int]:

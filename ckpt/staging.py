@@ -2,15 +2,16 @@
 
 ``DoubleBufferStager`` implements DCP's ``AsyncStager``. Each ``stage(state_dict)`` takes a free buffer
 set (two at most, allocated lazily at first use, reallocated only when the state's layout changes,
-pinned where the accelerator has pinned memory), captures every non-tensor value synchronously
-(deep copy), and starts copying the tensors (a DTensor's local shard) into the set:
-
-- npu/cuda: non-blocking copies on a side stream, ordered after the compute stream, and an event;
-- cpu: the copies run on a background thread (``copy_`` releases the GIL).
+pinned where the accelerator has pinned memory: :mod:`ckpt.host_buffers`), captures every non-tensor
+value synchronously (deep copy), and starts copying the tensors (a DTensor's local shard) into the
+set (:mod:`ckpt.snapshot_copy`: device tensors on a side stream of their device, host tensors on a
+copier thread). The staged tree holds the host views; a DTensor is re-wrapped around its host view
+with its own spec, never moved back to the mesh's device.
 
 It returns a ``Future`` of the staged state dict at once. The caller must not change the state until
-:meth:`DoubleBufferStager.wait_snapshot` (the manager calls it from an optimizer step pre-hook; on an
-accelerator it only makes the compute stream wait on the event, the host does not block).
+:meth:`DoubleBufferStager.wait_snapshot` (the manager calls it from an optimizer step pre-hook and,
+for modules with persistent buffers, a forward pre-hook; on an accelerator it only makes the compute
+stream wait on the copy's event, the host blocks only for host-memory sources).
 
 A buffer set stays busy until the write that reads it is done: :meth:`track` a write's future to
 release it then (the manager does). An untracked set is free again at the next-but-one ``stage``,
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,26 +34,26 @@ from torch.distributed.tensor import DTensor
 
 from .device import accelerator_module
 from .errors import SnapshotSkipped
+from .host_buffers import HostBuffers, signature
 from .options import BusyPolicy, as_enum
+from .snapshot_copy import SnapshotCopy
 from .tree import CONTAINERS, DESCEND, descend_containers, transform
-from .values import Leaf
+from .format.values import Leaf
 
-ALIGN = 64  # bytes between tensors inside one buffer set
 _HELD = Future()  # marks a set kept as a base until the next track(): earlier writes must not free it
 
 
 @dataclass
 class _BufferSet:
     index: int
-    signature: tuple = ()
-    flat: torch.Tensor | None = None  # one uint8 allocation holding every tensor of the set
-    views: list[torch.Tensor] = field(default_factory=list)
+    memory: HostBuffers | None = None
     writer: Future | None = None  # the write reading this set, when tracked
     busy: bool = False
+    views: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.flat is None else self.flat.numel()
+        return 0 if self.memory is None else self.memory.nbytes
 
 
 class DoubleBufferStager(AsyncStager):
@@ -66,6 +67,7 @@ class DoubleBufferStager(AsyncStager):
     """
 
     _synchronize_after_execute = False
+    copy_engine = SnapshotCopy  # how bytes move (a stand-in accelerator's tests replace it)
 
     def __init__(self, device_type: str | None = None, *, policy: BusyPolicy | str = BusyPolicy.BLOCK,
                  pin_memory: bool | None = None):
@@ -78,11 +80,7 @@ class DoubleBufferStager(AsyncStager):
         self._lock = threading.Condition()
         self._last: _BufferSet | None = None  # the set most recently staged into
         self._held: _BufferSet | None = None  # kept unchanged as the base of the next write
-        self._pending: Future | None = None  # the snapshot copy in progress, until a host wait
-        self._event = None  # accelerator: event recorded after the side-stream copies
-        self._stream_ordered = False  # accelerator: the compute stream already waits on the event
-        self._copier = ThreadPoolExecutor(1, thread_name_prefix="ckpt-snapshot", initializer=single_threaded_aten)
-        self._stream = self.accel.Stream() if self.accel is not None else None
+        self._copy = self.copy_engine(self.accel)  # streams and the copier thread are made at first use
         self._closed = False
 
     # -- AsyncStager ---------------------------------------------------------------------------
@@ -102,11 +100,7 @@ class DoubleBufferStager(AsyncStager):
         self._ensure_buffers(target, sources)
         staged = _fill(skeleton, iter(target.views))
         self._last = target
-        if self._stream is not None:
-            self._pending = self._copy_on_side_stream(sources, target.views, staged)
-        else:
-            self._pending = self._copier.submit(_copy_all, sources, target.views, staged)
-        return self._pending
+        return self._copy.start(list(zip(sources, target.views)), staged)
 
     def synchronize_staging(self) -> None:
         self.wait_snapshot()
@@ -115,30 +109,27 @@ class DoubleBufferStager(AsyncStager):
         """Wait for the snapshot in flight and free both buffer sets."""
         if self._closed:
             return
-        self.wait_snapshot(host=True)
-        self._copier.shutdown(wait=True)
+        self._copy.close()
         with self._lock:
             for buffers in self.sets:
-                buffers.flat, buffers.views, buffers.signature = None, [], ()
+                if buffers.memory is not None:
+                    buffers.memory.release()
+                buffers.memory, buffers.views = None, []
         self._closed = True
 
     # -- the manager's hooks -------------------------------------------------------------------
     def wait_snapshot(self, host: bool = False) -> None:
         """Make it safe to modify the staged state: the snapshot copy must be complete.
 
-        On an accelerator this only orders the compute stream after the copies (no host wait)
-        unless ``host=True``; the copy stays pending for a later host wait (``close`` frees the
-        buffers only after one)."""
-        pending = self._pending
-        if pending is None:
-            return
-        if self._event is not None and not host:
-            if not self._stream_ordered:
-                self.accel.current_stream().wait_event(self._event)
-                self._stream_ordered = True
-            return
-        self._pending = None
-        pending.result()
+        Host-memory sources are waited for on the host. Device sources only order the compute
+        stream after the copies (no host wait) unless ``host=True``; the copy stays pending for a
+        later host wait (``close`` frees the buffers only after one)."""
+        self._copy.wait(host=host)
+
+    @property
+    def device_stall_s(self) -> float:
+        """Seconds compute streams have waited for snapshot copies (0 on CPU)."""
+        return self._copy.device_stall_s()
 
     def track(self, write: Future) -> None:
         """Release the set staged last (and a set kept as its base) when ``write`` completes."""
@@ -156,6 +147,7 @@ class DoubleBufferStager(AsyncStager):
 
     @property
     def host_bytes(self) -> int:
+        """Host memory held by the buffer sets, as the (pinned) allocator reserves it."""
         return sum(b.nbytes for b in self.sets)
 
     # -- internals -----------------------------------------------------------------------------
@@ -176,7 +168,7 @@ class DoubleBufferStager(AsyncStager):
             while True:
                 free = [b for b in self.sets if not b.busy]
                 # Prefer a set that already has buffers, so a second set is allocated only if needed.
-                free.sort(key=lambda b: b.flat is None)
+                free.sort(key=lambda b: b.memory is None)
                 if free:
                     free[0].busy = True
                     return free[0]
@@ -186,47 +178,13 @@ class DoubleBufferStager(AsyncStager):
                 self._lock.wait()
 
     def _ensure_buffers(self, buffers: _BufferSet, sources: list[torch.Tensor]) -> None:
-        signature = tuple((tuple(t.shape), t.dtype) for t in sources)
-        if signature == buffers.signature and buffers.flat is not None:
+        if buffers.memory is not None and buffers.memory.signature == signature(sources):
             return
-        offsets, total = [], 0
-        for t in sources:
-            offsets.append(total)
-            total += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
-        buffers.flat = None  # free the old layout's memory before allocating the new one
-        flat = torch.empty(total, dtype=torch.uint8, pin_memory=self.pin_memory)
-        buffers.views = [
-            flat[o : o + t.numel() * t.element_size()].view(t.dtype).view(t.shape) for o, t in zip(offsets, sources)
-        ]
-        buffers.flat, buffers.signature = flat, signature
-
-    def _copy_on_side_stream(self, sources, views, staged) -> Future:
-        stream = self._stream
-        stream.wait_stream(self.accel.current_stream())  # copy the values as of now
-        with self.accel.stream(stream):
-            for src, dst in zip(sources, views):
-                dst.copy_(src, non_blocking=True)
-            self._event = self.accel.Event()
-            self._event.record(stream)
-        self._stream_ordered = False
-        event = self._event
-        return self._copier.submit(lambda: (event.synchronize(), staged)[1])
-
-
-def single_threaded_aten() -> None:
-    """Initializer of the engine's long-lived worker threads: one ATen intra-op thread.
-
-    With ATen's OpenMP backend, a parallel op on another long-lived thread gives that thread its own
-    OpenMP team; libgomp then has more threads than cores and stops letting idle workers spin, so
-    every parallel region of the *training* thread pays a sleep/wake-up from then on (measured in
-    benchmarks/bench_trainer.py). The setting is per thread; training keeps its own."""
-    torch.set_num_threads(1)
-
-
-def _copy_all(sources, views, staged):
-    for src, dst in zip(sources, views):
-        dst.copy_(src)
-    return staged
+        if buffers.memory is not None:  # a layout change: the old memory goes before the new comes
+            buffers.memory.release()
+            buffers.memory, buffers.views = None, []
+        buffers.memory = HostBuffers(sources, pin_memory=self.pin_memory)
+        buffers.views = buffers.memory.views
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -259,15 +217,19 @@ def _capture(state_dict: Any, sources: list[torch.Tensor]) -> Any:
 
 
 def _fill(skeleton: Any, views) -> Any:
-    """The skeleton with each slot replaced by the next staged view (re-wrapped as a DTensor)."""
+    """The skeleton with each slot replaced by the next staged view (re-wrapped as a DTensor).
+
+    A DTensor is built around the host view with the live one's spec. ``DTensor.from_local`` would
+    move the view to the mesh's device (``local_tensor.to(device_type)``): on a GPU/NPU mesh the
+    checkpoint would be written from a device copy of a buffer the snapshot has not filled yet, and
+    a second copy of the state would sit on the device. DCP's own CPU state dicts do the same."""
 
     def staged(node: Any) -> Any:
         if not isinstance(node, _Slot):
             return node
         view, like = next(views), node.like
         if isinstance(like, DTensor):
-            return DTensor.from_local(view, like.device_mesh, like.placements, run_check=False,
-                                      shape=like.shape, stride=like.stride())
+            return DTensor(view, like._spec, requires_grad=False)
         return view
 
     return transform(skeleton, descend_containers(staged))

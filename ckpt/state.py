@@ -23,14 +23,14 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from .tree import DESCEND, descend_containers, leaves, transform
-from .values import Leaf
+from .format.values import Leaf
 
 
 def export_state(state: dict, whole: Callable[[tuple], bool] | None = None) -> tuple[dict, Callable[[], None]]:
     """Return ``(state_dict, restore)``: a DCP-ready tree, and a function that pushes values loaded
     into that tree back into the user's objects (modules, optimizers, stateful objects, dicts).
 
-    Tensor-free subtrees become single :class:`~ckpt.values.Leaf` values where ``whole(path)`` says
+    Tensor-free subtrees become single :class:`~ckpt.format.values.Leaf` values where ``whole(path)`` says
     so (always, when saving; when loading, wherever the checkpoint stored them whole — one saved
     by plain DCP has them flattened instead)."""
     modules = [v for v in leaves(state, into=(dict, list)) if isinstance(v, nn.Module)]
@@ -63,7 +63,7 @@ class _Exporter:
 
     def export(self, node: Any, path: tuple) -> Any:
         """Live objects become their state dicts (restorers noted); tensor- and object-free
-        dicts/lists become one :class:`~ckpt.values.Leaf` where ``whole`` says so."""
+        dicts/lists become one :class:`~ckpt.format.values.Leaf` where ``whole`` says so."""
         return transform(node, self._export_visit, path)
 
     def _export_visit(self, node: Any, path: tuple) -> Any:
@@ -93,7 +93,7 @@ class _Exporter:
         return {key: transform(value, self._collapse_visit, path + (key,)) for key, value in state_dict.items()}
 
     def _collapse_visit(self, node: Any, path: tuple) -> Any:
-        """Wrap tensor-free dict/list/tuple subtrees into one :class:`~ckpt.values.Leaf` each."""
+        """Wrap tensor-free dict/list/tuple subtrees into one :class:`~ckpt.format.values.Leaf` each."""
         if isinstance(node, (dict, list, tuple)):
             if not _holds_tensor(node) and self.whole(path):
                 return Leaf(node)

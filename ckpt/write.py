@@ -32,15 +32,14 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 from torch.distributed.checkpoint.planner import SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
-from . import codec, values
-from .blobs import aligned, checksum
-from .codec import Encoded
 from .delta import DeltaBase
 from .errors import UnsafeCheckpointError
-from .format import Blob, Chunk, Manifest, TensorEntry, ValueEntry, data_file_name
+from .format import Blob, Chunk, Manifest, TensorEntry, ValueEntry, codec, data_file_name, values
+from .format.blobs import aligned, checksum
+from .format.codec import Encoded
+from .format.values import Leaf
 from .options import Compression, SaveOptions
 from .storage import Location
-from .values import Leaf
 
 
 def tensor_bytes(tensor: torch.Tensor) -> np.ndarray:
@@ -106,7 +105,7 @@ def _loadable(data: bytes, key: str) -> bytes:
 
 @dataclass
 class Payload:
-    """One thing to store: ``produce()`` returns its bytes (or an :class:`~ckpt.codec.Encoded`)
+    """One thing to store: ``produce()`` returns its bytes (or an :class:`~ckpt.format.codec.Encoded`)
     when it is written."""
 
     key: object  # handed back with the resulting Blob

@@ -23,6 +23,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 import ckpt
+from ckpt.format import step_name
 
 
 class Block(nn.Module):
@@ -88,7 +89,7 @@ def main() -> None:
         if rank == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
 
-    path = os.path.join(args.out, f"step-{args.steps:08d}")
+    path = os.path.join(args.out, step_name(args.steps))
     start = time.perf_counter()
     ckpt.save({"model": model, "optim": optim, "step": args.steps}, path, overwrite=True, step=args.steps)
     saved_s = time.perf_counter() - start

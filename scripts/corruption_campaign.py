@@ -69,15 +69,15 @@ import torch
 
 import ckpt
 from ckpt.catalog import Catalog, mount_id, open_catalog
-from ckpt.root import step_name
+from ckpt.format import MANIFEST_NAME, data_file_name, step_name
 from ckpt.storage import locate
 from tools import inspection
 
 STEPS = (1, 2, 3, 4, 5)
 KEEP = 5
 FULL_EVERY = 3
-DATA_FILE = "data/rank-00000.bin"
-MANIFEST = "manifest.json"
+DATA_FILE = data_file_name(0)
+MANIFEST = MANIFEST_NAME
 KINDS = ("bitflip", "byte", "truncate", "delete")
 PLACES = ("primary-data", "primary-manifest", "replica-data", "replica-manifest", "catalog")
 CATALOG_FILES = ("data.mdb", "lock.mdb")
@@ -207,10 +207,7 @@ class Damage:
 def blobs_of(step_dir: Path) -> list[tuple[str, int, int]]:
     """``(key, offset, length)`` of every non-empty blob in the step's data file, by offset."""
     manifest = ckpt.read_manifest(step_dir)
-    found = [(key, c.blob.offset, c.blob.length) for key, e in manifest.tensors.items() for c in e.chunks
-             if c.blob.file == DATA_FILE]
-    found += [(key, v.blob.offset, v.blob.length) for key, v in manifest.values.items()
-              if v.blob is not None and v.blob.file == DATA_FILE]
+    found = [(key, blob.offset, blob.length) for key, blob in manifest.blobs() if blob.file == DATA_FILE]
     return sorted((b for b in found if b[2] > 0), key=lambda b: b[1])
 
 

@@ -87,7 +87,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-TMP_MARK, OLD_MARK = ".tmp-", ".old-"  # as ckpt.commit names them
+from ckpt.format.names import TMP_MARK, is_leftover, step_name, step_of_entry  # noqa: E402
+
 AIM_TARGETS = ("writing", "committed", "replicating", "retention", "replica-retention")
 AIM_JITTER_S = {"writing": 0.05, "committed": 0.03, "replicating": 0.03, "retention": 0.0, "replica-retention": 0.0}
 POLL_S = 0.001
@@ -336,15 +337,8 @@ def read_metrics(path: Path) -> tuple[list[dict], int]:
 def _unmanifested(folder: Path, names: list[str], known: set[str]) -> list[str]:
     """``step-N`` directories of ``names`` without a manifest (a deletion in progress, or a dead
     one's leftover), except those in ``known``."""
-    return [n for n in names if _step_of(n) is not None and TMP_MARK not in n and OLD_MARK not in n
+    return [n for n in names if step_of_entry(n) is not None and not is_leftover(n)
             and n not in known and not os.path.exists(folder / n / "manifest.json")]
-
-
-def _step_of(name: str) -> int | None:
-    head = name.split(".", 1)[0]
-    if head.startswith("step-") and head[5:].isdigit():
-        return int(head[5:])
-    return None
 
 
 def classify(snapshot: dict, steps: int, aim: str | None = None) -> str:
@@ -410,7 +404,7 @@ def drive(job: Job, paths: RunPaths, plan: Plan, launch: Launch, *, delay: float
     metrics_lines = len(read_metrics(paths.metrics)[0])
     deadline = job.started + plan.launch_timeout
     fire_at = None if delay is None else job.started + delay
-    prefix = None if target_step is None else f"step-{target_step:08d}"
+    prefix = None if target_step is None else step_name(target_step)
     while True:
         code = job.poll()
         if code is not None:
@@ -496,20 +490,20 @@ def check_mount(path: Path, *, verify: bool = True) -> dict:
     entry of ``problems`` is a failed check."""
     import ckpt
     from ckpt.errors import CheckpointError
-    from ckpt.root import CheckpointRoot, step_name
+    from ckpt.root import CheckpointRoot
 
     report = {"listed": [], "committed": [], "kinds": {}, "verified": [], "problems": [], "leftovers": [],
               "hidden": []}
     names = listing(path)
-    report["leftovers"] = [n for n in names if TMP_MARK in n or OLD_MARK in n]
+    report["leftovers"] = [n for n in names if is_leftover(n)]
     if not path.exists():
         return report
     root = CheckpointRoot(path)
     listed, committed = root.steps(), root.committed()
     report["listed"], report["committed"] = listed, committed
     report["hidden"] = [s for s in committed if s not in listed]
-    report["leftovers"] += [n for n in names if n.startswith("step-") and TMP_MARK not in n and OLD_MARK not in n
-                            and _step_of(n) not in committed]
+    report["leftovers"] += [n for n in names if not is_leftover(n) and step_of_entry(n) is not None
+                            and step_of_entry(n) not in committed]
     problems = report["problems"]
     manifests = {}
     for step in listed:
@@ -559,8 +553,7 @@ def check_mount(path: Path, *, verify: bool = True) -> dict:
 
 def check_after_kill(paths: RunPaths) -> dict:
     """Every check after a kill (module docstring, item 4) on the primary and the replica."""
-    from ckpt.read import read_manifest_bytes
-    from ckpt.root import step_name
+    from ckpt.committed import read_manifest_bytes
 
     started = time.monotonic()
     primary, replica = check_mount(paths.primary), check_mount(paths.replica)
@@ -623,7 +616,7 @@ def compare_checkpoints(path: Path, reference: Path) -> dict:
 def compare_runs(paths: RunPaths, reference: RunPaths, steps: int) -> dict:
     """The end-of-run checks (module docstring, item 5): losses and learning rates of every step,
     every record, bit for bit; the final checkpoint on both mounts byte for byte."""
-    from ckpt.root import CheckpointRoot, step_name
+    from ckpt.root import CheckpointRoot
 
     problems = []
     records, bad = read_metrics(paths.metrics)
@@ -653,7 +646,7 @@ def compare_runs(paths: RunPaths, reference: RunPaths, steps: int) -> dict:
             continue
         final[name] = compare_checkpoints(mount / step_name(steps), ref_mount / step_name(steps))
         problems += final[name]["problems"]
-    leftovers = {name: [n for n in listing(mount) if TMP_MARK in n or OLD_MARK in n]
+    leftovers = {name: [n for n in listing(mount) if is_leftover(n)]
                  + _unmanifested(mount, listing(mount), set())
                  for name, mount in (("primary", paths.primary), ("replica", paths.replica))}
     blocked = blocked_replica_steps(paths)
@@ -673,7 +666,7 @@ def blocked_replica_steps(paths: RunPaths) -> list[int]:
     from ckpt.root import CheckpointRoot
 
     listed = set(CheckpointRoot(paths.primary).steps()) if paths.primary.exists() else set()
-    return sorted(s for s in map(_step_of, _unmanifested(paths.replica, listing(paths.replica), set())) if s in listed)
+    return sorted(s for s in map(step_of_entry, _unmanifested(paths.replica, listing(paths.replica), set())) if s in listed)
 
 
 # -- the campaign --------------------------------------------------------------------------------

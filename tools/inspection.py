@@ -27,9 +27,10 @@ import time
 
 from ckpt import CheckpointError, CheckpointNotFoundError, commit
 from ckpt.catalog import Catalog, StepInfo, mount_id, open_catalog
-from ckpt.format import MANIFEST_NAME, Manifest
-from ckpt.read import MAX_MANIFEST_BYTES, DataFiles, read_manifest
-from ckpt.root import STEP_DIR, CheckpointRoot
+from ckpt.committed import MAX_MANIFEST_BYTES, read_manifest
+from ckpt.format import MANIFEST_NAME, Manifest, is_leftover, parse_step_name
+from ckpt.read import verify_blobs
+from ckpt.root import CheckpointRoot
 from ckpt.storage import Location, locate
 from tools.cli import EXPECTED_FAILURES, fail, progress
 
@@ -105,7 +106,7 @@ def mount_list(root: Location, catalog_mounts: list[str], extra: list[str]) -> l
 
 
 def check_root(root: Location) -> None:
-    if STEP_DIR.match(root.name) or commit.TMP_MARK in root.name or commit.OLD_MARK in root.name:
+    if parse_step_name(root.name) is not None or is_leftover(root.name):
         raise CheckpointNotFoundError(commit.uncommitted_reason(root), path=str(root))
     if not root.is_dir():
         raise CheckpointNotFoundError(f"no checkpoint root at {root}", path=str(root))
@@ -161,17 +162,7 @@ def step_rows(mounts, listed, catalog: dict[int, StepInfo]) -> list[dict]:
 
 
 def stored_bytes(manifest: Manifest) -> int:
-    return sum(blob.length for _key, blob in blobs(manifest))
-
-
-def blobs(manifest: Manifest):
-    """``(key, blob)`` for every stored run of bytes: tensor chunks, then values."""
-    for key, entry in sorted(manifest.tensors.items()):
-        for chunk in entry.chunks:
-            yield key, chunk.blob
-    for key, value in sorted(manifest.values.items()):
-        if value.blob is not None:
-            yield key, value.blob
+    return sum(blob.length for _key, blob in manifest.blobs())
 
 
 def print_listing(root: Location, catalog_path, mounts, rows, as_json: bool) -> None:
@@ -269,19 +260,11 @@ def failure(mount: str, step: int, file: str | None, tensor: str | None, exc: Ba
 
 def verify_one(url: str, step: int, path: Location, manifest: Manifest, advance,
                roots: list[Location]) -> list[dict]:
-    """Every blob of one checkpoint read and checked against its checksum (:meth:`DataFiles.read`);
+    """Every blob of one checkpoint read and checked against its checksum (:func:`ckpt.read.verify_blobs`);
     a delta's base must be committed beside it or, on a replica, on one of ``roots`` (the mounts)."""
     found = []
-    files = DataFiles(path)
-    try:
-        for key, blob in blobs(manifest):
-            try:
-                files.read(blob, what=key)
-            except EXPECTED_FAILURES as exc:
-                found.append(failure(url, step, blob.file, key, exc))
-            advance(blob.length)
-    finally:
-        files.close()
+    verify_blobs(path, manifest, progress=advance,
+                 failed=lambda key, blob, exc: found.append(failure(url, step, blob.file, key, exc)))
     if manifest.base is not None and not any(commit.is_committed(root / manifest.base)
                                              for root in [path.parent, *roots]):
         found.append(failure(url, step, MANIFEST_NAME, None, CheckpointNotFoundError(
@@ -308,7 +291,7 @@ def summary(args, path: Location) -> int:
     values = {key: {"encoding": entry.encoding} for key, entry in sorted(manifest.values.items())}
     totals = {"tensors": len(tensors), "chunks": sum(t["chunks"] for t in tensors.values()), "values": len(values),
               "stored_bytes": stored_bytes(manifest),
-              "raw_bytes": sum(blob.decoded_length for _key, blob in blobs(manifest)),
+              "raw_bytes": sum(blob.decoded_length for _key, blob in manifest.blobs()),
               "files": len(manifest.files), "file_bytes": sum(manifest.files.values())}
     doc = {"path": str(path), "step": manifest.step, "kind": manifest.kind, "base_step": manifest.base_step,
            "base": manifest.base, "world_size": manifest.world_size, "created": manifest.created,

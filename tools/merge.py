@@ -32,9 +32,9 @@ import torch
 
 from ckpt import CheckpointError, CheckpointNotFoundError, commit
 from ckpt.consolidate import full_tensors, select_keys, tensor_specs, write_output
-from ckpt.format import Manifest
-from ckpt.read import read_manifest
-from ckpt.root import STEP_DIR, CheckpointRoot
+from ckpt.committed import read_manifest
+from ckpt.format import Manifest, is_leftover, parse_step_name
+from ckpt.root import CheckpointRoot
 from ckpt.storage import Location, locate
 from tools.cli import EXPECTED_FAILURES, fail, progress
 
@@ -80,7 +80,7 @@ def resolve_source(src: str | Location, step: int | None, storage_options: dict 
                 raise CheckpointNotFoundError(f"{location} is step {manifest.step}, not step {step}",
                                               path=str(location))
         return location
-    if STEP_DIR.match(location.name) or commit.TMP_MARK in location.name or commit.OLD_MARK in location.name:
+    if parse_step_name(location.name) is not None or is_leftover(location.name):
         raise CheckpointNotFoundError(commit.uncommitted_reason(location), path=str(location))
     if not location.is_dir():
         raise CheckpointNotFoundError(f"no checkpoint at {location}", path=str(location))

@@ -24,7 +24,8 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 import ckpt
 from ckpt import commit
-from ckpt.root import CheckpointRoot, step_name
+from ckpt.format import step_name
+from ckpt.root import CheckpointRoot
 from ckpt.storage import locate
 from trainer import exits
 from trainer.config import Config

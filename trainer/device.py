@@ -27,24 +27,29 @@ __all__ = [
 def init_distributed(device_type: str) -> tuple[int, int, torch.device, bool]:
     """Start the default process group (``torchrun`` env vars, or a 1-rank group for a plain
     ``python -m``) unless one exists; return ``(rank, world_size, device, started)`` with this
-    rank's device selected (``started``: this call created the group)."""
+    rank's device selected (``started``: this call created the group).
+
+    The device is selected *before* the group starts and handed to it as ``device_id``: NCCL/HCCL
+    then bind this rank's communicator to its own device (no context opened on device 0 by ranks
+    that are not 0, no guess from the rank), and barriers use that device."""
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    accel = accelerator_module(device_type)
+    device = torch.device("cpu") if accel is None else torch.device(device_type, local_rank)
+    if accel is not None:
+        accel.set_device(local_rank)
     started = not dist.is_initialized()
     if started:
+        backend = process_group_backend(device_type)
+        bound = {} if accel is None else {"device_id": device}
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            dist.init_process_group(backend=process_group_backend(device_type))
+            dist.init_process_group(backend=backend, **bound)
         else:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
-            dist.init_process_group(backend=process_group_backend(device_type),
-                                    init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    accel = accelerator_module(device_type)
-    if accel is None:
-        return rank, world, torch.device("cpu"), started
-    accel.set_device(local_rank)
-    return rank, world, torch.device(device_type, local_rank), started
+            dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                                    **bound)
+    return dist.get_rank(), dist.get_world_size(), device, started
 
 
 def device_name(device_type: str) -> str:

@@ -23,7 +23,8 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata
 
 import ckpt
-from ckpt.dcp_import import import_dcp, looks_like_dcp, read_dcp_metadata, total_tensor_bytes
+from ckpt.committed import looks_like_dcp
+from ckpt.dcp_import import import_dcp, read_dcp_metadata, total_tensor_bytes
 from tests import models
 from tests.dist import run_ranks
 

@@ -368,3 +368,35 @@ def test_failure_warnings_point_at_the_callers_line(tmp_path, monkeypatch):
         with pytest.warns(UserWarning, match="No space left") as record:
             manager.wait()
     assert record[0].filename == __file__
+
+
+def test_attach_waits_before_a_forward_that_changes_buffers(tmp_path, monkeypatch):
+    """BatchNorm updates its running statistics in forward, before any optimizer step: with
+    ``attach(model=...)`` the snapshot is waited for before such a forward, and only there."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 4))
+    optim = torch.optim.SGD(model.parameters(), lr=0.1)
+    with CheckpointManager(tmp_path, interval=1, keep=2) as manager:
+        waits = []
+        monkeypatch.setattr(manager, "before_step", lambda: waits.append(True))
+        manager.attach(optim, model=model)
+        state = {"model": model, "optim": optim}
+        expected = {k: v.clone() for k, v in model.state_dict().items()}
+        manager.save(1, state)
+        waits.clear()  # DCP's state_dict steps a fresh optimizer once (its pre-hook fired)
+        model(torch.randn(4, 8)).sum().backward()  # changes running_mean/var in place
+        assert waits == [True]  # the BatchNorm's forward, not the Linears'
+        optim.step()
+        assert len(waits) == 2
+        monkeypatch.undo()
+        manager.wait()
+    out = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 4))
+    ckpt.load({"model": out, "optim": torch.optim.SGD(out.parameters(), lr=0.1)}, step_path(tmp_path, 1))
+    assert all(torch.equal(out.state_dict()[k], v) for k, v in expected.items())
+
+
+def test_a_model_without_persistent_buffers_gets_no_forward_hook(tmp_path):
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    model.register_buffer("cache", torch.zeros(3), persistent=False)  # like the llama's rope tables
+    with CheckpointManager(tmp_path, interval=1) as manager:
+        manager.attach(model=model)
+        assert not manager._hooks

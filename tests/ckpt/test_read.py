@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 import ckpt
+from ckpt.read import verify_blobs
+from ckpt.storage import locate
 from tests.ckpt.checkpoints import (
     BIAS,
     DATA_FILE,
@@ -96,6 +98,29 @@ def test_missing_data_file(saved):
         ckpt.load(blank_state(), path)
     assert "rank-00000.bin" in str(info.value)
     assert info.value.file is not None and Path(info.value.file).as_posix().endswith(DATA_FILE)
+
+
+# -- a whole checkpoint verified (ckpt-inspect --verify, a replica's read-back) -------------------
+
+def test_verify_blobs_reads_every_blob_and_raises_or_reports_each_failure(saved):
+    path, _ = saved
+    location, manifest = locate(path), ckpt.read_manifest(path)
+    assert [key for key, _blob in manifest.blobs()] == sorted([WEIGHT, BIAS])  # every tensor chunk, by key
+    read = []
+    verify_blobs(location, manifest, progress=read.append)
+    assert sum(read) == sum(blob.length for _key, blob in manifest.blobs()) > 0
+    blob = manifest.tensors[WEIGHT].chunks[0].blob
+    raw = bytearray((path / blob.file).read_bytes())
+    raw[blob.offset + blob.length // 2] ^= 0x5A
+    (path / blob.file).write_bytes(raw)
+
+    failures = []
+    verify_blobs(location, manifest, failed=lambda key, blob, exc: failures.append((key, blob.file, type(exc))))
+    assert failures == [(WEIGHT, DATA_FILE, ckpt.CorruptCheckpointError)]
+    with pytest.raises(ckpt.CorruptCheckpointError, match="checksum mismatch") as info:
+        verify_blobs(location, manifest)
+    assert (info.value.file, info.value.tensor) == (DATA_FILE, WEIGHT)
+    verify_blobs(location, manifest, files=["data/rank-00001.bin"])  # only the files named: none of these
 
 
 # -- no checkpoint at all -------------------------------------------------------------------------

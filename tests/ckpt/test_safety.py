@@ -13,7 +13,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 import ckpt
-from ckpt.blobs import checksum
+from ckpt.format.blobs import checksum
 from ckpt.format import seal
 from tests.ckpt.checkpoints import WEIGHT
 

@@ -1,14 +1,20 @@
 """ckpt.staging: DoubleBufferStager under plain dcp.async_save (exact snapshot, buffer sets reused and
-bounded), and a delta's base buffer set held until the delta's write ends."""
+bounded), a delta's base buffer set held until the delta's write ends, staged DTensors that stay on
+the host on a device mesh, and host buffers (power-of-two pinned segments, freed on a layout change)."""
 
 from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.tensor import DTensor, Shard
+from torch.multiprocessing.reductions import StorageWeakRef
 
 import ckpt
+from ckpt.host_buffers import plan_layout
 from ckpt.staging import DoubleBufferStager
 
 
@@ -63,4 +69,75 @@ def test_a_base_buffer_set_stays_held_until_the_delta_write_ends():
     assert not stager.has_free_set()  # B is held as step 3's base until writes[2] ends
     writes[2].set_result(None)
     assert stager.has_free_set()
+    stager.close()
+
+
+@pytest.fixture
+def device_mesh_stand_in():
+    """A 2-rank mesh over torch's fake process group whose device type is not the host's: what
+    ``DTensor.from_local`` does on a GPU/NPU mesh (move its input to the mesh's device) it does here
+    too, to the meta device, where no bytes exist."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        yield mesh
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_staged_dtensor_stays_around_its_host_buffer(device_mesh_stand_in):
+    mesh = device_mesh_stand_in
+    live = DTensor.from_local(torch.randn(6, 4), mesh, [Shard(0)], run_check=False)
+    mesh._device_type = "meta"  # now from_local would move a host view off the host
+    stager = DoubleBufferStager()
+    staged = stager.stage({"w": live}).result()["w"]
+    local = staged.to_local()
+    (buffers,) = [b for b in stager.sets if b.memory is not None]
+    assert local.device.type == "cpu"
+    assert local.data_ptr() == buffers.views[0].data_ptr()  # the snapshot's own bytes, not a copy
+    assert torch.equal(local, live.to_local())
+    assert staged.shape == live.shape and staged.placements == live.placements
+    assert staged.device_mesh is mesh and not staged.requires_grad
+    stager.close()
+
+
+def test_pinned_sets_are_power_of_two_segments_with_little_waste():
+    """The caching host allocator rounds every block up to a power of two: 10.65 GiB asked as one
+    block reserves 16 GiB. Segments of power-of-two sizes reserve what is asked."""
+    mib = 1 << 20
+    sizes = [300 * mib] * 2 + [48 * mib] * 200 + [3 * mib + 7] * 500  # ~11.7 GiB, one tensor above 256 MiB
+    layout = plan_layout(sizes, pinned=True)
+    assert all(size & (size - 1) == 0 for size in layout.sizes)
+    assert sum(layout.sizes) <= sum(sizes) + 512 * mib  # below one segment (512 MiB here) of waste
+    ends = {}
+    for (segment, offset), n in zip(layout.places, sizes):  # no overlap, everything inside its segment
+        assert offset % 64 == 0 and offset + n <= layout.sizes[segment]
+        ends.setdefault(segment, []).append((offset, offset + n))
+    for spans in ends.values():
+        spans.sort()
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    exact = plan_layout(sizes, pinned=False)
+    assert exact.sizes == (sum(-(-n // 64) * 64 for n in sizes),)
+
+
+def test_a_layout_change_frees_the_old_set_first(monkeypatch):
+    import ckpt.host_buffers as host_buffers
+
+    emptied = []
+    monkeypatch.setattr(host_buffers, "empty_host_cache", lambda: emptied.append(True))
+    stager = DoubleBufferStager(pin_memory=False)
+    stager.stage({"w": torch.zeros(1000)}).result()
+    stager.wait_snapshot()
+    (old,) = [b.memory for b in stager.sets if b.memory is not None]
+    old_segment = StorageWeakRef(old.segments[0].untyped_storage())
+    old.pinned = True  # as on an accelerator: releasing must also empty the pinned host cache
+    del old
+    for _ in range(2):  # both sets turn over to the new layout
+        stager.stage({"w": torch.zeros(10)}).result()
+        stager.wait_snapshot()
+    assert old_segment.expired() and emptied == [True]
+    assert stager.host_bytes == 2 * 64  # two sets of the new layout, nothing of the old one
     stager.close()

@@ -36,7 +36,7 @@ from ckpt.format import MANIFEST_NAME
 from ckpt.read import DataFiles
 from ckpt.root import CheckpointRoot, step_name
 from ckpt.storage import locate
-from ckpt.validate import parse_manifest
+from ckpt.format import parse_manifest
 from tools import inspection
 
 ROOT = Path(__file__).resolve().parents[2]

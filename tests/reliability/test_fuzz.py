@@ -37,7 +37,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ckpt
-from ckpt.blobs import checksum
+from ckpt.format.blobs import checksum
 from ckpt.replay import materialize
 from tools import inspection
 

@@ -16,6 +16,7 @@ import torch
 import ckpt
 from ckpt.catalog import Catalog
 from ckpt.read import ChunkSource
+from ckpt import replicate
 from ckpt.replicate import COMMITTED, copy_step
 from ckpt.root import CheckpointRoot
 from ckpt.storage import locate
@@ -157,6 +158,28 @@ def test_corruption_on_the_source_is_never_replicated(tmp_path):
         copy_step(locate(tmp_path / "a" / "step-00000001"), locate(tmp_path / "b" / "step-00000001"))
     assert info.value.file == "data/rank-00000.bin" and info.value.tensor in ("w", "b")
     assert CheckpointRoot(tmp_path / "b").committed() == [] and not any((tmp_path / "b").iterdir())
+
+
+def test_read_back_finds_what_the_replica_damaged(tmp_path, monkeypatch):
+    ckpt.save(_state(1), tmp_path / "a" / "step-00000001")
+    copy = replicate.copy_file
+
+    def copy_then_damage(source, target, name, blobs, size=None):
+        written = copy(source, target, name, blobs, size)
+        damaged = Path((target / name).path)
+        raw = bytearray(damaged.read_bytes())
+        raw[-1] ^= 0x01  # the replica's mount flips a bit after the write reported success
+        damaged.write_bytes(bytes(raw))
+        return written
+
+    monkeypatch.setattr(replicate, "copy_file", copy_then_damage)
+    source = locate(tmp_path / "a" / "step-00000001")
+    copy_step(source, locate(tmp_path / "b" / "step-00000001"))  # without read-back: committed as written
+    assert CheckpointRoot(tmp_path / "b").committed() == [1]
+    with pytest.raises(ckpt.CorruptCheckpointError, match="checksum mismatch") as info:
+        copy_step(source, locate(tmp_path / "c" / "step-00000001"), read_back=True)
+    assert info.value.file == "data/rank-00000.bin" and info.value.tensor in ("w", "b")
+    assert CheckpointRoot(tmp_path / "c").committed() == []
 
 
 def test_close_waits_up_to_its_timeout_and_the_next_manager_catches_up(tmp_path, s3_bucket, s3_proxy):

@@ -23,10 +23,9 @@ from typing import Callable, Iterator
 
 import torch
 
-from ckpt import CheckpointError, CheckpointExistsError, commit
+from ckpt import CheckpointError, CheckpointExistsError, commit, read_manifest
 from ckpt.consolidate import TensorSpec, full_tensors, select_keys, tensor_specs, write_output
 from ckpt.format import Manifest
-from ckpt.read import read_manifest
 from ckpt.storage import Location, locate
 from trainer.config.schema import is_byte_tokenizer
 from trainer.hf.config import generation_config, hf_config

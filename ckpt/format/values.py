@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import InvalidManifestError
+from ..errors import InvalidManifestError
 
 TAG = "__ckpt__"
 

@@ -1,4 +1,4 @@
-"""ckpt.codec: every codec round-trips every bit pattern of every dtype; zstd (byte-plane) full
+"""ckpt.format.codec: every codec round-trips every bit pattern of every dtype; zstd (byte-plane) full
 checkpoints load bitwise."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ckpt
-from ckpt import codec
+from ckpt.format import codec
 from tests.ckpt.checkpoints import step_path
 from tests import models
 from tests.ckpt.chains import load_mixed as _load

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import zstandard
 
-from .errors import CorruptCheckpointError, UnsupportedFormatError
+from ..errors import CorruptCheckpointError, UnsupportedFormatError
 
 RAW, PLANES, DELTA, UNCHANGED = "raw", "planes", "delta", "unchanged"
 CODECS = (RAW, PLANES, DELTA, UNCHANGED)

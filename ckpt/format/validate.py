@@ -9,6 +9,10 @@
    read, so a hostile manifest cannot make a reader touch anything outside the checkpoint,
    allocate absurd buffers or leave an element of a tensor unloaded (chunks must tile each tensor).
 
+:func:`manifest_fields` returns the checked fields as the keyword arguments of
+:class:`~ckpt.format.manifest.Manifest`, which builds itself from them (:meth:`Manifest.from_json`):
+this module sits below the manifest type and needs only its entries.
+
 Failures are :class:`~ckpt.errors.InvalidManifestError` (malformed or hostile, incl. JSON nested
 too deep or numbers too long to parse) or :class:`~ckpt.errors.UnsupportedFormatError` (a newer
 version, an unknown codec or dtype), both naming the manifest.
@@ -20,36 +24,33 @@ import json
 import math
 from typing import Any
 
+from ..errors import CorruptCheckpointError, InvalidManifestError, UnsupportedFormatError
+from .blobs import CHECKSUM_ALGORITHM, is_checksum
 from .codec import CODECS, DELTA, PLANE_CODECS, PLANES, RAW, UNCHANGED
-from .errors import CorruptCheckpointError, InvalidManifestError, UnsupportedFormatError
-from .format import (
-    CHECKSUM_ALGORITHM,
+from .digest import unseal
+from .entries import (
     DTYPES,
     FORMAT_NAME,
     FORMAT_VERSION,
     KINDS,
-    MANIFEST_NAME,
     MAX_BYTES,
     MAX_DIMS,
     READABLE_VERSIONS,
     Blob,
     Chunk,
-    Manifest,
     TensorEntry,
     ValueEntry,
-    is_checksum,
-    is_data_file_name,
-    is_sibling_name,
-    unseal,
 )
+from .names import MANIFEST_NAME, is_data_file_name, is_sibling_name
 
 
 def _no_constants(name: str):
     raise ValueError(f"{name} is not JSON (FORMAT.md: no NaN/Infinity literals)")
 
 
-def parse_manifest(raw: bytes, *, source: str = MANIFEST_NAME) -> Manifest:
-    """The validated manifest in ``raw`` (``source`` names it in errors)."""
+def manifest_fields(raw: bytes, *, source: str = MANIFEST_NAME) -> dict[str, Any]:
+    """The validated fields of the manifest in ``raw`` (``source`` names it in errors): the keyword
+    arguments of :class:`~ckpt.format.manifest.Manifest`."""
     body, stored, computed = unseal(raw)
     if stored is not None and stored != computed:
         raise CorruptCheckpointError(
@@ -131,7 +132,7 @@ def _check_coverage(key: str, shape: tuple[int, ...], chunks: list[Chunk]) -> No
         raise InvalidManifestError(f"tensor {key!r}: chunks do not cover its shape {list(shape)}")
 
 
-def _parse(doc: Any, *, sealed: bool) -> Manifest:
+def _parse(doc: Any, *, sealed: bool) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
         raise InvalidManifestError("not a checkpoint manifest of this format")
     version = doc["format_version"]
@@ -217,7 +218,7 @@ def _parse(doc: Any, *, sealed: bool) -> Manifest:
         raise InvalidManifestError(f"created must be a time in seconds, got {created!r}")
     if dcp_version is not None and not isinstance(dcp_version, str):
         raise InvalidManifestError(f"dcp_version must be a string or null, got {dcp_version!r}")
-    return Manifest(
+    return dict(
         tensors=tensors,
         values=values,
         paths=paths,

@@ -1,4 +1,4 @@
-"""ckpt.validate: every byte of a manifest is covered by its digest, checked before anything in it is
+"""ckpt.format.validate: every byte of a manifest is covered by its digest, checked before anything in it is
 trusted; no field defaults silently; malformed JSON stays inside the error hierarchy; the manager
 falls back past a damaged manifest but stops on a genuinely incompatible checkpoint."""
 
@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import ckpt
-from ckpt.blobs import checksum
+from ckpt.format.blobs import checksum
 from ckpt.format import seal, unseal
 from ckpt.manager import CheckpointManager
 from tests.ckpt.checkpoints import step_path

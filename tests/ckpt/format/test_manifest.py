@@ -1,6 +1,6 @@
-"""ckpt.format: a hostile or unreadable manifest is refused before a single data byte is read (file
-names outside the checkpoint, absurd or inconsistent values, not JSON, a newer format version), and
-the refused load touches nothing."""
+"""ckpt.format.manifest (parsed through ckpt.format.validate): a hostile or unreadable manifest is
+refused before a single data byte is read (file names outside the checkpoint, absurd or inconsistent
+values, not JSON, a newer format version), and the refused load touches nothing."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 import ckpt
-from ckpt.format import seal
+from ckpt.format import Blob, Chunk, Manifest, TensorEntry, ValueEntry, seal
 from tests.ckpt.checkpoints import DATA_FILE, WEIGHT, assert_refused, assert_untouched, blank_state, file_fingerprint
 
 
@@ -117,3 +118,19 @@ def test_newer_format_version_is_unsupported(saved):
         ckpt.load(live, path)
     assert "999" in str(info.value)
     assert_untouched(live)
+
+
+# -- what a manifest lists ------------------------------------------------------------------------
+
+def test_a_manifest_lists_every_blob_once_tensors_then_values_by_key():
+    def blob(name, offset):
+        return Blob(f"data/{name}.bin", offset, 4, "0" * 16)
+
+    z0, z1, a0, v = blob("rank-00000", 0), blob("rank-00001", 0), blob("rank-00000", 4096), blob("rank-00000", 8)
+    manifest = Manifest(
+        tensors={"z": TensorEntry(torch.float32, (2,), [Chunk((0,), (1,), z0), Chunk((1,), (1,), z1)]),
+                 "a": TensorEntry(torch.float32, (1,), [Chunk((0,), (1,), a0)])},
+        values={"v": ValueEntry("torch_save", blob=v), "j": ValueEntry("json", value=1)},
+    )
+    assert list(manifest.blobs()) == [("a", a0), ("z", z0), ("z", z1), ("v", v)]
+    assert manifest.data_files() == {"data/rank-00000.bin", "data/rank-00001.bin"}

@@ -1,18 +1,17 @@
-"""The on-disk format, version 1 (specified in docs/FORMAT.md): its types and their serialisation.
+"""The manifest (format version 2, specified in docs/FORMAT.md): the type and its serialisation.
 
 A checkpoint is a directory holding ``manifest.json`` and ``data/<file>.bin``. The manifest is the
 only metadata: DCP's ``Metadata`` is rebuilt from it (never unpickled). :class:`Manifest` is built
 by the writer record by record (:meth:`Manifest.add_record`) and serialised with
-:meth:`Manifest.to_json`, sealed with a digest of every other byte of the file (:func:`seal`);
-:meth:`Manifest.from_json` checks the digest first, then parses and validates (:mod:`ckpt.validate`).
+:meth:`Manifest.to_json`, sealed with a digest of every other byte of the file
+(:mod:`ckpt.format.digest`); :meth:`Manifest.from_json` (:func:`parse_manifest`) checks the digest
+first, then parses and validates every field (:mod:`ckpt.format.validate`).
 """
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch.distributed.checkpoint.metadata import (
@@ -24,125 +23,11 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from .blobs import checksum
-from .errors import UnsupportedFormatError
-
-FORMAT_NAME = "ckpt"
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # 1: no manifest digest (read as is); 2: every manifest byte digested
-MANIFEST_NAME = "manifest.json"
-DATA_DIR = "data"
-CHECKSUM_ALGORITHM = "xxh3-64"
-KINDS = ("full", "delta")
-
-# Upper bounds that no real checkpoint reaches; a manifest beyond them is hostile or broken.
-MAX_BYTES = 1 << 50  # 1 PiB in one file or one chunk
-MAX_DIMS = 64
-
-_DATA_FILE = re.compile(r"^data/[A-Za-z0-9][A-Za-z0-9._-]{0,127}\.bin$")
-_CHECKSUM = re.compile(r"^[0-9a-f]{16}$")
-_SIBLING = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # one path component, no "..", no "/"
-
-
-_DIGEST_TAIL = re.compile(rb',"digest":"([0-9a-f]{16})"\}\Z')
-
-
-def seal(doc: dict) -> bytes:
-    """``doc`` as compact JSON bytes with one last field, ``"digest"``: the xxh3-64 of the same
-    bytes without that field (the document as it reads up to its closing brace)."""
-    body = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
-    if not doc:
-        raise ValueError("an empty manifest cannot be sealed")
-    return body[:-1] + b',"digest":"' + checksum(body).encode() + b'"}'
-
-
-def unseal(raw: bytes) -> tuple[bytes, str | None, str | None]:
-    """``(body, stored digest, digest of body)``: the sealed document without its digest field,
-    or ``(raw, None, None)`` when it has none (a version-1 manifest, or a damaged tail)."""
-    tail = _DIGEST_TAIL.search(raw)
-    if tail is None:
-        return raw, None, None
-    body = raw[: tail.start()] + b"}"
-    return body, tail.group(1).decode(), checksum(body)
-
-
-def is_data_file_name(name: Any) -> bool:
-    return isinstance(name, str) and _DATA_FILE.fullmatch(name) is not None
-
-
-def is_checksum(text: Any) -> bool:
-    return isinstance(text, str) and _CHECKSUM.fullmatch(text) is not None
-
-
-def is_sibling_name(name: Any) -> bool:
-    """A delta's base: one path component beside the checkpoint (no "..", no separators)."""
-    return isinstance(name, str) and _SIBLING.fullmatch(name) is not None
-
-DTYPES: dict[str, torch.dtype] = {
-    name: getattr(torch, name)
-    for name in (
-        "float64", "float32", "float16", "bfloat16", "complex64", "complex128",
-        "int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64", "bool",
-        "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
-    )
-    if isinstance(getattr(torch, name, None), torch.dtype)
-}
-DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    try:
-        return DTYPE_NAMES[dtype]
-    except KeyError:
-        raise UnsupportedFormatError(f"dtype {dtype} cannot be stored") from None
-
-
-def data_file_name(rank: int, part: int = 0, tag: str = "") -> str:
-    """Relative name of a rank's data file: ``data/rank-00003.bin`` (``-p1`` etc. for extra parts;
-    on object stores prefixed by the save attempt's tag: ``data/<tag>.rank-00003.bin``)."""
-    return f"{DATA_DIR}/" + (f"{tag}." if tag else "") + f"rank-{rank:05d}" + (f"-p{part}" if part else "") + ".bin"
-
-
-@dataclass(frozen=True)
-class Blob:
-    """Where a run of stored bytes lives and how to verify and decode it."""
-
-    file: str
-    offset: int
-    length: int  # bytes stored in the file
-    checksum: str  # xxh3-64 of the stored bytes, 16 hex digits
-    codec: str = "raw"
-    raw_length: int | None = None  # bytes after decoding; equals length for "raw"
-    planes: tuple[tuple[str, int], ...] | None = None  # codecs "planes"/"delta": [plane codec, length]
-
-    @property
-    def decoded_length(self) -> int:
-        return self.length if self.raw_length is None else self.raw_length
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """One stored box of a tensor: global ``offsets`` and ``sizes``, bytes in ``blob``."""
-
-    offsets: tuple[int, ...]
-    sizes: tuple[int, ...]
-    blob: Blob
-
-
-@dataclass
-class TensorEntry:
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    chunks: list[Chunk]
-
-
-@dataclass
-class ValueEntry:
-    """A non-tensor value: inline tagged JSON, or a ``torch.save`` stream read with weights_only."""
-
-    encoding: str  # "json" | "torch_save"
-    value: Any = None  # the tagged-JSON form, for "json"
-    blob: Blob | None = None  # for "torch_save"
+from .blobs import CHECKSUM_ALGORITHM
+from .digest import seal
+from .entries import FORMAT_NAME, FORMAT_VERSION, Blob, Chunk, TensorEntry, ValueEntry, dtype_name
+from .names import MANIFEST_NAME
+from .validate import manifest_fields
 
 
 @dataclass
@@ -200,10 +85,8 @@ class Manifest:
 
     @classmethod
     def from_json(cls, raw: bytes, *, source: str = MANIFEST_NAME) -> "Manifest":
-        """Parse and validate a manifest (see :mod:`ckpt.validate`)."""
-        from .validate import parse_manifest  # validation needs these types: imported when used
-
-        return parse_manifest(raw, source=source)
+        """Parse and validate a manifest (see :mod:`ckpt.format.validate`); ``source`` names it in errors."""
+        return cls(**manifest_fields(raw, source=source))
 
     # -- assembly ------------------------------------------------------------------------------
     def add_record(self, key: str, record: "Chunk | ValueEntry") -> None:
@@ -243,10 +126,19 @@ class Manifest:
             version=self.dcp_version,
         )
 
+    def blobs(self) -> Iterator[tuple[str, Blob]]:
+        """``(key, blob)`` for every stored run of bytes: tensor chunks (keys in order, chunks as
+        listed), then values stored as a blob (keys in order)."""
+        for key, entry in sorted(self.tensors.items()):
+            for chunk in entry.chunks:
+                yield key, chunk.blob
+        for key, value in sorted(self.values.items()):
+            if value.blob is not None:
+                yield key, value.blob
+
     def data_files(self) -> set[str]:
         """Names of the data files the manifest references."""
-        files = {c.blob.file for entry in self.tensors.values() for c in entry.chunks}
-        return files | {v.blob.file for v in self.values.values() if v.blob is not None}
+        return {blob.file for _key, blob in self.blobs()}
 
     def total_tensor_bytes(self) -> int:
         return sum(c.blob.length for e in self.tensors.values() for c in e.chunks)
@@ -260,3 +152,8 @@ def _blob_doc(blob: Blob) -> dict:
     if blob.planes is not None:
         doc["planes"] = [list(p) for p in blob.planes]
     return doc
+
+
+def parse_manifest(raw: bytes, *, source: str = MANIFEST_NAME) -> Manifest:
+    """The validated manifest in ``raw`` (:meth:`Manifest.from_json`)."""
+    return Manifest.from_json(raw, source=source)

@@ -1,4 +1,4 @@
-"""ckpt.values: non-tensor values as tagged JSON round-trip exactly; other types are refused."""
+"""ckpt.format.values: non-tensor values as tagged JSON round-trip exactly; other types are refused."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from ckpt import values
+from ckpt.format import values
 from tests import models
 
 

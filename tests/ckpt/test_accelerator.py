@@ -1,0 +1,128 @@
+"""The staging path on a real accelerator (CUDA GPU or Ascend NPU; skipped elsewhere, so on CI):
+pinned host buffers, snapshot ordering against delayed in-place writes, the lifetime of a temporary
+source, DTensors on a device mesh staged without a device copy, and a manager save of a 1-rank FSDP2
+model loaded bitwise. ``benchmarks/device_checks.py`` runs these as its ordering section
+(``pytest -m accelerator``)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ckpt
+from ckpt.device import accelerator_module, process_group_backend, resolve_device_type
+from ckpt.staging import DoubleBufferStager
+
+DEVICE_TYPE = resolve_device_type("auto")
+ACCEL = accelerator_module(DEVICE_TYPE)
+pytestmark = [pytest.mark.accelerator,
+              pytest.mark.skipif(ACCEL is None, reason="needs a CUDA GPU or an Ascend NPU")]
+
+
+def _delay_compute_stream(milliseconds: float = 50.0) -> None:
+    """Keep the compute stream busy for a while, so what is queued after it runs late."""
+    if DEVICE_TYPE == "cuda":
+        torch.cuda._sleep(int(milliseconds * 2e6))  # ~2 GHz cycles
+    else:  # no sleep kernel on NPU: a chain of matrix products
+        a = torch.randn(4096, 4096, device=DEVICE_TYPE)
+        for _ in range(int(milliseconds)):
+            a = a @ a / 4096
+
+
+@pytest.fixture(scope="module")
+def one_rank_group():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ACCEL.set_device(0)
+    dist.init_process_group(process_group_backend(DEVICE_TYPE), init_method=f"tcp://127.0.0.1:{port}",
+                            rank=0, world_size=1, device_id=torch.device(DEVICE_TYPE, 0))
+    yield
+    dist.destroy_process_group()
+
+
+def test_host_buffers_are_pinned_including_offset_views():
+    stager = DoubleBufferStager(DEVICE_TYPE)
+    state = {"a": torch.randn(1000, device=DEVICE_TYPE), "b": torch.randn(333, 7, device=DEVICE_TYPE)}
+    staged = stager.stage(state).result()
+    assert all(segment.is_pinned() for b in stager.sets if b.memory for segment in b.memory.segments)
+    assert staged["b"].is_pinned() and staged["b"].data_ptr() % 64 == 0  # a view at an offset
+    stager.close()
+
+
+def test_a_snapshot_holds_the_value_written_before_it_even_when_the_write_runs_late():
+    x = torch.zeros(1 << 20, device=DEVICE_TYPE)
+    stager = DoubleBufferStager(DEVICE_TYPE)
+    _delay_compute_stream()
+    x.add_(1.0)  # queued behind the delay: the copy must wait for it
+    future = stager.stage({"x": x})
+    stager.wait_snapshot()  # what the optimizer pre-hook does
+    _delay_compute_stream()
+    x.add_(1.0)  # after the wait: must not reach the snapshot
+    assert torch.equal(future.result()["x"], torch.ones(1 << 20))
+    ACCEL.synchronize()
+    assert float(x[0]) == 2.0
+    stager.close()
+
+
+def test_a_temporary_source_is_not_overwritten_while_it_is_copied():
+    base = torch.randn(1 << 24, device=DEVICE_TYPE)  # 64 MiB
+    expected = (base * 2).cpu()
+    stager = DoubleBufferStager(DEVICE_TYPE)
+    future = stager.stage({"t": base * 2})  # the only reference to base * 2 is the snapshot's
+    stager.wait_snapshot()
+    reuse = torch.full_like(base, -7.0)  # the caching allocator would hand out the freed block here
+    assert torch.equal(future.result()["t"], expected)
+    del reuse
+    stager.close()
+
+
+def test_a_dtensor_on_a_device_mesh_is_staged_on_the_host_without_a_device_copy(one_rank_group):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh(DEVICE_TYPE, (1,))
+    live = distribute_tensor(torch.randn(4096, 1024, device=DEVICE_TYPE), mesh, [Shard(0)])
+    stager = DoubleBufferStager(DEVICE_TYPE)
+    stager.stage({"w": live}).result()  # buffers allocated
+    stager.wait_snapshot(host=True)
+    ACCEL.synchronize()
+    before = ACCEL.memory_allocated()
+    staged = stager.stage({"w": live})
+    during = ACCEL.memory_allocated()
+    local = staged.result()["w"].to_local()
+    assert during - before < live.to_local().nbytes // 4  # no second copy of the state on the device
+    assert local.device.type == "cpu" and local.is_pinned()
+    assert torch.equal(local, live.to_local().cpu())
+    stager.close()
+
+
+def test_a_manager_save_of_an_fsdp2_model_loads_bitwise(one_rank_group, tmp_path):
+    from torch.distributed.fsdp import fully_shard
+
+    def build(seed):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 64))
+        model.to(DEVICE_TYPE)
+        fully_shard(model)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    model, optim = build(0)
+    with ckpt.CheckpointManager(tmp_path, interval=1, keep=2) as manager:
+        manager.attach(optim)
+        for step in (1, 2):
+            model(torch.randn(8, 256, device=DEVICE_TYPE)).square().mean().backward()
+            optim.step()
+            optim.zero_grad()
+            manager.save(step, {"model": model, "optim": optim})
+        expected = {k: v.full_tensor().cpu() for k, v in model.state_dict().items()}
+        model(torch.randn(8, 256, device=DEVICE_TYPE)).square().mean().backward()
+        optim.step()  # after the save: must not reach it
+    fresh, fresh_optim = build(1)
+    ckpt.load({"model": fresh, "optim": fresh_optim}, tmp_path / "step-00000002")
+    loaded = {k: v.full_tensor().cpu() for k, v in fresh.state_dict().items()}
+    assert loaded.keys() == expected.keys()
+    assert all(torch.equal(loaded[k], expected[k]) for k in expected)
