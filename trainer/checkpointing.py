@@ -68,7 +68,7 @@ class RunCheckpoints:
     """The checkpoints of one run (see the module docstring); ``manager`` is None without them."""
 
     def __init__(self, cfg: Config, *, device_type: str, optimizer: torch.optim.Optimizer,
-                 log: Callable[[str], None]):
+                 model: torch.nn.Module, log: Callable[[str], None]):
         self.cfg, self.log = cfg, log
         self.manager: ckpt.CheckpointManager | None = None
         self.written = 0  # checkpoints committed by this run
@@ -82,7 +82,7 @@ class RunCheckpoints:
             options = options.replace(on_error=ckpt.FailurePolicy.STOP)
         with exits.refusing(f"checkpoint.folder={str(folder)!r}"):
             self.manager = ckpt.CheckpointManager(folder, options, on_commit=self._committed)
-        self.manager.attach(optimizer)
+        self.manager.attach(optimizer, model=model)  # and forwards that change persistent buffers
 
     def _committed(self, info: ckpt.CommitInfo) -> None:
         """One line per committed checkpoint (the manager calls this on rank 0, from its writer)."""

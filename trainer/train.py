@@ -155,7 +155,8 @@ class Trainer:
         self.flops_per_token = model_mod.flops_per_token(self.model_args, t.seq_len)
         self.peak = peak_flops(device_name(self.device_type))
         # the lock first: a second run is refused before it writes
-        self.checkpoints = RunCheckpoints(cfg, device_type=self.device_type, optimizer=self.optimizer, log=self.log)
+        self.checkpoints = RunCheckpoints(cfg, device_type=self.device_type, optimizer=self.optimizer,
+                                          model=self.model, log=self.log)
         self.manager = self.checkpoints.manager
         self.checkpoints.start(self.state, self.model)
         with exits.refusing(f"job.dump_folder={cfg.job.dump_folder!r}"):
