@@ -42,11 +42,10 @@ from .api import load as load_checkpoint, write_tree
 from .catalog import Catalog, open_catalog
 from .collective import any_rank, run_on_src
 from .dcp import Writer
-from .delta import DeltaBase, DeltaPolicy, tensor_signature
+from .delta import DeltaBase, DeltaChain, tensor_signature
 from .errors import CheckpointError, CheckpointWriteError, InvalidOptionError
 from .options import AsyncMode, BusyPolicy, FailurePolicy, SaveOptions
 from .replicate import Replicator
-from .format import step_name
 from .root import CheckpointRoot
 from .snapshot_copy import single_threaded_aten
 from .staging import DoubleBufferStager
@@ -123,7 +122,7 @@ class CheckpointManager:
                 keep=options.keep, keep_every=options.keep_every, read_back=options.replica_read_back,
                 backlog=options.replica_backlog, retry_initial=options.replica_retry_initial,
                 retry_max=options.replica_retry_max, on_state=self._record_replica_state)
-        self._deltas = DeltaPolicy(options.full_every)
+        self._deltas = DeltaChain(options.full_every)
         self._stager = None
         if options.async_mode is AsyncMode.DOUBLE_BUFFER:
             self._stager = DoubleBufferStager(options.device_type, policy=options.policy)
@@ -132,7 +131,6 @@ class CheckpointManager:
         self._inflight: dict[int, Future] = {}
         self._inflight_lock = threading.Lock()
         self._errors: list[BaseException] = []
-        self._failed: set[int] = set()  # steps whose write failed (read by the writer thread only)
         self._hooks: list[Any] = []
         self._closed = False
 
@@ -141,6 +139,7 @@ class CheckpointManager:
     def stats(self) -> SaveStats:
         """The counters, with the device stall measured so far added in."""
         if self._stager is not None:
+            self._stats.host_buffer_bytes = self._stager.host_bytes
             device = self._stager.device_stall_s
             new, self._stats.device_stall_s = device - self._stats.device_stall_s, device
             self._stats.stall_s += new
@@ -178,8 +177,6 @@ class CheckpointManager:
         if not force and step % self.options.interval:
             return False
         start = time.perf_counter()
-        if self._stager is not None:
-            self._stager.wait_snapshot()  # the previous snapshot must be complete before the next one
         tree, _ = export_state(state)
         signature = None if self._stager is None else tensor_signature(tree)
         # One agreement among the ranks: did a save fail anywhere, is a buffer set free everywhere
@@ -192,7 +189,7 @@ class CheckpointManager:
             self._drain()
             self._raise_background_error(stacklevel=3)
         if self._stager is None:
-            self._root.record_base(step, None)
+            self._deltas.started(step, None, None, delta=False)
             try:
                 self._write(step, tree)
                 self._after_commit(step)
@@ -209,16 +206,13 @@ class CheckpointManager:
                           stacklevel=2)
             return False
         delta = not full
-        base = self._deltas.base_snapshot() if delta else None
-        snapshot = self._stager.stage(tree, keep_previous=delta)
+        written = Future()  # the write below: it releases the snapshot's buffer set when it ends
+        snapshot = self._stager.stage(tree, keep_previous=delta, release=written, signature=signature)
         self._deltas.started(step, snapshot, signature, delta=delta)
-        self._root.record_base(step, None if base is None else base[0])
-        future = self._writer.submit(self._persist, step, snapshot, base)
-        self._stager.track(future)
+        future = self._writer.submit(self._persist, step, snapshot)
         with self._inflight_lock:
             self._inflight[step] = future
-        future.add_done_callback(lambda f, step=step: self._finished(step, f))
-        self._stats.host_buffer_bytes = self._stager.host_bytes
+        future.add_done_callback(lambda f, step=step: self._finished(step, f, written))
         self._account(start)
         return True
 
@@ -346,14 +340,9 @@ class CheckpointManager:
         except Exception as exc:  # the caller's reporting must never fail a save
             log.warning("on_commit callback failed: %s: %s", type(exc).__name__, exc)
 
-    def _persist(self, step: int, snapshot: Future, base: tuple[int, Future] | None) -> None:
+    def _persist(self, step: int, snapshot: Future) -> None:
         """The writer thread: wait for the snapshot (and the base's), write, commit, retain."""
-        if base is not None:
-            base_step, base_snapshot = base
-            base = DeltaBase(base_step, step_name(base_step), base_snapshot.result())
-            if base_step in self._failed:  # queued before its base's write failed: store it whole
-                base = None
-                self._root.record_base(step, None)
+        base = self._deltas.base_for(step)
         self._write(step, snapshot.result(), base)
         self._after_commit(step)
 
@@ -366,7 +355,7 @@ class CheckpointManager:
             writing = list(self._inflight.items())
         in_flight = {s for s, f in writing if not f.done()} - {step}
         listed = self.steps()
-        bases = self._root.bases(sorted(set(listed) | in_flight))
+        bases = {**self._root.bases(listed), **self._deltas.bases_in_flight()}
         doomed = retention.steps_to_delete(listed, keep=self.options.keep, keep_every=self.options.keep_every,
                                            protected=in_flight,
                                            bases={s: b for s, b in bases.items() if isinstance(b, int)})
@@ -375,14 +364,14 @@ class CheckpointManager:
             self._root.delete(old)
             self._catalog_call("forget", self._root.path, old)
 
-    def _finished(self, step: int, future: Future) -> None:
+    def _finished(self, step: int, future: Future, written: Future) -> None:
         with self._inflight_lock:
             self._inflight.pop(step, None)
         error = future.exception()
+        self._deltas.finished(step, failed=error is not None)  # a delta must never build on a failed write
         if error is not None:
-            self._failed.add(step)
             self._errors.append(error)
-            self._deltas.write_failed()  # a delta must never build on a write that failed
+        written.set_result(None)
 
     def _raise_background_error(self, stacklevel: int) -> None:
         """Raise the oldest failure of a save (policy stop), or warn about each (policy continue).

@@ -11,7 +11,8 @@ The root is a directory or a URL (``s3://bucket/run``); every access goes throug
 
 :class:`CheckpointRoot` owns the step directories (named and parsed by :mod:`ckpt.format.names`), the
 list of committed steps (the manifests are the truth), the writer's lock, the start-up clean-up after
-dead saves and the map of delta bases (step -> base step) that retention needs. The manager,
+dead saves and the delta bases of committed steps (step -> base step, read once from their
+manifests) that retention needs. The manager,
 retention and the tools share it.
 
 Listing never offers a delta whose chain lost a link (:meth:`CheckpointRoot.steps`); retention
@@ -128,13 +129,10 @@ class CheckpointRoot:
             self._lock.release()
             self._lock = None
 
-    def record_base(self, step: int, base_step: int | None) -> None:
-        """Note what a checkpoint being written builds on (None: a full checkpoint)."""
-        self._bases[step] = base_step
-
     def bases(self, steps: list[int]) -> dict[int, int | None]:
         """Base step of each of ``steps``: None for a full one, :data:`UNREADABLE` when its manifest
-        cannot be read; as recorded by the writer, else read from the manifest (once)."""
+        cannot be read; read from the manifest, once (the steps being written are the manager's
+        :class:`~ckpt.delta.DeltaChain`'s to tell)."""
         for step in steps:
             if step not in self._bases:
                 try:

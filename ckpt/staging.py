@@ -84,11 +84,14 @@ class DoubleBufferStager(AsyncStager):
         self._closed = False
 
     # -- AsyncStager ---------------------------------------------------------------------------
-    def stage(self, state_dict: dict, *, keep_previous: bool = False) -> Future:
+    def stage(self, state_dict: dict, *, keep_previous: bool = False, release: Future | None = None,
+              signature: tuple | None = None) -> Future:
         """Start a snapshot of ``state_dict``; returns a Future of the staged copy.
 
         ``keep_previous``: the set staged last is not overwritten and stays busy until the next
-        :meth:`track`'ed write completes (a delta checkpoint reads it as its base)."""
+        :meth:`track`'ed write completes (a delta checkpoint reads it as its base). ``release``: the
+        write that will read this snapshot, when the caller knows it now (as :meth:`track` after).
+        ``signature``: the state's :func:`~ckpt.delta.tensor_signature`, when the caller has it."""
         if self._closed:
             raise RuntimeError("stager is closed")
         self.wait_snapshot()  # one snapshot at a time: the previous copy must be complete
@@ -97,10 +100,13 @@ class DoubleBufferStager(AsyncStager):
         self._held = previous
         sources: list[torch.Tensor] = []
         skeleton = _capture(state_dict, sources)
-        self._ensure_buffers(target, sources)
+        self._ensure_buffers(target, sources, signature)
         staged = _fill(skeleton, iter(target.views))
         self._last = target
-        return self._copy.start(list(zip(sources, target.views)), staged)
+        snapshot = self._copy.start(list(zip(sources, target.views)), staged)
+        if release is not None:
+            self.track(release)
+        return snapshot
 
     def synchronize_staging(self) -> None:
         self.wait_snapshot()
@@ -177,8 +183,8 @@ class DoubleBufferStager(AsyncStager):
                     raise SnapshotSkipped("both staging buffer sets are still being written; save skipped")
                 self._lock.wait()
 
-    def _ensure_buffers(self, buffers: _BufferSet, sources: list[torch.Tensor]) -> None:
-        if buffers.memory is not None and buffers.memory.signature == signature(sources):
+    def _ensure_buffers(self, buffers: _BufferSet, sources: list[torch.Tensor], layout: tuple | None) -> None:
+        if buffers.memory is not None and buffers.memory.signature == (layout or signature(sources)):
             return
         if buffers.memory is not None:  # a layout change: the old memory goes before the new comes
             buffers.memory.release()

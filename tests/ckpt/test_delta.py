@@ -77,3 +77,31 @@ def test_a_damaged_delta_chunk_names_its_tensor_and_file_plainly(tmp_path):
     with pytest.raises(ckpt.CorruptCheckpointError) as info:
         _load(path)
     assert (info.value.tensor, info.value.file, info.value.path) == (key, chunk.blob.file, str(path))
+
+
+def test_the_delta_chain_tells_what_each_step_in_flight_builds_on():
+    """The one owner of the save path's delta state (what the root used to be told as well): a
+    delta's base while it is written, none once its write ended, and a delta queued on a base whose
+    write failed is stored whole; the next save after a failure is a full."""
+    from concurrent.futures import Future
+
+    from ckpt.delta import DeltaChain
+
+    chain = DeltaChain(full_every=3)
+    staged = Future()
+    staged.set_result({"w": torch.zeros(2)})
+    signature = ((2,), torch.float32)
+    assert not chain.eligible(signature)  # nothing to build on yet
+    chain.started(4, staged, signature, delta=False)
+    assert chain.eligible(signature) and not chain.eligible(((3,), torch.float32))
+    chain.started(5, staged, signature, delta=True)
+    assert chain.bases_in_flight() == {4: None, 5: 4}
+    chain.finished(4, failed=True)  # step 5 was queued on it
+    assert chain.base_for(5) is None and chain.bases_in_flight() == {5: None}
+    assert not chain.eligible(signature)  # after a failed write: a full
+    chain.finished(5, failed=False)
+    assert chain.bases_in_flight() == {}
+    chain.started(6, staged, signature, delta=False)
+    chain.started(7, staged, signature, delta=True)
+    base = chain.base_for(7)
+    assert base.step == 6 and base.name == "step-00000006" and torch.equal(base.state["w"], torch.zeros(2))

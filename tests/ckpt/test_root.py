@@ -39,14 +39,12 @@ def test_lock_cleans_up_and_is_exclusive(tmp_path):
     other.unlock()
 
 
-def test_bases_recorded_or_read_from_manifests(tmp_path):
+def test_bases_read_from_manifests(tmp_path):
     with ckpt.CheckpointManager(tmp_path, full_every=3, keep=10) as manager:
         for step in (1, 2, 3, 4):
             manager.save(step, {"w": torch.full((64,), float(step))})
     root = CheckpointRoot(tmp_path)  # a new process: nothing recorded, the manifests tell
     assert root.bases([1, 2, 3, 4]) == {1: None, 2: 1, 3: 2, 4: None}
-    root.record_base(5, 4)
-    assert root.bases([5]) == {5: 4}
     root.delete(4)
     assert root.steps() == [1, 2, 3]
 
