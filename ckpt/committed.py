@@ -40,11 +40,10 @@ def is_committed(path: Location | str | os.PathLike) -> bool:
     return uncommitted_reason(path) is None
 
 
-def looks_like_dcp(path: str | os.PathLike | Location, storage_options: dict | None = None) -> bool:
+def looks_like_dcp(path: Location) -> bool:
     """Whether ``path`` is a directory written by DCP's FileSystemWriter (a ``.metadata`` file and
     ``*.distcp`` data files beside it)."""
     try:
-        path = locate(path, storage_options)
         return (path / DCP_METADATA_NAME).is_file() and any(n.endswith(DCP_DATA_SUFFIX) for n in path.list())
     except (OSError, CheckpointError):
         return False
@@ -52,13 +51,11 @@ def looks_like_dcp(path: str | os.PathLike | Location, storage_options: dict | N
 
 def read_manifest(path: str | os.PathLike | Location, storage_options: dict | None = None) -> Manifest:
     """Parse and validate the manifest of the committed checkpoint at ``path`` (a directory or a URL)."""
-    return read_manifest_bytes(path, storage_options)[0]
+    return read_manifest_bytes(locate(path, storage_options))[0]
 
 
-def read_manifest_bytes(path: str | os.PathLike | Location, storage_options: dict | None = None
-                        ) -> tuple[Manifest, bytes]:
+def read_manifest_bytes(path: Location) -> tuple[Manifest, bytes]:
     """:func:`read_manifest`, also returning the manifest's bytes as stored."""
-    path = locate(path, storage_options)
     reason = uncommitted_reason(path)
     if reason is not None:
         if path.storage.is_local and path.is_dir() and looks_like_dcp(path):

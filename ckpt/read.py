@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator
 
@@ -36,7 +35,7 @@ from .errors import (
     UnsafeCheckpointError,
 )
 from .format import MANIFEST_NAME, Blob, Chunk, Manifest, ValueEntry, checksum, codec, is_data_file_name, values
-from .storage import Location, ReadHandle, locate
+from .storage import Location, ReadHandle
 
 log = logging.getLogger(__name__)
 
@@ -133,9 +132,9 @@ def verify_blobs(path: Location, manifest: Manifest, *, files: Iterable[str] | N
 class ChunkSource:
     """Verified, decoded chunks and values of one checkpoint (and, through it, of its chain)."""
 
-    def __init__(self, path: str | os.PathLike | Location, manifest: Manifest | None = None, *,
-                 storage_options: dict | None = None, mirrors: tuple[Location, ...] = (), _seen: tuple = ()):
-        self.path = locate(path, storage_options)
+    def __init__(self, path: Location, manifest: Manifest | None = None, *,
+                 mirrors: tuple[Location, ...] = (), _seen: tuple = ()):
+        self.path = path
         self.manifest = manifest if manifest is not None else read_manifest(self.path)
         self.files = DataFiles(self.path)
         self.mirrors = tuple(mirrors)  # other roots holding copies of the chain's links

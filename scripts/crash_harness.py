@@ -476,10 +476,11 @@ def load_step(path: Path):
     import ckpt
     from ckpt.consolidate import full_tensors
     from ckpt.read import ChunkSource
+    from ckpt.storage import locate
 
     manifest = ckpt.read_manifest(path)
     tensors = dict(full_tensors(path, manifest=manifest))
-    with ChunkSource(path, manifest) as source:
+    with ChunkSource(locate(path), manifest) as source:
         values = {key: source.value(key, entry) for key, entry in manifest.values.items()}
     return manifest, tensors, values
 

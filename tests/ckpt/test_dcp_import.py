@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 
 import ckpt
 from ckpt.committed import looks_like_dcp
+from ckpt.storage import locate
 from ckpt.dcp_import import import_dcp, read_dcp_metadata, total_tensor_bytes
 from tests import models
 from tests.dist import run_ranks
@@ -114,7 +115,7 @@ def test_fsdp2_adamw_dcp_checkpoint_imports_bitwise_and_reshards(fsdp_dcp):
 
 def test_load_of_a_raw_dcp_directory_names_the_conversion(fsdp_dcp, tmp_path):
     source = fsdp_dcp[0] / "dcp"
-    assert looks_like_dcp(source) and not looks_like_dcp(fsdp_dcp[0] / "run" / "step-00000007")
+    assert looks_like_dcp(locate(source)) and not looks_like_dcp(locate(fsdp_dcp[0] / "run" / "step-00000007"))
     model = models.build()
     for call in (lambda: ckpt.load({"model": model}, source, no_dist=True), lambda: ckpt.read_manifest(source)):
         with pytest.raises(ckpt.CheckpointNotFoundError) as info:
@@ -158,7 +159,7 @@ def test_values_zstd_transform_progress_and_overwrite(small_dcp, tmp_path, monke
     assert sorted(ckpt.read_manifest(tmp_path / "out").files) == ["data/rank-00000-p1.bin", "data/rank-00000.bin"]
     with pytest.raises(ckpt.CheckpointExistsError):
         import_dcp(small_dcp, small_dcp, overwrite=True)
-    assert looks_like_dcp(small_dcp)
+    assert looks_like_dcp(locate(small_dcp))
 
 
 # -- hostile .metadata ---------------------------------------------------------------------------
