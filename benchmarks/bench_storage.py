@@ -81,7 +81,7 @@ from ckpt import commit  # noqa: E402
 from ckpt.replicate import copy_step  # noqa: E402
 from ckpt.storage import locate  # noqa: E402
 from ckpt.storage import remote as ckpt_remote  # noqa: E402
-from tests.s3server import MotoServer, make_bucket, s3_storage_options  # noqa: E402
+from tests.support.s3server import MotoServer, make_bucket, s3_storage_options  # noqa: E402
 
 SECTION = "## Storage: replication and save/load on S3 (moto on loopback)"
 BUCKET = "bench"

@@ -25,8 +25,8 @@ from torch.distributed.checkpoint.metadata import Metadata
 import ckpt
 from ckpt.committed import looks_like_dcp
 from ckpt.dcp_import import import_dcp, read_dcp_metadata, total_tensor_bytes
-from tests import models
-from tests.dist import run_ranks
+from tests.support import models
+from tests.support.launch import run_ranks
 
 EXTRA = {"a": [1, 2]}
 
@@ -89,6 +89,7 @@ def _leaves_nothing(dst: Path) -> None:
 
 # -- the import ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_fsdp2_adamw_dcp_checkpoint_imports_bitwise_and_reshards(fsdp_dcp):
     root, expected = fsdp_dcp
     source, imported = root / "dcp", root / "run" / "step-00000007"
@@ -112,6 +113,7 @@ def test_fsdp2_adamw_dcp_checkpoint_imports_bitwise_and_reshards(fsdp_dcp):
     assert state["step"] == 7 and state["extra"] == EXTRA
 
 
+@pytest.mark.slow
 def test_load_of_a_raw_dcp_directory_names_the_conversion(fsdp_dcp, tmp_path):
     source = fsdp_dcp[0] / "dcp"
     assert looks_like_dcp(source) and not looks_like_dcp(fsdp_dcp[0] / "run" / "step-00000007")
@@ -285,6 +287,7 @@ def test_value_needing_weights_only_false_is_refused(tmp_path):
     _leaves_nothing(tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_truncated_data_file_is_corrupt_and_named(fsdp_dcp, tmp_path):
     source = _copy(fsdp_dcp[0] / "dcp", tmp_path / "dcp")
     data = source / "__1_0.distcp"

@@ -5,7 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow
 def test_replay_cli_errors(tmp_path):
     result = subprocess.run([sys.executable, "-m", "tools.replay", str(tmp_path), "--step", "9"],
                             capture_output=True, text=True, timeout=120)

@@ -18,8 +18,8 @@ import ckpt
 from ckpt.format.blobs import checksum
 from ckpt.format import seal, unseal
 from ckpt.manager import CheckpointManager
-from tests.ckpt.checkpoints import step_path
-from tests import models
+from tests.support.checkpoints import step_path
+from tests.support import models
 
 MANIFEST = "manifest.json"
 
