@@ -16,6 +16,8 @@ harness, which starts torchrun jobs without importing torch itself.
   elastic variables; one intra-op thread; gloo on loopback; this checkout first on ``PYTHONPATH``).
 * :func:`descendants`: every live descendant of a process, from /proc (torchrun starts its workers
   in sessions of their own: neither the agent's process group nor its session reaches them).
+* :func:`start_forkserver`: multiprocessing's fork server with modules of this checkout preloaded
+  (processes forked from it pay no import and share no heap with one another).
 """
 
 from __future__ import annotations
@@ -113,3 +115,25 @@ def descendants(pid: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
+
+
+def start_forkserver(preload: list[str], paths: list[str]):
+    """Start multiprocessing's fork server (once per process) with the modules ``preload`` imported,
+    ``paths`` first on its ``PYTHONPATH``; returns the ``forkserver`` context. Python 3.11's fork server
+    ignores the parent's ``sys.path``, and a preload that fails to import is skipped silently, so
+    without ``paths`` it would import a pip-installed (editable) checkout's modules, or none."""
+    import multiprocessing
+    import multiprocessing.forkserver
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(preload)
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([*paths, *([before] if before else [])])
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
+    return context
