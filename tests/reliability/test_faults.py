@@ -468,6 +468,7 @@ def test_the_s3_server_stops_and_comes_back(tmp_path):
 
 # -- the trainer --------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_the_trainer_on_a_full_disk(tmp_path, monkeypatch, capsys):
     """``python -m trainer.train`` in-process: checkpoints at steps 2 and 4, then the disk is full.
     continue: trains to the end, exit 0, the failed saves counted in metrics.jsonl; stop: exit 1
