@@ -11,8 +11,7 @@ import pytest
 import torch
 
 import ckpt
-from ckpt.format import seal
-from ckpt.root import step_name
+from ckpt.format import seal, step_name
 
 DATA_FILE = "data/rank-00000.bin"
 WEIGHT, BIAS = "encoder.weight", "encoder.bias"
