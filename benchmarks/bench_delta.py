@@ -46,7 +46,7 @@ outside the timing.
 zipnn is a peer, not a dependency (the ``bench`` extra installs it): without it its columns say
 "n/a" and its goal is reported unmeasured.
 
-Goals (``harness.goal``; for fp32 weights + AdamW, each measured as the worst flavor/interval of the
+Goals (``report.goal``; for fp32 weights + AdamW, each measured as the worst flavor/interval of the
 medians over the pairs, every value in the detail): ours (delta) ≤ 0.6× raw; ≥ 1.15× smaller than
 zstd-1 of the full state; no larger than zipnn of the full state (zipnn's XOR delta in the detail);
 and encode_delta ≥ 0.4 GB/s per core (CPU time). ``--json`` also writes ``delta_x_raw`` per system,
@@ -73,11 +73,13 @@ import zstandard
 from torch.distributed.tensor import DTensor
 
 from harness import (  # first: puts this checkout's root on sys.path
-    Load, argument_parser, command_line, goal, machine_description, median_span, metric, provenance, publish, rotated,
-    verdict, work_dir, write_json,
+    Load, argument_parser, machine_description, rotated, work_dir,
 )
 
 from ckpt.format import codec  # noqa: E402
+from report import (  # noqa: E402
+    command_line, goal, goal_line, median_span, metric, provenance, publish, table_head, write_json,
+)
 from trainer import model as model_mod  # noqa: E402
 from trainer.config import load_config  # noqa: E402
 from trainer.train import Trainer  # noqa: E402
@@ -516,12 +518,11 @@ def size_tables(runs: list[FlavorRun], intervals: list[int]) -> tuple[list[str],
             ("planes_full", "ours planes full"), ("zipnn_full", "zipnn full"), ("zipnn_xor", "zipnn XOR delta"),
             ("zstd1_zigzag", "zstd-1 of zigzag delta (no planes)"), ("xor_planes", "XOR + our planes"),
             ("entropy0", "order-0 entropy of our delta's planes")]
-    t1 = ["| Flavor | Interval | State | Pairs | Raw full | " + " | ".join(c for _, c in cols) + " |",
-          "|---|---:|---|---:|---:|" + "---:|" * len(cols)]
-    t2 = ["| Flavor | Interval | State | delta / raw (goal ≤ 0.6) | zstd-1 full / delta (goal ≥ 1.15) | "
-          "zstd-3 full / delta | zipnn full / delta (goal ≥ 1) | zipnn XOR delta / delta | "
-          "zstd-1 zigzag / delta (plane split gain) |",
-          "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    t1 = table_head(["Flavor", "Interval", "State", "Pairs", "Raw full", *(c for _, c in cols)],
+                    "lrlrr" + "r" * len(cols))
+    t2 = table_head(["Flavor", "Interval", "State", "delta / raw (goal ≤ 0.6)", "zstd-1 full / delta (goal ≥ 1.15)",
+                     "zstd-3 full / delta", "zipnn full / delta (goal ≥ 1)", "zipnn XOR delta / delta",
+                     "zstd-1 zigzag / delta (plane split gain)"], "lrl" + "r" * 6)
     goals: dict = {"delta_raw": [], "vs_zstd": [], "vs_zipnn": [], "vs_zipnn_delta": [], "entropy0": [],
                    "low_planes": []}
     for a in runs:
@@ -559,9 +560,8 @@ def size_tables(runs: list[FlavorRun], intervals: list[int]) -> tuple[list[str],
 
 
 def plane_table(runs: list[FlavorRun], intervals: list[int]) -> list[str]:
-    lines = ["| Flavor | Interval | Tensors | delta / raw | plane 0 (low byte) | plane 1 | plane 2 | plane 3 (high byte) "
-             "| share of the group's delta | planes stored raw |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = table_head(["Flavor", "Interval", "Tensors", "delta / raw", "plane 0 (low byte)", "plane 1", "plane 2",
+                        "plane 3 (high byte)", "share of the group's delta", "planes stored raw"], "lrl" + "r" * 7)
     for a in runs:
         for interval in intervals:
             ps = [p for p in a.analyzer.pairs if p.interval == interval]
@@ -586,9 +586,9 @@ def plane_table(runs: list[FlavorRun], intervals: list[int]) -> list[str]:
 
 def speed_table(methods: list[Method], info: dict) -> list[str]:
     n = info["nbytes"]
-    lines = ["| Method | Encode GB/s (wall) | Encode GB/s (CPU time) | Decode GB/s (wall) | Decode GB/s (CPU time) "
-             "| Encode s (min–max) | Decode s (min–max) | Stored / raw |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = table_head(["Method", "Encode GB/s (wall)", "Encode GB/s (CPU time)", "Decode GB/s (wall)",
+                        "Decode GB/s (CPU time)", "Encode s (min–max)", "Decode s (min–max)", "Stored / raw"],
+                       "l" + "r" * 7)
     for m in methods:
         ew, ec, dw, dc = (statistics.median(x) for x in (m.enc_wall, m.enc_cpu, m.dec_wall, m.dec_cpu))
         lines.append(f"| {m.name} | {n / ew / 1e9:.2f} | {n / ec / 1e9:.2f} | {n / dw / 1e9:.2f} | {n / dc / 1e9:.2f} "
@@ -609,7 +609,7 @@ def worst_goal(name: str, items: list, target: float, direction: str, show, why_
 
 
 def delta_goals(goals: dict, methods: list[Method] | None, info: dict | None) -> list[dict]:
-    """The goals this run measured, as harness.goal records (the notes print the same)."""
+    """The goals this run measured, as report.goal records (the notes print the same)."""
     no_zipnn = f"not measured: {ZIPNN_NOTE}" if ZIPNN_NOTE else "not measured"
     xor = [(t, v) for t, v in goals["vs_zipnn_delta"] if v is not None]
     out = [
@@ -639,8 +639,7 @@ def delta_goals(goals: dict, methods: list[Method] | None, info: dict | None) ->
 def goal_notes(goals: dict, json_goals: list[dict]) -> list[str]:
     notes = []
     for g in json_goals:
-        shown = "" if g["measured"] is None else f"measured {g['measured']:.3f}; "
-        notes.append(f"- Goal, {g['goal']}: {verdict(g['met'])} ({shown}{g['detail']}).")
+        notes.append(goal_line(g))
         if g["goal"].startswith("ours (delta) ≤"):
             floor = [v for _, v in goals["entropy0"] if v is not None]
             if floor and goals["low_planes"]:
@@ -654,7 +653,7 @@ def goal_notes(goals: dict, json_goals: list[dict]) -> list[str]:
 
 
 def report(runs, intervals, methods, speed_info, args, command, machine) -> tuple[str, list[dict]]:
-    """The results section, and the goals it states (harness.goal records)."""
+    """The results section, and the goals it states (report.goal records)."""
     t1, t2, goals = size_tables(runs, intervals)
     json_goals = delta_goals(goals, methods, speed_info)
     body = [SECTION, ""]

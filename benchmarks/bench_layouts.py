@@ -5,7 +5,7 @@
     python benchmarks/bench_layouts.py --quick                         # < 2 min, a smoke run
 
 For each world size (2, then 4) the script spawns that many CPU ranks (``torch.multiprocessing``
-spawn, gloo on loopback, as ``tests/dist.py`` does; ``OMP_NUM_THREADS=1`` and
+spawn, gloo on loopback, as ``tests/support/launch.py``'s ``run_ranks`` does; ``OMP_NUM_THREADS=1`` and
 ``torch.set_num_threads(1)`` in every rank, so 4 ranks oversubscribe the 2-vCPU box 2x) and runs, in
 those same processes, every variant of that world size once per repeat, in an order rotated per
 repeat (slow drifts of the shared machine hit all alike; process start-up is paid once):
@@ -45,7 +45,6 @@ import json
 import os
 import pickle
 import shutil
-import socket
 import sys
 import time
 import warnings
@@ -58,10 +57,11 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from harness import (  # first: puts this checkout's root on sys.path
-    REPO, Load, argument_parser, command_line, git_state, goal, machine_description, median, median_span, metric,
-    provenance, publish, rotated, work_dir, write_json,
+    REPO, Load, argument_parser, git_state, machine_description, median, rotated, work_dir,
 )
 
+from report import command_line, goal, median_span, metric, provenance, publish, table_head, write_json  # noqa: E402
+from tests.support.launch import free_port, rank_env  # noqa: E402
 from trainer import data as data_mod  # noqa: E402
 from trainer import model as model_mod  # noqa: E402
 from trainer.config import load_config  # noqa: E402
@@ -217,8 +217,7 @@ def run_minimal(steps: int, warmup: int, sharded: bool = True) -> dict:
 
 
 def _rank_entry(rank: int, world: int, port: int, plan: dict) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+    os.environ.update(rank_env(rank, world, port), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
     os.chdir(REPO)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -268,12 +267,6 @@ def _rank_entry(rank: int, world: int, port: int, plan: dict) -> None:
         dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_group(ranks: int, variants: list[Variant], args, work: Path) -> float:
     """All variants of one world size in one set of spawned ranks; returns the wall seconds."""
     out = work / f"results-{ranks}.pkl"
@@ -315,7 +308,7 @@ def report(groups: list[tuple[int, list[Variant], float, Load]], args, info: dic
         "",
         f"The `debug` llama ({params / 1e6:.2f}M parameters), global batch {t.batch_size} × seq_len {t.seq_len} = "
         f"{t.batch_size * t.seq_len} tokens/step, fp32, on N CPU ranks (gloo on loopback) spawned with "
-        f"`torch.multiprocessing` as `tests/dist.py` does; **one intra-op thread per rank** "
+        f"`torch.multiprocessing` as the tests' `run_ranks` does; **one intra-op thread per rank** "
         f"(`OMP_NUM_THREADS=1`, `torch.set_num_threads(1)`), so the 4-rank rows run 4 processes on 2 vCPUs "
         f"(oversubscribed 2×) and the 2-rank rows one per vCPU. Trainer rows: `Trainer(load_config(argv))` + "
         f"`fit()` + `close()` in the ranks with `--config {BASE_CONFIG} --training.steps {args.warmup + args.window} "
@@ -331,10 +324,9 @@ def report(groups: list[tuple[int, list[Variant], float, Load]], args, info: dic
         f"another, the order rotated per repeat; median (min–max) over {args.repeats} repeat(s)"
         + (", after an untimed warm-up run (3 steps) of every row." if not args.no_warmup else "."),
         "",
-        "| Ranks | Layout | Trainer flags (besides the common ones) | tokens/s median (min–max) | ms/step "
-        "| × minimal, same ranks (paired per repeat: median, min–max) | × trainer FSDP, same ranks (paired) "
-        "| set-up s | max \\|Δ loss\\| vs minimal |",
-        "|---:|---|---|---:|---:|---:|---:|---:|---:|",
+        *table_head(["Ranks", "Layout", "Trainer flags (besides the common ones)", "tokens/s median (min–max)",
+                     "ms/step", "× minimal, same ranks (paired per repeat: median, min–max)",
+                     "× trainer FSDP, same ranks (paired)", "set-up s", "max \\|Δ loss\\| vs minimal"], "rll" + "r" * 6),
     ]
     step_tokens = t.batch_size * t.seq_len
     notes = []

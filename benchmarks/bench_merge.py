@@ -30,7 +30,7 @@ the same keys, dtypes, shapes and bytes (xxh3-64 per tensor) as the state that w
 are deleted after their run, each size's sources before the next size (disk: about 3× the largest
 state at once).
 
-Goal (``--json``: ``harness.goal``): merge memory flat — ours' peak growth ≤ the largest tensor +
+Goal (``--json``: ``report.goal``): merge memory flat — ours' peak growth ≤ the largest tensor +
 64 MiB at every size, in both formats and every run. The measured value is the worst excess of a
 run's growth over the state's largest tensor, in MiB, against 64: the bound is additive (one tensor
 in memory plus bounded overhead), so the excess shows the overhead directly and is comparable
@@ -43,8 +43,6 @@ in the goal's detail for contrast. ``--json`` also writes, per system ("ours →
 from __future__ import annotations
 
 import ctypes
-import multiprocessing
-import multiprocessing.forkserver
 import os
 import shutil
 import time
@@ -56,24 +54,22 @@ from harness import (
     REPO,
     Load,
     argument_parser,
-    command_line,
     drop_caches,
     git_state,
-    goal,
     machine_description,
     median,
-    median_span,
-    metric,
-    provenance,
-    publish,
     rotated,
     settle,
     work_dir,
-    write_json,
 )
 
 import torch  # noqa: E402  (after harness: the checkout's ckpt first on sys.path)
 import xxhash  # noqa: E402
+
+from probes import proc_status, reset_peak  # noqa: E402
+from report import command_line, goal, median_span, metric, provenance, publish, table_head, write_json  # noqa: E402
+from states import MERGE_MATRIX, merge_state, state_bytes  # noqa: E402
+from tests.support.launch import start_forkserver  # noqa: E402
 
 BENCH_NAME = "merge"
 METHODS = {
@@ -84,7 +80,6 @@ METHODS = {
 SYSTEMS = {"ours-torch": "ours → torch .pt", "ours-safetensors": "ours → safetensors", "dcp": "dcp_to_torch_save"}
 OURS = ("ours-torch", "ours-safetensors")
 MIB = 2**20
-MATRIX = (2048, 2048)  # 16 MiB of fp32
 FULL_SIZES = [256, 1024, 2048, 4096]
 QUICK = {"sizes": [32, 64, 128], "repeats": 1}  # ~15 s on a quiet 2-core box
 GOAL_SLACK_MIB = 64  # ours' peak growth <= largest tensor + this
@@ -96,39 +91,7 @@ PRELOAD = ["__main__", "harness", "ckpt", "tools.merge", "torch.distributed.chec
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DCP without a process group
 
 
-# -- the state ---------------------------------------------------------------------------------
-def build_state(size_mib: int, seed: int = 0) -> dict:
-    """About ``size_mib`` MiB: an embedding of 1/8, 16 MiB matrices each with a vector, the rest in
-    one smaller matrix, and an int64 tensor."""
-    gen = torch.Generator().manual_seed(seed)
-    rows, cols = MATRIX
-    total = size_mib * MIB
-    model = {"tok_embeddings.weight": torch.randn(max(1, total // 8 // (cols * 4)), cols, generator=gen)}
-    left = total - model["tok_embeddings.weight"].nbytes
-    layer = 0
-    while left >= cols * 4 * 2:
-        n = min(rows, left // (cols * 4) - 1)
-        model[f"layers.{layer}.weight"] = torch.randn(n, cols, generator=gen)
-        model[f"layers.{layer}.norm"] = torch.randn(cols, generator=gen)
-        left -= (n + 1) * cols * 4
-        layer += 1
-    model["positions"] = torch.arange(4096, dtype=torch.int64)
-    return {"model": model}
-
-
-def state_bytes(state: dict) -> int:
-    return sum(t.nbytes for t in state["model"].values())
-
-
 # -- one run, in a fresh process ---------------------------------------------------------------
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 MADV_POPULATE_READ = 22  # Linux >= 5.14
 
 
@@ -156,9 +119,9 @@ def worker(method: str, source: str, out: str, cold: bool) -> dict:
     populate_file_mappings()
     settle()
     dropped = drop_caches(cold)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5\n")  # VmHWM := current RSS (Linux >= 4.0)
-    base = _status("VmRSS")
+    if not reset_peak():  # VmHWM := current RSS (Linux >= 4.0)
+        raise RuntimeError("cannot reset VmHWM (/proc/self/clear_refs): peak memory is not measurable here")
+    base = proc_status("VmRSS")
     cpu0, t0 = time.process_time(), time.perf_counter()
     if method == "dcp":
         dcp_to_torch_save(source, out)
@@ -170,7 +133,7 @@ def worker(method: str, source: str, out: str, cold: bool) -> dict:
     else:
         merge(source, out, format="torch" if method == "ours-torch" else "safetensors")
     seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    return {"seconds": seconds, "cpu": cpu, "base": base, "peak": _status("VmHWM") - base,
+    return {"seconds": seconds, "cpu": cpu, "base": base, "peak": proc_status("VmHWM") - base,
             "out_bytes": os.path.getsize(out), "cold": dropped}
 
 
@@ -184,22 +147,8 @@ def _child(method: str, source: str, out: str, cold: bool, conn) -> None:
 
 
 def fork_server():
-    """The fork server's context, its process started: it imports ``PRELOAD`` from this checkout.
-    Python 3.11's fork server ignores the parent's ``sys.path``, so without ``PYTHONPATH`` it would
-    import a pip-installed (editable) ``ckpt``/``tools`` from wherever that checkout is, and every
-    run would inherit those modules."""
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "benchmarks"), *([saved] if saved else [])])
-    try:
-        multiprocessing.forkserver.ensure_running()
-    finally:
-        if saved is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = saved
-    return ctx
+    """The fork server's context, its process started: it imports ``PRELOAD`` from this checkout."""
+    return start_forkserver(PRELOAD, [str(REPO), str(REPO / "benchmarks")])
 
 
 def run(ctx, method: str, source: Path, out: Path, cold: bool) -> dict:
@@ -283,7 +232,7 @@ def report(results: dict, info: dict, args, command: str, machine: list[str], lo
     lines = ["## Consolidation: ckpt-merge vs DCP's dcp_to_torch_save (issue 12)", ""]
     lines.append(
         f"One file from a single-process checkpoint, fp32 state (an embedding of 1/8 of it, "
-        f"{MATRIX[0]}x{MATRIX[1]} matrices of 16 MiB, a vector per matrix, one int64 tensor; random values). "
+        f"{MERGE_MATRIX[0]}x{MERGE_MATRIX[1]} matrices of 16 MiB, a vector per matrix, one int64 tensor; random values). "
         f"Each run is a fresh process (forked from a fork server that only imported the modules; the libraries' "
         f"pages mapped in before the measuring): the source is read "
         f"{'cold (page cache dropped after the imports)' if info['cold'] else 'warm'}, "
@@ -292,9 +241,8 @@ def report(results: dict, info: dict, args, command: str, machine: list[str], lo
         f"(VmHWM reset through `/proc/self/clear_refs`). Median of {args.repeats} repeat(s), methods rotated per "
         f"repeat; MiB/s = state bytes (2^20) / seconds; × DCP is paired per repeat (DCP's seconds / the method's).")
     lines.append("")
-    lines.append("| State | Method | Seconds, median (min–max) | MiB/s | × DCP (paired, min–max) | CPU s | "
-                 "Peak RSS growth, MiB (min–max) | Peak / state | Output |")
-    lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    lines += table_head(["State", "Method", "Seconds, median (min–max)", "MiB/s", "× DCP (paired, min–max)", "CPU s",
+                         "Peak RSS growth, MiB (min–max)", "Peak / state", "Output"], "ll" + "r" * 7)
     for size, per in results.items():
         total = info["sizes"][size]["bytes"]
         for method, label in METHODS.items():
@@ -350,13 +298,12 @@ def report(results: dict, info: dict, args, command: str, machine: list[str], lo
 def write_sources(size: int, work: Path, info: dict) -> dict[str, Path]:
     """The state of ``size`` MiB saved by ckpt.save and by DCP's FileSystemWriter; its facts and its
     tensors' digests (flat keys, as the outputs hold them) in ``info``."""
-    import torch.distributed.checkpoint as dcp
-
     import ckpt
+    import peers  # here, not at the top: the fork server (which imports this script) stays as it was
 
-    state = build_state(size)
+    state = merge_state(size)
     ckpt.save(state, work / f"ours-{size}")
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(work / f"dcp-{size}")), no_dist=True)
+    peers.dcp_save(state, work / f"dcp-{size}")
     info["sizes"][size] = {"bytes": state_bytes(state), "tensors": len(state["model"]),
                            "largest": max(t.nbytes for t in state["model"].values()),
                            "digests": digests({f"model.{k}": t for k, t in state["model"].items()})}

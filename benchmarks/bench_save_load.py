@@ -62,22 +62,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import safetensors.torch
+import safetensors
 import torch
 import torch.distributed.checkpoint as dcp
 
 from harness import (  # first: puts this checkout's root on sys.path
-    Load, argument_parser, command_line, drop_caches, fsync_path, goal, machine_description, median, median_span,
-    metric, provenance, publish, remove, rotated, timed, verdict, work_dir, write_json,
+    Load, argument_parser, drop_caches, machine_description, median, remove, rotated, timed, work_dir,
 )
 
 import ckpt  # noqa: E402
 import ckpt.dcp  # noqa: E402
+import peers  # noqa: E402
 import reshard_load  # noqa: E402  (next to this script: the multi-process part)
+from report import (  # noqa: E402
+    command_line, goal, median_span, metric, provenance, publish, ratio_span, table_head, verdict, write_json,
+)
+from states import describe_mixed, mixed_state, state_bytes, zeros_like  # noqa: E402
 
 BENCH_NAME = "save_load"
 SECTION = "## Save/load throughput (issue 2)"
-IO_SLICE = 64 << 20
 GOAL_SAVE_X_RAW = 1.0  # issue 15: ours saves at least as fast as raw write+fsync
 GOAL_LOAD_X_RAW = 0.95  # issue 15: ours loads at 0.95x raw read or better
 QUICK = {"gib": 0.25, "repeats": 1, "reshard_gib": 0.125}
@@ -86,58 +89,6 @@ FULL = {"gib": 1.0, "repeats": 3, "reshard_gib": 1.0}
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", message="TypedStorage is deprecated")  # torchsnapshot 0.1.0, every save
-
-
-# ---------------------------------------------------------------------------------------------
-# The state
-# ---------------------------------------------------------------------------------------------
-def make_state(gib: float, seed: int = 0) -> dict[str, torch.Tensor]:
-    """A flat state dict of about ``gib`` GiB: ~60% in 4 large fp32 matrices, ~25% in 4 bf16
-    matrices, ~15% in 24 medium fp32 tensors, plus 200 small tensors (1-8 KB; fp32 and bf16)."""
-    total = int(gib * (1 << 30))
-    gen = torch.Generator().manual_seed(seed)
-    state: dict[str, torch.Tensor] = {}
-    cols = 4096
-
-    def matrix(nbytes: int, dtype: torch.dtype) -> torch.Tensor:
-        elem = torch.empty((), dtype=dtype).element_size()
-        rows = max(1, nbytes // (cols * elem))
-        return torch.randn(rows, cols, generator=gen).to(dtype)
-
-    small_bytes = 0
-    for i in range(200):
-        dtype = torch.bfloat16 if i % 4 == 3 else torch.float32
-        numel = int(torch.randint(256, 2049, (1,), generator=gen))
-        t = torch.randn(numel, generator=gen).to(dtype)
-        state[f"model.layers.{i // 4}.small.{i % 4}"] = t
-        small_bytes += t.nbytes
-    rest = max(total - small_bytes, 0)
-    for i in range(4):
-        state[f"model.big_fp32.{i}.weight"] = matrix(int(rest * 0.60 / 4), torch.float32)
-    for i in range(4):
-        state[f"model.big_bf16.{i}.weight"] = matrix(int(rest * 0.25 / 4), torch.bfloat16)
-    for i in range(24):
-        numel = max(1, int(rest * 0.15 / 24) // 4)
-        state[f"optim.medium.{i}"] = torch.randn(numel, generator=gen)
-    return state
-
-
-def state_bytes(state: dict[str, torch.Tensor]) -> int:
-    return sum(t.nbytes for t in state.values())
-
-
-def describe_state(state: dict[str, torch.Tensor]) -> str:
-    groups: dict[str, list[torch.Tensor]] = {}
-    for key, t in state.items():
-        kind = "large" if ".big_" in key else "medium" if key.startswith("optim.medium") else "small"
-        groups.setdefault(f"{kind} {str(t.dtype).removeprefix('torch.')}", []).append(t)
-    parts = []
-    for name, ts in groups.items():
-        size = sum(t.nbytes for t in ts)
-        unit = f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.0f} KiB"
-        shape = "x".join(map(str, ts[0].shape)) if len({tuple(t.shape) for t in ts}) == 1 else "various shapes"
-        parts.append(f"{len(ts)} {name} ({shape}; {unit})")
-    return f"{len(state)} tensors, {state_bytes(state) / 2**30:.3f} GiB: " + ", ".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -162,50 +113,6 @@ def _dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-class Raw:
-    """The physical limit: one sequential writer / reader on one file."""
-
-    def __init__(self, nbytes: int):
-        self.buffer = torch.empty(nbytes, dtype=torch.uint8)
-        self.buffer.fill_(1)  # pre-fault, so the read pays no page faults the live state would not
-
-    @staticmethod
-    def save(state: dict, path: Path) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            for t in state.values():
-                view = memoryview(t.reshape(-1).view(torch.uint8).numpy())
-                done = 0
-                while done < len(view):
-                    done += os.write(fd, view[done : done + IO_SLICE])
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def load(self, state: dict, path: Path) -> None:
-        view = memoryview(self.buffer.numpy())
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            done = 0
-            while done < len(view):
-                n = os.preadv(fd, [view[done : done + IO_SLICE]], done)
-                if n == 0:
-                    break
-                done += n
-        finally:
-            os.close(fd)
-        if done != len(view):
-            raise RuntimeError(f"raw read: short read {done} of {len(view)}")
-
-    def verify(self, reference: dict) -> None:
-        offset = 0
-        for key, t in reference.items():
-            n = t.nbytes
-            if not torch.equal(self.buffer[offset : offset + n], t.reshape(-1).view(torch.uint8)):
-                raise RuntimeError(f"raw read: {key} differs")
-            offset += n
-
-
 def ckpt_save(state: dict, path: Path) -> None:
     ckpt.save(state, path)
 
@@ -222,82 +129,24 @@ def plugin_load(state: dict, path: Path) -> None:
     dcp.load(state, storage_reader=ckpt.dcp.Reader(path), no_dist=True)
 
 
-def dcp_fs_save(state: dict, path: Path) -> None:
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(path, sync_files=True), no_dist=True)
-
-
-def dcp_fs_load(state: dict, path: Path) -> None:
-    dcp.load(state, storage_reader=dcp.FileSystemReader(path), no_dist=True)
-
-
-def torch_save(state: dict, path: Path) -> None:
-    torch.save(state, path)
-    fsync_path(path)
-
-
-def torch_load(state: dict, path: Path) -> None:
-    loaded = torch.load(path, mmap=False, weights_only=True)
-    for key, t in state.items():
-        t.copy_(loaded[key])
-
-
-def st_save(state: dict, path: Path) -> None:
-    safetensors.torch.save_file(state, path)
-    fsync_path(path)
-
-
-def st_load(state: dict, path: Path) -> None:
-    loaded = safetensors.torch.load_file(path)
-    for key, t in state.items():
-        t.copy_(loaded[key])
-
-
-def fix_torchsnapshot_bf16() -> None:
-    """torchsnapshot 0.1.0 views a bf16 tensor's bytes through ``torch.empty(0).set_(untyped storage)``,
-    a float32 tensor, so a bf16 tensor of odd length loses its last 2 bytes (``take`` then fails its
-    own size check; 50 of this state's small tensors are such). Replace that one helper by a plain
-    uint8 view of the same bytes: no copy either way, so the measured cost is unchanged."""
-    from torchsnapshot import serialization
-
-    def bytes_view(tensor: torch.Tensor) -> memoryview:
-        return memoryview(tensor.reshape(-1).view(torch.uint8).numpy()).cast("b")
-
-    serialization._tensor_as_memoryview_via_untyped_storage = bytes_view
-
-
-def snapshot_save(state: dict, path: Path) -> None:
-    import torchsnapshot  # here: only this method needs it (the reshard part's forkserver imports this module)
-
-    fix_torchsnapshot_bf16()
-    torchsnapshot.Snapshot.take(str(path), app_state={"s": torchsnapshot.StateDict(**state)})
-    for file in path.rglob("*"):  # torchsnapshot closes its files without fsync; make it as durable as the others
-        if file.is_file():
-            fsync_path(file)
-
-
-def snapshot_load(state: dict, path: Path) -> None:
-    import torchsnapshot
-
-    torchsnapshot.Snapshot(str(path)).restore({"s": torchsnapshot.StateDict(**state)})
-
-
 METHOD_KEYS = ("raw", "ckpt", "plugin", "dcp", "torch", "safetensors", "torchsnapshot")
 
 
-def build_methods(nbytes: int, selected: list[str] | None) -> tuple[list[Method], Raw]:
-    raw = Raw(nbytes)
+def build_methods(nbytes: int, selected: list[str] | None) -> tuple[list[Method], peers.Raw]:
+    raw = peers.Raw(nbytes)
     methods = {
         "raw": Method("raw", "os.write + fsync / os.preadv", "raw.bin", raw.save, raw.load,
                       "one file; load into one pre-faulted buffer"),
         "ckpt": Method("ours", "ckpt.save / ckpt.load", "ckpt", ckpt_save, ckpt_load, "incl. commit; checksums verified"),
         "plugin": Method("ours (DCP plug-in)", "ckpt.dcp.Writer / Reader", "plugin", plugin_save, plugin_load,
                          "through dcp.save / dcp.load"),
-        "dcp": Method("DCP", "FileSystemWriter / Reader", "dcp", dcp_fs_save, dcp_fs_load, "sync_files=True"),
-        "torch": Method("torch.save", "torch.save / torch.load", "torch.pt", torch_save, torch_load,
+        "dcp": Method("DCP", "FileSystemWriter / Reader", "dcp", peers.dcp_save, peers.dcp_load, "sync_files=True"),
+        "torch": Method("torch.save", "torch.save / torch.load", "torch.pt", peers.torch_save, peers.torch_load_into,
                         "+fsync; load + copy_"),
-        "safetensors": Method("safetensors", "save_file / load_file", "model.safetensors", st_save, st_load,
+        "safetensors": Method("safetensors", "save_file / load_file", "model.safetensors", peers.safetensors_save,
+                              peers.safetensors_load_into,
                               "+fsync; load + copy_"),
-        "torchsnapshot": Method("torchsnapshot", "Snapshot.take / restore", "snapshot", snapshot_save, snapshot_load,
+        "torchsnapshot": Method("torchsnapshot", "Snapshot.take / restore", "snapshot", peers.snapshot_take, peers.snapshot_restore,
                                 "+fsync of its files; restore in place"),
     }
     wanted = set(selected or METHOD_KEYS) | {"raw"}  # raw is always measured: it is the yardstick
@@ -320,7 +169,7 @@ def warm_up(methods: list[Method], reference: dict, work: Path) -> None:
     for m in methods:
         target = work / ("warmup-" + m.target)
         if m.label == "raw":
-            Raw.save(small, target)
+            peers.Raw.save(small, target)
         else:
             m.save(small, target)
             m.load(small_live, target)
@@ -328,18 +177,18 @@ def warm_up(methods: list[Method], reference: dict, work: Path) -> None:
     # The first big write of a process is often several times slower than the next ones
     # here (fresh page cache); absorb it outside the timing so it does not land on one method.
     target = work / "warmup-full.bin"
-    Raw.save(reference, target)
+    peers.Raw.save(reference, target)
     remove(target)
 
 
 def run(args: argparse.Namespace, work: Path, info: dict) -> list[Method]:
     """Part 1: every method saves and loads the state once per repeat."""
     t0 = time.perf_counter()
-    reference = make_state(args.gib, seed=0)
-    live = {k: torch.zeros_like(v) for k, v in reference.items()}
+    reference = mixed_state(args.gib, seed=0)
+    live = zeros_like(reference)
     nbytes = state_bytes(reference)
     info["nbytes"] = nbytes
-    info["state"] = describe_state(reference)
+    info["state"] = describe_mixed(reference)
     print(f"state: {info['state']} (built in {time.perf_counter() - t0:.1f}s)", flush=True)
 
     methods, raw = build_methods(nbytes, args.methods)
@@ -396,18 +245,13 @@ def ratios(numerators: list[float], denominators: list[float]) -> list[float]:
     return [a / b for a, b in zip(numerators, denominators)]
 
 
-def ratio_span(xs: list[float], unit: str = "") -> str:
-    """'median<unit>' for one repeat, 'median<unit> (min–max)' for several."""
-    return f"{median(xs):.2f}{unit}" + (f" ({min(xs):.2f}–{max(xs):.2f})" if len(xs) > 1 else "")
-
-
 def by_label(methods: list[Method]) -> dict[str, Method]:
     return {m.label: m for m in methods}
 
 
 def ours_goals(methods: list[Method]) -> tuple[list[dict], list[str]]:
     """The issue-15 goals of ours and of ours as DCP plug-in (medians of paired per-repeat ratios),
-    as harness.goal records and as the report's note lines."""
+    as report.goal records and as the report's note lines."""
     ms = by_label(methods)
     raw, dcp_m = ms["raw"], ms.get("DCP")
     goals, notes = [], []
@@ -445,11 +289,8 @@ def ours_goals(methods: list[Method]) -> tuple[list[dict], list[str]]:
 
 def main_table(methods: list[Method], nbytes: int) -> list[str]:
     raw = by_label(methods)["raw"]
-    lines = [
-        "| Method | Calls | Save GB/s | Save × raw | Load GB/s | Load × raw | Save s (min–max) | Load s (min–max) "
-        "| On disk | Notes |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
+    lines = table_head(["Method", "Calls", "Save GB/s", "Save × raw", "Load GB/s", "Load × raw", "Save s (min–max)",
+                        "Load s (min–max)", "On disk", "Notes"], "ll" + "r" * 7 + "l")
     for m in methods:
         save_x, load_x = ratios(raw.save_times, m.save_times), ratios(raw.load_times, m.load_times)
         lines.append(
@@ -479,14 +320,10 @@ def reshard_report(res: dict) -> tuple[list[str], list[dict]]:
     same = reshard_load.SAVED.name
     times = res["load_s"]
     metrics = [metric(s, "save_s", "s", [res["save_s"][s]], layout=same) for s in systems]
-    head = "| Load layout |"
-    rule = "|---|"
-    for s in systems:
-        head += f" {s} load s (min–max) | {s} GB/s | {s} time × same layout |"
-        rule += "---:|---:|---:|"
-    head += " DCP s / ours s | read by syscalls, ours / DCP (× state) | read from disk, ours / DCP (× state) |"
-    rule += "---:|---:|---:|"
-    lines = [head, rule]
+    columns = ["Load layout", *[f"{s} {what}" for s in systems
+                                for what in ("load s (min–max)", "GB/s", "time × same layout")],
+               "DCP s / ours s", "read by syscalls, ours / DCP (× state)", "read from disk, ours / DCP (× state)"]
+    lines = table_head(columns, "l" + "r" * (len(columns) - 1))
 
     def read_x(system: str, layout: str, index: int) -> str:
         values = [r[index] for r in res["read"][(system, layout)]]

@@ -56,42 +56,35 @@ import multiprocessing as mp
 import os
 import queue
 import shutil
-import socket
 import sys
 import threading
 import time
 import traceback
 import warnings
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from harness import (  # first: puts this checkout's root on sys.path
-    Load, argument_parser, command_line, fsync_path, goal, machine_description, median, metric, provenance, publish,
-    remove, settle, verdict, work_dir, write_json,
-)
+from harness import Load, argument_parser, machine_description, median, remove, settle, work_dir  # first: sys.path
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.distributed.checkpoint as dcp  # noqa: E402
-from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse  # noqa: E402
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: E402
 
 import ckpt  # noqa: E402
-from scripts.crash_harness import loopback_interface  # noqa: E402  (GLOO_SOCKET_IFNAME; shared with the tests)
+import peers  # noqa: E402
+from probes import meminfo, peak_rss, rss  # noqa: E402
+from report import (  # noqa: E402
+    command_line, goal, goal_line, metric, ms_span, provenance, publish, table_head, write_json,
+)
+from states import model_like_state, select, state_bytes, tensors, zeros_like  # noqa: E402
+from tests.support.launch import free_port, loopback_interface  # noqa: E402  (shared with the tests)
 
-try:
-    import torchsnapshot
-except ImportError:  # an optional peer (the bench extra)
-    torchsnapshot = None
+torchsnapshot = peers.torchsnapshot_module()  # an optional peer (the bench extra)
 
 BENCH_NAME = "scaling"
 SECTION = "## Scaling: stall vs state size and ranks"
 MiB = 1 << 20
-COLS = 1024  # columns of every weight matrix (4 KiB rows)
-PARAMS = 8  # weight matrices (and biases)
 MIN_STEP_S = 0.1
 WARMUPS = 1  # untimed, drained saves before the timed ones (first-call costs: buffers, thread pools, caches)
 DURABLE_TIMEOUT_S = 600
@@ -109,49 +102,10 @@ logging.getLogger("torchsnapshot").setLevel(logging.WARNING)
 # ---------------------------------------------------------------------------------------------
 # The state
 # ---------------------------------------------------------------------------------------------
-def make_state(nbytes: int, rank: int = 0, world: int = 1) -> dict:
-    """Rank ``rank``'s row-shards (1/``world`` of the rows) of a model-like state of ``nbytes``:
-    weights + biases, and AdamW-like exp_avg/exp_avg_sq/step per parameter, under keys that carry
-    the rank (plain tensors: each rank saves its own)."""
-    rows_total = max(world, round(nbytes / (3 * PARAMS * COLS * 4)))
-    rows = rows_total // world + (1 if rank < rows_total % world else 0)
-    suffix = f".shard{rank}" if world > 1 else ""
-    pattern = (torch.arange(COLS) % 251).float().mul_(0.5)  # exact in fp32, as are all the updates
-    model, optim = {}, {}
-    for i in range(PARAMS):
-        for name, shape in ((f"layers.{i}.weight{suffix}", (rows, COLS)), (f"layers.{i}.bias{suffix}", (COLS,))):
-            group = [torch.empty(shape) for _ in range(3)]
-            for k, t in enumerate(group):  # a distinct offset per tensor and rank: a mix-up shows
-                base = 3 * i + k + 32 * rank
-                offset = (torch.arange(shape[0]) % 7).float().add_(base)[:, None] if len(shape) == 2 else base
-                torch.add(pattern, offset, out=t)
-            model[name] = group[0]
-            optim[name] = {"step": torch.tensor(float(i)), "exp_avg": group[1], "exp_avg_sq": group[2]}
-    return {"model": model, "optim": {"state": optim}}
-
-
-def tensors(tree: Any) -> list[torch.Tensor]:
-    if isinstance(tree, torch.Tensor):
-        return [tree]
-    if isinstance(tree, dict):
-        return [t for v in tree.values() for t in tensors(v)]
-    return []
-
-
-def state_bytes(state: dict) -> int:
-    return sum(t.nbytes for t in tensors(state))
-
-
 def update(state: dict) -> None:
     """The emulated optimizer step: every tensor changes in place."""
     for t in tensors(state):
         t.add_(1)
-
-
-def zeros_like(tree: Any) -> Any:
-    if isinstance(tree, torch.Tensor):
-        return torch.zeros_like(tree)
-    return {k: zeros_like(v) for k, v in tree.items()}
 
 
 def equal_after_update(saved: Any, live: Any) -> bool:
@@ -160,13 +114,6 @@ def equal_after_update(saved: Any, live: Any) -> bool:
         return isinstance(saved, torch.Tensor) and saved.shape == live.shape and torch.equal(saved + 1, live)
     return isinstance(saved, dict) and saved.keys() == live.keys() and all(
         equal_after_update(saved[k], live[k]) for k in live)
-
-
-def select(tree: Any, template: Any) -> Any:
-    """The part of ``tree`` that ``template`` names (same keys, ``tree``'s values)."""
-    if not isinstance(template, dict) or not isinstance(tree, dict):
-        return tree
-    return {k: select(tree[k], v) for k, v in template.items() if k in tree}
 
 
 def first_layer(state: dict) -> dict:
@@ -197,6 +144,7 @@ class System:
         self.durable_at: dict[int, float] = {}
         self.tells_durable = self.writes  # whether durable_at gets filled on this rank
         self.parts: dict[str, float] = {}  # the last save's named parts (training thread)
+        self.dirs: dict[int, Path] = {}  # step -> its directory, for systems that save one per step
 
     def setup(self) -> None:
         pass
@@ -212,7 +160,12 @@ class System:
         pass
 
     def prune(self, keep_from: int) -> None:
-        """Delete finished saves older than ``keep_from`` (outside the timing; keeps the disk small)."""
+        """Delete finished saves older than ``keep_from`` (outside the timing; keeps the disk small):
+        by default the step directories in ``dirs`` (one for all ranks, deleted by rank 0)."""
+        for step in [s for s in self.dirs if s < keep_from and s in self.durable_at]:
+            path = self.dirs.pop(step)
+            if self.ctx.rank == 0:
+                shutil.rmtree(path, ignore_errors=True)
 
     def load(self, step: int, template: dict) -> Any:
         """The part of ``step`` that ``template`` (a subtree of the state) names, loaded back (for the
@@ -235,12 +188,11 @@ class BareCopy(System):
             "reference for the ratios)")
 
     def setup(self) -> None:
-        self.dst = [torch.empty_like(t).fill_(0) for t in tensors(self.state)]
+        self.copier = peers.BareCopy(tensors(self.state))
 
     def copy(self) -> float:
         start = time.perf_counter()
-        for src, dst in zip(tensors(self.state), self.dst):
-            dst.copy_(src)
+        self.copier.copy(tensors(self.state))
         return time.perf_counter() - start
 
     def save(self, step: int) -> float:
@@ -296,67 +248,42 @@ class DCPDefault(System):
     key, label = "dcp-default", "DCP async_save (default stager)"
     note = ("`async_stager=None`: `FileSystemWriter` stages (a fresh copy inside the call); + the wait for the "
             "previous upload (one `async_save` in flight); durable when the upload future is done (fsync'd)")
-
-    def make_stager(self):
-        return None
+    stager = "default"
 
     def setup(self) -> None:
-        self.stager = self.make_stager()
-        self.upload: Future | None = None
-        self.staging: Future | None = None
         # DCP's upload thread runs collectives: give it a group of its own, as the docs advise.
         self.pg = dist.new_group(backend="gloo") if self.ctx.distributed else None
-        self.dirs: dict[int, Path] = {}
+        self.dcp = peers.DCPAsyncSave(self.stager, process_group=self.pg, no_dist=not self.ctx.distributed)
 
     def save(self, step: int) -> None:
         t0 = time.perf_counter()
-        if self.upload is not None:
-            self.upload.result()  # DCP's contract: the previous save must be finished
+        self.dcp.wait_previous()
         t1 = time.perf_counter()
         path = self.dirs[step] = self.work / self.key / f"step-{step:06d}"
-        resp = dcp.async_save(self.state, storage_writer=dcp.FileSystemWriter(path), async_stager=self.stager,
-                              process_group=self.pg, no_dist=not self.ctx.distributed)
-        if isinstance(resp, AsyncSaveResponse):
-            self.staging, self.upload = resp.staging_completion, resp.upload_completion
-        else:
-            self.staging, self.upload = None, resp
-        self.upload.add_done_callback(lambda _f, s=step: self.durable_at.__setitem__(s, time.perf_counter()))
+        upload = self.dcp.save(self.state, path)
+        upload.add_done_callback(lambda _f, s=step: self.durable_at.__setitem__(s, time.perf_counter()))
         self.parts = {"wait previous": t1 - t0}
 
     def before_step(self) -> None:
-        if self.staging is not None:
-            self.staging.result()
-            self.staging = None
+        self.dcp.wait_staged()
 
     def drain(self) -> None:
-        self.before_step()
-        if self.upload is not None:
-            self.upload.result()
-
-    def prune(self, keep_from: int) -> None:
-        for step in [s for s in self.dirs if s < keep_from and s in self.durable_at]:
-            path = self.dirs.pop(step)
-            if self.ctx.rank == 0:  # one directory for all ranks
-                shutil.rmtree(path, ignore_errors=True)
+        self.dcp.drain()
 
     def load(self, step: int, template: dict) -> Any:
         target = zeros_like(template)
-        dcp.load(target, checkpoint_id=self.dirs[step], process_group=self.pg, no_dist=not self.ctx.distributed)
+        peers.dcp_load(target, self.dirs[step], process_group=self.pg, no_dist=not self.ctx.distributed)
         return target
 
     def close(self) -> None:
-        if self.stager is not None:
-            self.stager.close()
+        self.dcp.close()
 
 
 class DCPCaching(DCPDefault):
     key, label = "dcp-caching", "DCP async_save (caching stager)"
     note = ("`DefaultStager(StagingOptions(False, False, True, False))`: cached staging storages, copy on a "
             "background thread; + the wait for `staging_completion` before the update and for the previous upload")
-
-    def make_stager(self):
-        return DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
-                                            use_async_staging=True, use_non_blocking_copy=False))
+    stager = "caching"
 
 
 class TorchSave(System):
@@ -370,8 +297,7 @@ class TorchSave(System):
         (self.work / self.key).mkdir(parents=True, exist_ok=True)
 
     def save(self, step: int) -> None:
-        torch.save(self.state, self.path(step))
-        fsync_path(self.path(step))
+        peers.torch_save(self.state, self.path(step))
         self.durable_at[step] = time.perf_counter()
 
     def prune(self, keep_from: int) -> None:
@@ -394,8 +320,7 @@ class TorchSnapshot(System):
     def setup(self) -> None:
         if torchsnapshot is None:
             raise RuntimeError("torchsnapshot is not installed (pip install torchsnapshot)")
-        self.pending = None
-        self.dirs: dict[int, Path] = {}
+        self.snapshot = peers.SnapshotAsyncTake()
         self.stop = threading.Event()
         self.watching: list[tuple[int, Any]] = []
         # PendingSnapshot has no callback: a watcher notes when each one is done (5 ms resolution).
@@ -412,26 +337,17 @@ class TorchSnapshot(System):
 
     def save(self, step: int) -> None:
         t0 = time.perf_counter()
-        if self.pending is not None:
-            self.pending.wait()
-            self.pending = None  # its buffers may go before the next clones are made
+        self.snapshot.wait_previous()
         t1 = time.perf_counter()
         path = self.dirs[step] = self.work / self.key / f"step-{step:06d}"
-        self.pending = torchsnapshot.Snapshot.async_take(str(path), {"state": torchsnapshot.StateDict(self.state)})
-        self.watching.append((step, self.pending))
+        pending = self.snapshot.take(path, {"state": torchsnapshot.StateDict(self.state)})
+        self.watching.append((step, pending))
         self.parts = {"wait previous": t1 - t0}
 
     def drain(self) -> None:
-        if self.pending is not None:
-            self.pending.wait()
+        self.snapshot.drain()
         while self.watching:
             time.sleep(0.005)
-
-    def prune(self, keep_from: int) -> None:
-        for step in [s for s in self.dirs if s < keep_from and s in self.durable_at]:
-            path = self.dirs.pop(step)
-            if self.ctx.rank == 0:  # one directory for all ranks
-                shutil.rmtree(path, ignore_errors=True)
 
     def load(self, step: int, template: dict) -> Any:
         """Entry by entry (``restore`` would read every entry, whatever the target holds)."""
@@ -455,14 +371,6 @@ SYSTEMS = {s.key: s for s in (BareCopy, Ours, DCPDefault, DCPCaching, TorchSave,
 # ---------------------------------------------------------------------------------------------
 # One system, one point (runs in a fresh forked process; one per rank on the ranks axis)
 # ---------------------------------------------------------------------------------------------
-def _vm(field_name: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field_name + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def sync(ctx: Ctx) -> None:
     """Line the ranks up before a save, as the step's gradient all-reduce does in a real job."""
     if ctx.distributed:
@@ -501,8 +409,8 @@ def contract_check(system: System, state: dict, step: int, ctx: Ctx) -> bool:
 
 def measure(key: str, nbytes: int, saves: int, verify: bool, work: Path, ctx: Ctx) -> dict:
     """A warm-up save (drained), then ``saves`` timed steps of save -> compute -> wait -> update."""
-    rss0 = _vm("VmRSS")
-    state = make_state(nbytes, ctx.rank, ctx.world)
+    rss0 = rss()
+    state = model_like_state(nbytes, ctx.rank, ctx.world)
     system = SYSTEMS[key](state, work, ctx)
     out: dict[str, Any] = {"rank": ctx.rank, "state_bytes": state_bytes(state), "records": []}
     system.setup()
@@ -549,14 +457,8 @@ def measure(key: str, nbytes: int, saves: int, verify: bool, work: Path, ctx: Ct
             out["consistent"] = contract_check(system, state, timed[-1] + 1, ctx)
     finally:
         system.close()
-    out["peak_rss_growth"] = _vm("VmHWM") - rss0
+    out["peak_rss_growth"] = peak_rss() - rss0
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(results, key: str, nbytes: int, saves: int, verify: bool, work: str, rank: int, world: int,
@@ -675,12 +577,6 @@ def print_point(p: Point, what: str, wall: float) -> None:
           f"({wall:.1f}s, load {os.getloadavg()[0]:.1f})", flush=True)
 
 
-def ms_cell(values: list[float]) -> str:
-    if not values:
-        return "–"
-    return f"{median(values) * 1e3:.1f} ({min(values) * 1e3:.1f}–{max(values) * 1e3:.1f})"
-
-
 def size_label(nbytes: int) -> str:
     return f"{nbytes / 2**30:.3g} GiB" if nbytes >= 2**30 else f"{nbytes / MiB:.0f} MiB"
 
@@ -690,14 +586,12 @@ def axis_table(points: dict[str, list[Point]], columns: list[str], durable: bool
     median ÷ bare copy's median in the same run."""
     copy = points.get("copy")
     ratios = not durable and copy is not None
-    head = "| System | " + " | ".join(columns)
-    if ratios:
-        head += " | " + " | ".join(f"× bare copy, {c}" for c in columns)
-    lines = [head + " |", "|---|" + "---:|" * (len(columns) * (2 if ratios else 1))]
+    names = ["System", *columns, *([f"× bare copy, {c}" for c in columns] if ratios else [])]
+    lines = table_head(names, "l" + "r" * (len(names) - 1))
     for key, row in points.items():
         if durable and not SYSTEMS[key].writes:
             continue
-        cells = [f"failed: {p.error}" if p.error else ms_cell(p.durables if durable else p.stalls)
+        cells = [f"failed: {p.error}" if p.error else ms_span(p.durables if durable else p.stalls)
                  + (" **inconsistent**" if p.verified is False or p.consistent is False else "") for p in row]
         if ratios:
             cells += ["–" if r is None else f"{r:.3f}" for r in ratio_over(points, key)]
@@ -829,10 +723,7 @@ def report(sizes: dict[str, list[Point]], ranks: dict[str, list[Point]], info: d
             "",
         ]
     body += ["Goals:", ""]
-    for g in goal_list:
-        measured = "not measured" if g["measured"] is None else f"{g['measured']:.3f}"
-        body.append(f"- {g['goal']}: {verdict(g['met'])} — measured {measured} (target {g['direction']} "
-                    f"{g['target']}); {g['detail']}.")
+    body += [goal_line(g) for g in goal_list]
     body += ["", "Notes:", ""]
     body += [f"- *{SYSTEMS[k].label}*: {SYSTEMS[k].note}." for k in {**sizes, **ranks}]
     body += notes(sizes, ranks, info)
@@ -937,14 +828,6 @@ def run(args: argparse.Namespace, work: Path) -> tuple[dict, dict]:
     return sizes, ranks
 
 
-def mem_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError):
-        return None
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser(__doc__, keep=True)
     parser.add_argument("--quick", action="store_true",
@@ -969,7 +852,7 @@ def main(argv: list[str] | None = None) -> int:
         args.systems.remove("torchsnapshot")
 
     need = 3 * max(args.sizes_mb) * MiB  # the state + ours' two host buffer sets
-    available = mem_available()
+    available = meminfo().get("MemAvailable")
     if available is not None and need > available:
         print(f"warning: the largest point may need {need / 2**30:.1f} GiB of memory; "
               f"{available / 2**30:.1f} GiB is available", flush=True)

@@ -71,31 +71,28 @@ import sys
 import threading
 import time
 import warnings
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict
-from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-from harness import (  # first: puts this checkout's root on sys.path
-    Load, argument_parser, command_line, fsync_path, goal, machine_description, median, median_span, metric,
-    provenance, publish, settle, verdict, work_dir, write_json, model_and_optimizer_tensors,
-)
+from harness import Load, argument_parser, machine_description, median, settle, work_dir  # first: sys.path
 
 import ckpt  # noqa: E402
 import ckpt.manager  # noqa: E402
+import ckpt.snapshot_copy  # noqa: E402
 import ckpt.staging  # noqa: E402
+import peers  # noqa: E402
+from probes import peak_rss, reset_peak, rss  # noqa: E402
+from report import (  # noqa: E402
+    command_line, goal, goal_line, median_span, metric, provenance, publish, table_head, write_json,
+)
+from states import model_and_optimizer_tensors  # noqa: E402
 
-try:  # an optional peer (the "bench" extra), skipped with a note when missing
-    import torchsnapshot
-except ImportError:
-    torchsnapshot = None
+torchsnapshot = peers.torchsnapshot_module()  # an optional peer (the "bench" extra), skipped with a note when missing
 
 BENCH_NAME = "stall"
 SECTION = "## Checkpoint stall in a training loop (issue 3)"
@@ -107,34 +104,6 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 warnings.filterwarnings("ignore", message=".*torch.distributed.*not initialized.*")
 warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", category=UserWarning, module="torch.distributed.checkpoint")
-
-
-# ---------------------------------------------------------------------------------------------
-# Host memory
-# ---------------------------------------------------------------------------------------------
-def _status(field_name: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field_name + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def rss() -> int:
-    return _status("VmRSS")
-
-
-def reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5\n")  # resets VmHWM to the current RSS (Linux >= 4.0)
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss() -> int:
-    return _status("VmHWM")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,16 +201,13 @@ class BareCopy(Method):
     note = "copy_ of every state tensor into preallocated buffers"
 
     def setup(self) -> None:
-        self.dst = [torch.empty_like(t) for t in self.trainer.state_tensors()]
-        for d in self.dst:
-            d.fill_(0)  # fault the pages in
+        self.copier = peers.BareCopy(self.trainer.state_tensors())
 
     def save(self, step: int, rec: SaveRecord) -> None:
-        for src, dst in zip(self.trainer.state_tensors(), self.dst):
-            dst.copy_(src)
+        self.copier.copy(self.trainer.state_tensors())
 
     def close(self) -> None:
-        self.dst = []
+        self.copier.close()
 
 
 class Timers:
@@ -303,7 +269,7 @@ class Ours(Method):
             self.timers.wrap(stager, "stage", "stage()")
             self.timers.wrap(ckpt.staging, "_capture", "stage: _capture (deepcopy of values)")
             self.timers.wrap(stager, "_ensure_buffers", "stage: buffers")
-            self.timers.wrap(ckpt.staging, "_copy_all", "bg copy", record_calls=self.copies)
+            self.timers.wrap(ckpt.snapshot_copy, "_copy_all", "bg copy", record_calls=self.copies)
             self.timers.wrap(self.manager, "_persist", "bg write")
         self._before = 0.0
 
@@ -349,62 +315,38 @@ class OursSync(Ours):
 class DCPAsync(Method):
     name, key, label = "DCP async_save (default stager)", "dcp-default", "DCP async_save (default stager)"
     note = "async_stager=None: FileSystemWriter stages (fresh copy, in the call)"
-
-    def make_stager(self):
-        return None
+    stager = "default"
 
     def setup(self) -> None:
-        self.stager = self.make_stager()
-        self.upload: Future | None = None
-        self.staging: Future | None = None
-        self.dirs: list[Path] = []
-        self.returned: set[str] = set()
+        self.dcp = peers.DCPAsyncSave(self.stager)
 
     def save(self, step: int, rec: SaveRecord) -> None:
         t0 = time.perf_counter()
-        if self.upload is not None:
-            self.upload.result()  # DCP's contract: the previous save must be finished
+        self.dcp.wait_previous()
         t1 = time.perf_counter()
         model_sd, optim_sd = get_state_dict(self.trainer.model, self.trainer.opt)
         sd = {"model": model_sd, "optim": optim_sd}
         t2 = time.perf_counter()
-        path = self.work / self.key / f"step-{step:08d}"
-        self.dirs.append(path)
-        resp = dcp.async_save(sd, storage_writer=dcp.FileSystemWriter(path), async_stager=self.stager, no_dist=True)
+        upload = self.dcp.save(sd, self.work / self.key / f"step-{step:08d}")
         t3 = time.perf_counter()
-        if isinstance(resp, AsyncSaveResponse):
-            self.returned.add("AsyncSaveResponse")
-            self.staging, self.upload = resp.staging_completion, resp.upload_completion
-        else:
-            self.returned.add(type(resp).__name__)
-            self.staging, self.upload = None, resp
-        self.upload.add_done_callback(lambda _f, rec=rec: setattr(rec, "durable", time.perf_counter() - rec.start))
+        upload.add_done_callback(lambda _f, rec=rec: setattr(rec, "durable", time.perf_counter() - rec.start))
         rec.parts = {"wait previous upload": t1 - t0, "get_state_dict": t2 - t1, "async_save()": t3 - t2}
 
     def before_step(self, rec: SaveRecord | None) -> None:
-        if self.staging is not None:
-            self.staging.result()
-            self.staging = None
+        self.dcp.wait_staged()
 
     def drain(self) -> None:
-        if self.staging is not None:
-            self.staging.result()
-        if self.upload is not None:
-            self.upload.result()
+        self.dcp.drain()
 
     def close(self) -> None:
-        self.extra["async_save returned"] = sorted(self.returned)
-        if self.stager is not None:
-            self.stager.close()
+        self.extra["async_save returned"] = sorted(self.dcp.returned)
+        self.dcp.close()
 
 
 class DCPCaching(DCPAsync):
     name, key, label = "DCP async_save (caching DefaultStager)", "dcp-caching", "DCP async_save (caching stager)"
     note = "DefaultStager, cached storages, async staging thread"
-
-    def make_stager(self):
-        return DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
-                                            use_async_staging=True, use_non_blocking_copy=False))
+    stager = "caching"
 
 
 class TorchSave(Method):
@@ -414,8 +356,7 @@ class TorchSave(Method):
     def save(self, step: int, rec: SaveRecord) -> None:
         (self.work / self.key).mkdir(parents=True, exist_ok=True)
         path = self.work / self.key / f"step-{step:08d}.pt"
-        torch.save({"model": self.trainer.model.state_dict(), "optim": self.trainer.opt.state_dict()}, path)
-        fsync_path(path)
+        peers.torch_save({"model": self.trainer.model.state_dict(), "optim": self.trainer.opt.state_dict()}, path)
 
 
 class TorchSnapshot(Method):
@@ -424,21 +365,19 @@ class TorchSnapshot(Method):
     fsyncs = False  # its FSStoragePlugin writes through aiofiles and never fsyncs
 
     def setup(self) -> None:
-        self.pending = None
+        self.snapshot = peers.SnapshotAsyncTake()
         self.watchers: list[threading.Thread] = []
 
     def save(self, step: int, rec: SaveRecord) -> None:
         t0 = time.perf_counter()
-        if self.pending is not None:
-            self.pending.wait()  # one snapshot in flight, as for DCP; the wait blocks training: stall
+        self.snapshot.wait_previous()  # one snapshot in flight, as for DCP; the wait blocks training: stall
         t1 = time.perf_counter()
-        path = self.work / self.key / f"step-{step:08d}"
         app_state = {"model": self.trainer.model, "optim": self.trainer.opt}
-        self.pending = torchsnapshot.Snapshot.async_take(str(path), app_state=app_state)
+        pending = self.snapshot.take(self.work / self.key / f"step-{step:08d}", app_state)
         t2 = time.perf_counter()
         rec.parts = {"wait previous snapshot": t1 - t0, "async_take()": t2 - t1}
         # PendingSnapshot has no callback: a watcher (it only blocks in join) records when it was written
-        watcher = threading.Thread(target=self._watch, args=(self.pending.thread, rec), daemon=True)
+        watcher = threading.Thread(target=self._watch, args=(pending.thread, rec), daemon=True)
         watcher.start()
         self.watchers.append(watcher)
 
@@ -448,8 +387,7 @@ class TorchSnapshot(Method):
         rec.durable = time.perf_counter() - rec.start
 
     def drain(self) -> None:
-        if self.pending is not None:
-            self.pending.wait()
+        self.snapshot.drain()
         for w in self.watchers:
             w.join()
 
@@ -699,12 +637,6 @@ def metrics_of(phases: list[Phase]) -> list[dict]:
     return out
 
 
-def goal_text(g: dict) -> str:
-    """'<goal>: **met** (measured 0.031; <detail>)', as the notes state a goal."""
-    measured = "not measured" if g["measured"] is None else f"measured {g['measured']:.3f}"
-    return f"{g['goal']}: {verdict(g['met'])} ({measured}; {g['detail']})"
-
-
 def report(phases: list[Phase], info: dict, args: argparse.Namespace, command: str, goals: list[dict]) -> str:
     nbytes = info["nbytes"]
     base = [p for p in phases if p.key == "none"]
@@ -737,9 +669,10 @@ def report(phases: list[Phase], info: dict, args: argparse.Namespace, command: s
         return gib(p.peak_window - p.rss_after_warmup - base_growth) + " GiB"
 
     lines = [
-        "| Method | Stall s, median (min–max) | × bare copy | in save() | wait before next opt.step "
-        "| Steps/s (× no save) | CPU s per step (× no save) | Next fwd/bwd − other steps s | Durable after s | Resident after warm-up | Peak growth beyond no save | Notes |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        *table_head(["Method", "Stall s, median (min–max)", "× bare copy", "in save()", "wait before next opt.step",
+                     "Steps/s (× no save)", "CPU s per step (× no save)", "Next fwd/bwd − other steps s",
+                     "Durable after s", "Resident after warm-up", "Peak growth beyond no save", "Notes"],
+                    "l" + "r" * 10 + "l"),
         f"| no save (baseline; {len(base)} phases) | – | – | – | – | {median_span(base_rates)} "
         f"| {median([q.cpu_s / q.steps for q in base]):.2f} | – | – "
         f"| – | {gib(median([p.peak_window - p.rss_after_warmup for p in base])) + ' GiB (grads etc.)' if base[0].peak_window is not None else 'n/a'} "
@@ -774,8 +707,8 @@ def report(phases: list[Phase], info: dict, args: argparse.Namespace, command: s
         notes.append(f"- Not run: {info['skipped']}.")
     ours = phase_of(phases, "ours")
     if goals:
-        notes.append("- Goals (issue 15; ckpt CheckpointManager (double_buffer), medians): "
-                     + "; ".join(goal_text(g) for g in goals) + ".")
+        notes.append("- Goals of issue 15, for ckpt CheckpointManager (double_buffer), on medians:")
+        notes += ["  " + goal_line(g) for g in goals]
     if ours is not None:
         s = median(stalls(ours))
         rate = ours.steps / ours.window_s

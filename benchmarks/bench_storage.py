@@ -5,7 +5,7 @@
     python benchmarks/bench_storage.py --quick --json /tmp/storage.json     # 32 MiB, 3 repeats (~20 s)
 
 A state of ``--size-mb`` MiB of fp32 in six tensors (four large matrices, two vectors; random
-values) is measured in two parts against one moto S3 server (``tests.s3server.MotoServer``: moto's
+values) is measured in two parts against one moto S3 server (``tests.support.s3server.MotoServer``: moto's
 server in a subprocess on 127.0.0.1, one bucket). moto is an in-memory Python server, so the
 absolute figures are bounded by it (and by the two processes sharing the machine's cores); what
 matters are the ratios against the peers measured in the same run, under the same server.
@@ -41,7 +41,7 @@ with ``ckpt.load`` and compared bitwise, and every load is compared bitwise with
 ``sync`` precedes each timed operation (``--cold`` also drops the page cache, when permitted).
 Throughput is state bytes / wall seconds, in MiB/s (2^20 bytes).
 
-Goals (``--json``: ``harness.goal``, each the median of the per-repeat paired speed ratios, min-max
+Goals (``--json``: ``report.goal``, each the median of the per-repeat paired speed ratios, min-max
 in the detail): replication ≥ 0.8× s3fs put; save to S3 ≥ 1.0× DCP's FsspecWriter with its default
 ``thread_count=1``; load from S3 ≥ 1.0× DCP's FsspecReader (reading what that writer wrote).
 """
@@ -66,8 +66,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from harness import (  # first: puts this checkout's root on sys.path
-    REPO, Load, argument_parser, command_line, drop_caches, goal, machine_description, median, median_span, metric,
-    provenance, publish, remove, rotated, timed, verdict, work_dir, write_json,
+    REPO, Load, argument_parser, drop_caches, machine_description, median, remove, rotated, timed, work_dir,
 )
 
 import fsspec  # noqa: E402
@@ -81,7 +80,11 @@ from ckpt import commit  # noqa: E402
 from ckpt.replicate import copy_step  # noqa: E402
 from ckpt.storage import locate  # noqa: E402
 from ckpt.storage import remote as ckpt_remote  # noqa: E402
-from tests.s3server import MotoServer, make_bucket, s3_storage_options  # noqa: E402
+from report import (  # noqa: E402
+    command_line, goal, goal_line, median_span, metric, provenance, publish, table_head, write_json,
+)
+from states import describe_fp32, fp32_matrices_state, state_bytes, zeros_like  # noqa: E402
+from tests.support.s3server import MotoServer, make_bucket, s3_storage_options  # noqa: E402
 
 SECTION = "## Storage: replication and save/load on S3 (moto on loopback)"
 BUCKET = "bench"
@@ -100,29 +103,6 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 # ---------------------------------------------------------------------------------------------
 # The state
 # ---------------------------------------------------------------------------------------------
-def make_state(size_mb: float, seed: int = 0) -> dict[str, torch.Tensor]:
-    """About ``size_mb`` MiB of fp32: four matrices of 24% each and two vectors of 2% each."""
-    total = int(size_mb * MiB)
-    gen = torch.Generator().manual_seed(seed)
-    cols = 1024
-    state: dict[str, torch.Tensor] = {}
-    for i in range(4):
-        rows = max(1, int(total * 0.24) // (cols * 4))
-        state[f"model.layers.{i}.weight"] = torch.randn(rows, cols, generator=gen)
-    for i in range(2):
-        state[f"optim.vector.{i}"] = torch.randn(max(1, int(total * 0.02) // 4), generator=gen)
-    return state
-
-
-def state_bytes(state: dict[str, torch.Tensor]) -> int:
-    return sum(t.nbytes for t in state.values())
-
-
-def describe_state(state: dict[str, torch.Tensor]) -> str:
-    shapes = ", ".join(f"{'x'.join(map(str, t.shape))}" for t in state.values())
-    return f"{len(state)} fp32 tensors ({shapes}), {state_bytes(state) / MiB:.1f} MiB"
-
-
 # ---------------------------------------------------------------------------------------------
 # Measuring
 # ---------------------------------------------------------------------------------------------
@@ -295,7 +275,7 @@ class Bench:
         """Untimed: imports, sessions, connection pools and the server's first allocations."""
         small = {k: v[: max(1, v.shape[0] // 64)].clone() for k, v in self.reference.items()}
         saved, saved_live = self.reference, self.live
-        self.reference, self.live = small, {k: torch.zeros_like(v) for k, v in small.items()}
+        self.reference, self.live = small, zeros_like(small)
         full_source, self.source = self.source, self.work / "warmup" / "step-1"
         try:
             ckpt.save(self.reference, self.source)
@@ -346,10 +326,10 @@ def run(args: argparse.Namespace) -> tuple[list[Method], list[Method], dict]:
             make_bucket(server.endpoint_url, BUCKET)
             bench = Bench(args, work, server)
             t0 = time.perf_counter()
-            bench.reference = make_state(args.size_mb)
-            bench.live = {k: torch.zeros_like(v) for k, v in bench.reference.items()}
+            bench.reference = fp32_matrices_state(args.size_mb)
+            bench.live = zeros_like(bench.reference)
             info["nbytes"] = state_bytes(bench.reference)
-            info["state"] = describe_state(bench.reference)
+            info["state"] = describe_fp32(bench.reference)
             info["machine"] = machine_description(work, [
                 f"s3fs {s3fs.__version__}", f"fsspec {fsspec.__version__}", f"moto {moto.__version__}",
                 f"torch threads {torch.get_num_threads()}"])
@@ -545,18 +525,16 @@ def report(methods1: list[Method], methods2: list[Method], info: dict, args: arg
     ours1 = by1["copy"]
     put = by1["put"]
 
-    t1 = ["| Method | MiB/s, median (min–max) | Seconds, median (min–max) | × s3fs put (paired, min–max) "
-          "| CPU s client / server | Requests | Notes |",
-          "|---|---:|---:|---:|---:|---|---|"]
+    t1 = table_head(["Method", "MiB/s, median (min–max)", "Seconds, median (min–max)",
+                     "× s3fs put (paired, min–max)", "CPU s client / server", "Requests", "Notes"], "lrrrrll")
     for m in methods1:
         ratio = median_span(paired(m, put), 2) if m.key != "put" else "1.00"
         t1.append(f"| {m.name} | {rate(nbytes, m.seconds())} | {median_span(m.seconds())} | {ratio} "
                   f"| {cpu(m.samples)} | {requests(m.samples) if m.key != 'primary' else '–'} | {m.note} |")
 
-    t2 = ["| Method | Save MiB/s (min–max) | Save s (min–max) | Save × DCP default (paired) | Load MiB/s (min–max) "
-          "| Load s (min–max) | Load × DCP default (paired) | CPU s client / server: save; load "
-          "| Requests: save; load | Notes |",
-          "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    t2 = table_head(["Method", "Save MiB/s (min–max)", "Save s (min–max)", "Save × DCP default (paired)",
+                     "Load MiB/s (min–max)", "Load s (min–max)", "Load × DCP default (paired)",
+                     "CPU s client / server: save; load", "Requests: save; load", "Notes"], "l" + "r" * 7 + "ll")
     dcp_default = by2.get("dcp1")
     for m in methods2:
         if dcp_default is not None and m is not dcp_default:
@@ -568,9 +546,7 @@ def report(methods1: list[Method], methods2: list[Method], info: dict, args: arg
                   f"| {cpu(m.samples)}; {cpu(m.load_samples)} | {requests(m.samples)}; {requests(m.load_samples)} "
                   f"| {m.note} |")
 
-    notes = [f"- Goal, {g['goal']}: {verdict(g['met'])}"
-             + (f" ({g['measured']:.2f}×: {g['detail']})." if g["measured"] is not None else f" ({g['detail']}).")
-             for g in storage_goals(methods1, methods2)]
+    notes = [goal_line(g, digits=2) for g in storage_goals(methods1, methods2)]
     primary = by1["primary"]
     notes.append(f"- The copy takes {median(ours1.seconds()) / median(primary.seconds()):.1f}× as long as writing "
                  "the primary to local disk.")
@@ -615,7 +591,7 @@ def report(methods1: list[Method], methods2: list[Method], info: dict, args: arg
     body = [
         SECTION,
         "",
-        f"State: {info['state']}. moto server (`tests.s3server.MotoServer`) on 127.0.0.1, one bucket, "
+        f"State: {info['state']}. moto server (`tests.support.s3server.MotoServer`) on 127.0.0.1, one bucket, "
         f"s3fs with the tests' storage options (endpoint, dummy keys). Median of {args.repeats} repeat(s), "
         f"methods of each part interleaved (order rotated per repeat); MiB/s = state bytes (2^20) / wall seconds "
         f"(`time.perf_counter` around the call only); × ratios are speed ratios paired per repeat (peer's seconds / "

@@ -83,10 +83,12 @@ import torch
 import torch.nn.functional as F
 
 from harness import (  # first: puts this checkout's root on sys.path
-    REPO, Load, argument_parser, command_line, git_state, goal, machine_description, median, median_span, metric,
-    provenance, publish, rotated, verdict, work_dir, write_json,
+    REPO, Load, argument_parser, git_state, machine_description, median, rotated, work_dir,
 )
 
+from report import (  # noqa: E402
+    command_line, goal, median_span, metric, provenance, publish, table_head, verdict, write_json,
+)
 from trainer import data as data_mod  # noqa: E402
 from trainer import model as model_mod  # noqa: E402
 from trainer.config import load_config  # noqa: E402
@@ -402,9 +404,9 @@ def flavor_report(title: str, fargs: dict, variants: list[Variant],
         f"tokens/step; per run {fargs['warmup']} warm-up steps, a window of {window} steps, 1 final step; "
         f"median of {fargs['repeats']} repeats.",
         "",
-        "| Variant | tokens/s | × minimal | × trainer no ckpt | window s (min–max) | ms/step | train_step ms/step "
-        "(excl. snapshot wait) | save() ms/save | snapshot wait ms/save | other ms/step | final step + close s (close) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *table_head(["Variant", "tokens/s", "× minimal", "× trainer no ckpt", "window s (min–max)", "ms/step",
+                     "train_step ms/step (excl. snapshot wait)", "save() ms/save", "snapshot wait ms/save",
+                     "other ms/step", "final step + close s (close)"], "l" + "r" * 10),
     ]
     for v in variants:
         w, c = median(v.window_s), median(v.compute_s)
@@ -461,8 +463,7 @@ def flavor_report(title: str, fargs: dict, variants: list[Variant],
             f"{fargs['breakdown_skip']} skipped, same phases timed in the same way for each (the trainer rows drive "
             f"the trainer's own model, optimizer, scheduler and loader; no checkpointing):",
             "",
-            "| Variant | " + " | ".join(PHASES) + " | total |",
-            "|---|" + "---:|" * (len(PHASES) + 1),
+            *table_head(["Variant", *PHASES, "total"], "l" + "r" * (len(PHASES) + 1)),
         ]
         for key, phases in breakdown.items():
             out.append(f"| {names[key]} | " + " | ".join(f"{1e3 * phases[p]:.1f}" for p in PHASES)

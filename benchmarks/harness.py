@@ -1,30 +1,24 @@
-"""Scaffolding shared by the benchmark scripts (``bench_*.py``); no benchmark lives here.
+"""Scaffolding shared by the benchmark scripts (``bench_*.py``): set-up, the machine, timing, clean-up.
 
-Every script imports what it needs from this module and nothing from another script. It provides:
+No benchmark lives here, and every script imports what it needs from this module and its siblings —
+``peers`` (the systems compared), ``states`` (the states saved), ``probes`` (memory from /proc),
+``report`` (the section and the JSON record) — never from another script. This module provides:
 
 - Import set-up: puts the repository root first on ``sys.path`` (``REPO``), so that
   ``python benchmarks/bench_x.py`` measures the ``ckpt``/``trainer`` of the checkout it is run from
   rather than whichever checkout is pip-installed (editable). Import it before ``ckpt``/``trainer``.
 - Command line: ``argument_parser`` (the script's docstring as description, plus the ``--dir``,
-  ``--out`` and optionally ``--keep`` options every script has).
-- Machine description: ``cpu_model``, ``meminfo``, ``filesystem_of``, ``machine_description``
+  ``--out``, ``--json`` and optionally ``--keep`` options every script has).
+- Machine description: ``cpu_model``, ``memory_description``, ``filesystem_of``, ``machine_description``
   (CPU, memory, filesystem of the work dir, kernel, Python/torch and other versions),
   ``git_state`` (the code measured), ``pressure_totals`` (PSI), ``top_other_processes`` and
   ``Load`` (the machine's other load over a stretch of the run: load average, PSI stall
   percentages, other busy processes).
 - Timing: ``timed`` (one call, after ``gc.collect``), ``rotated`` (the order of the methods in a
-  repeat, rotated so that slow drifts of the machine hit all alike), ``median`` and ``median_span``
-  (median with min-max, as the tables print it).
+  repeat, rotated so that slow drifts of the machine hit all alike), ``median``.
 - Clean-up: ``drop_caches`` (``sync`` and, when permitted, dropping the page cache), ``fsync_path``,
   ``remove``, ``settle`` (``gc.collect`` + glibc ``malloc_trim``), ``work_dir`` (a temporary work
   dir under ``benchmarks/_work/`` or ``--dir``, removed afterwards with its parent when empty).
-- Reports: ``verdict`` (goal met/missed), ``command_line`` (the command that reproduces the run),
-  ``provenance`` (the closing lines of every results section: machine, run conditions, date,
-  command), ``publish`` and ``write_section`` (print the section; add or replace it in the results
-  file).
-- Structured results for ``run.py``: ``Metric``, ``Goal`` and ``write_json`` (``--json PATH``: the
-  section's markdown plus its numbers — medians with min-max per system, the goals it checks, and
-  series for the plots — in one JSON file; the runner builds RESULTS.md's summary and plots from it).
 """
 
 from __future__ import annotations
@@ -32,11 +26,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import datetime
 import gc
 import os
 import platform
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -51,6 +43,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
+
+from probes import meminfo  # noqa: E402
 
 T = TypeVar("T")
 
@@ -85,14 +79,9 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def meminfo() -> str:
-    fields = {}
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                key, value = line.split(":", 1)
-                fields[key] = int(value.split()[0]) * 1024
-    except OSError:
+def memory_description() -> str:
+    fields = meminfo()
+    if not fields:
         return "unknown"
     return f"{fields.get('MemTotal', 0) / 2**30:.1f} GiB total, {fields.get('MemAvailable', 0) / 2**30:.1f} GiB available"
 
@@ -123,7 +112,7 @@ def machine_description(work: Path | None = None, versions: Sequence[str] = (), 
     given), kernel, Python, torch and ``versions`` (e.g. ``"numpy 2.1"``, ``"torch threads 2"``)."""
     lines = [
         f"CPU: {cpu_model()}, nproc={os.cpu_count()} (affinity {len(os.sched_getaffinity(0))}){cpu_extra}",
-        f"Memory: {meminfo()}",
+        f"Memory: {memory_description()}",
     ]
     if work is not None:
         lines.append(f"Work dir filesystem: {filesystem_of(work)}")
@@ -231,11 +220,6 @@ def median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def median_span(xs: Sequence[float], digits: int = 3) -> str:
-    """'median (min–max)', as the tables print a set of repeats."""
-    return f"{median(xs):.{digits}f} ({min(xs):.{digits}f}–{max(xs):.{digits}f})"
-
-
 # ---------------------------------------------------------------------------------------------
 # Clean-up
 # ---------------------------------------------------------------------------------------------
@@ -297,102 +281,3 @@ def work_dir(parent: str | None, prefix: str, keep: bool = False) -> Iterator[Pa
                 base.rmdir()  # only if empty (ours was the only thing in it)
             except OSError:
                 pass
-
-
-# ---------------------------------------------------------------------------------------------
-# Reports
-# ---------------------------------------------------------------------------------------------
-def verdict(ok: bool | None) -> str:
-    return "n/a" if ok is None else ("**met**" if ok else "**missed**")
-
-
-def command_line(script: str, argv: list[str] | None) -> str:
-    """The command that reproduces this run, as it goes into the report (``--json FILE``, where the
-    runner keeps the numbers, is an output and left out)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if "--json" in args:
-        at = args.index("--json")
-        del args[at:at + 2]
-    args = [a for a in args if not a.startswith("--json=")]
-    return "python " + shlex.join([os.path.relpath(sys.argv[0], REPO) if argv is None else f"benchmarks/{script}",
-                                   *args])
-
-
-def provenance(machine: list[str], command: str, load: str | None = None, extra: Sequence[str] = ()) -> list[str]:
-    """The closing lines of every results section: the machine, the other load on it during the run
-    (``Load.describe()``), ``extra`` lines, the date, then the command."""
-    date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    lines = [*machine, *([f"Other load on the machine: {load}"] if load is not None else []), *extra, f"Date: {date}"]
-    return ["Machine:", *[f"- {line}" for line in lines], "", "Command:", "", "```", command, "```", ""]
-
-
-def publish(section: str, out: str | None) -> None:
-    """Print the section and, with ``--out``, add or replace it in the results file."""
-    print()
-    print(section)
-    if out:
-        write_section(Path(out), section)
-        print(f"wrote section to {out}")
-
-
-def write_section(out: Path, section: str) -> None:
-    """Add or replace ``section`` (its first line is its ``## `` heading) in the results file,
-    re-read right before writing so other benchmarks' sections are kept."""
-    heading = section.split("\n", 1)[0]
-    text = out.read_text() if out.exists() else "# Benchmark results\n\n"
-    start = text.find(heading)
-    if start < 0:
-        new = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + len(heading))
-        tail = text[end + 1 :] if end >= 0 else ""
-        new = text[:start] + section + ("\n" + tail if tail else "")
-    out.write_text(new.rstrip("\n") + "\n")
-
-
-def model_and_optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """Every tensor a checkpoint of (model, optimizer) holds: each parameter, then its optimizer state."""
-    out = []
-    for p in model.parameters():
-        out.append(p.detach())
-        out.extend(v for v in optimizer.state[p].values() if isinstance(v, torch.Tensor))
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Structured results (the contract between every bench_*.py and run.py)
-# ---------------------------------------------------------------------------------------------
-def metric(system: str, name: str, unit: str, values: Sequence[float], x: float | None = None,
-           **extra) -> dict:
-    """One measured quantity of one system: median with min-max over ``values`` (one per repeat).
-    ``name`` is a stable key (``save_s``, ``stall_s``, ``peak_mib``, ``tokens_per_s`` ...); ``x`` is
-    the scaling variable of a curve (state bytes, ranks) when the metric is one point of one."""
-    vals = [float(v) for v in values]
-    return {"system": system, "metric": name, "unit": unit, "median": median(vals) if vals else None,
-            "min": min(vals) if vals else None, "max": max(vals) if vals else None, "n": len(vals),
-            **({"x": x} if x is not None else {}), **extra}
-
-
-def goal(name: str, measured: float | None, target: float, direction: str, detail: str = "") -> dict:
-    """A goal the report states, with what the run measured: ``direction`` is ``">="`` or ``"<="``
-    (``measured`` against ``target``); ``met`` is None when the run could not measure it."""
-    met = None if measured is None else (measured >= target if direction == ">=" else measured <= target)
-    return {"goal": name, "measured": measured, "target": target, "direction": direction, "met": met,
-            "detail": detail}
-
-
-def write_json(path: str | None, bench: str, section: str, command: str, *, metrics: Sequence[dict] = (),
-               goals: Sequence[dict] = (), series: dict | None = None, params: dict | None = None) -> None:
-    """With ``--json PATH``: the section's markdown and its numbers in one file for ``run.py``.
-
-    ``series`` holds the data of the plots that are not a metric per system (e.g. the delta ratio per
-    save over a training run: ``{"delta_ratio": {"ours": [[step, ratio], ...], ...}}``)."""
-    if not path:
-        return
-    import json
-
-    date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    record = {"bench": bench, "date": date, "command": command, "params": params or {},
-              "metrics": list(metrics), "goals": list(goals), "series": series or {}, "section": section}
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(record, indent=1, default=str) + "\n")

@@ -1,7 +1,7 @@
 """The report's PNG plots, drawn with matplotlib from the stored benchmark results.
 
 Every plot reads only the records ``run.py`` keeps in ``benchmarks/results/`` (the metrics each
-``bench_*.py`` writes with ``harness.metric``: a median and the min–max over repeats per system),
+``bench_*.py`` writes with ``report.metric``: a median and the min–max over repeats per system),
 so a plot never shows a number the report's tables do not. Error bars are the min–max span. A plot
 whose benchmark has no (successful) stored result is skipped.
 """

@@ -13,7 +13,7 @@ FileSystemReader(dir))``), both in place into the live DTensors.
 
 One set of 4 processes is started (``torch.multiprocessing`` with the forkserver method: one fresh
 process imports torch and ckpt, the ranks are forked from it, see ``start_forkserver``; gloo on 127.0.0.1,
-``torch.set_num_threads(1)`` in each, as ``tests/dist.py`` does) and runs everything, so process
+``torch.set_num_threads(1)`` in each, as the tests' ``run_ranks`` does) and runs everything, so process
 start-up is paid once and every repeat runs every (layout, system) pair in an order rotated per
 repeat. The 2-rank layouts run on ranks 0-1 (a subgroup and its mesh) while ranks 2-3 wait in the
 collective that gathers the times (a blocking gloo receive; their CPU time over those loads is
@@ -33,7 +33,6 @@ from __future__ import annotations
 import gc
 import os
 import pickle
-import socket
 import tempfile
 import time
 import warnings
@@ -42,7 +41,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
@@ -50,6 +48,9 @@ from torch.distributed.tensor import DTensor, Shard
 from harness import REPO, drop_caches, rotated  # first: puts this checkout's root on sys.path
 
 import ckpt  # noqa: E402
+import peers  # noqa: E402
+from states import reshard_source, state_bytes  # noqa: E402
+from tests.support import launch  # noqa: E402
 
 SYSTEMS = ("ours", "DCP")
 WORLD = 4
@@ -65,18 +66,6 @@ class Layout:
 
 SAVED = Layout("2 ranks Shard(0) (same)", 2, 0)
 LAYOUTS = (SAVED, Layout("4 ranks Shard(0)", 4, 0), Layout("2 ranks Shard(1)", 2, 1))
-
-
-def make_full_state(gib: float, seed: int = 1) -> dict[str, torch.Tensor]:
-    """Four fp32 matrices of about ``gib`` GiB together (40/30/20/10 %), 4096 columns, rows a
-    multiple of 4 so that every layout's shards are even; random values, in shared memory."""
-    gen = torch.Generator().manual_seed(seed)
-    total = int(gib * (1 << 30))
-    state = {}
-    for i, share in enumerate((0.4, 0.3, 0.2, 0.1)):
-        rows = max(4, int(total * share) // (COLS * 4) // 4 * 4)
-        state[f"layers.{i}.weight"] = torch.randn(rows, COLS, generator=gen).share_memory_()
-    return state
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,14 +107,14 @@ def save(system: str, state: dict, path: Path, group) -> None:
     if system == "ours":
         ckpt.save(state, path, process_group=group)
     else:
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(path, sync_files=True), process_group=group)
+        peers.dcp_save(state, path, process_group=group, no_dist=False)
 
 
 def load(system: str, state: dict, path: Path, group) -> None:
     if system == "ours":
         ckpt.load(state, path, process_group=group)
     else:
-        dcp.load(state, storage_reader=dcp.FileSystemReader(path), process_group=group)
+        peers.dcp_load(state, path, process_group=group, no_dist=False)
 
 
 def io_counters() -> tuple[int, int]:
@@ -229,8 +218,7 @@ def rank_main(rank: int, full: dict, work: str, repeats: int, cold: bool, check:
 
 
 def _entry(rank: int, port: int, out_dir: str, args: tuple) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(launch.rank_env(rank, WORLD, port))
     warnings.filterwarnings("ignore", category=FutureWarning)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
@@ -255,23 +243,7 @@ def start_forkserver() -> None:
     (instead of each of the 4 ranks importing them on the 2 cores) and has no threads, so forking
     from it is safe. Starting it early, while the libraries are still in the page cache, keeps the
     benchmark's cache drops from making it read them back from the disk."""
-    context = mp.get_context("forkserver")
-    context.set_forkserver_preload(["__main__", __name__])
-    from multiprocessing import forkserver
-
-    # Python 3.11's forkserver ignores the sys.path it is handed, and a preload that fails to import
-    # is skipped silently (every rank would then import torch itself): give it this checkout's root
-    # (first, as harness does) and this directory through PYTHONPATH, for the server only.
-    before = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), str(Path(__file__).resolve().parent),
-                                                *([before] if before else [])])
-    try:
-        forkserver.ensure_running()
-    finally:
-        if before is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = before
+    launch.start_forkserver(["__main__", __name__], [str(REPO), str(Path(__file__).resolve().parent)])
 
 
 def wait_forkserver() -> None:
@@ -282,24 +254,18 @@ def wait_forkserver() -> None:
     child.join()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(gib: float, repeats: int, work: Path, cold: bool, check: bool = True) -> dict:
     """Start the 4 ranks, run the whole part, return rank 0's measurements plus the state's bytes,
     shapes and the wall time of the part (start-up included)."""
     start = time.perf_counter()
-    full = make_full_state(gib)
+    full = reshard_source(gib, cols=COLS)
     started = time.time()
     with tempfile.TemporaryDirectory() as out_dir:
         start_forkserver()  # no-op if the benchmark started it already
-        mp.start_processes(_entry, args=(_free_port(), out_dir, (full, str(work), repeats, cold, check)),
+        mp.start_processes(_entry, args=(launch.free_port(), out_dir, (full, str(work), repeats, cold, check)),
                            nprocs=WORLD, start_method="forkserver")
         result = pickle.loads(Path(out_dir, "result.pkl").read_bytes())
-    result["nbytes"] = sum(t.nbytes for t in full.values())
+    result["nbytes"] = state_bytes(full)
     result["shapes"] = [tuple(t.shape) for t in full.values()]
     result["wall_s"] = time.perf_counter() - start
     clock = result.pop("clock")

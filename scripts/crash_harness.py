@@ -75,7 +75,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -88,6 +87,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from ckpt.format.names import TMP_MARK, is_leftover, step_name, step_of_entry  # noqa: E402
+from tests.support.launch import descendants, job_env  # noqa: E402  (shared with the tests and benchmarks)
 
 AIM_TARGETS = ("writing", "committed", "replicating", "retention", "replica-retention")
 AIM_JITTER_S = {"writing": 0.05, "committed": 0.03, "replicating": 0.03, "retention": 0.0, "replica-retention": 0.0}
@@ -145,49 +145,6 @@ class RunPaths:
 
 
 # -- processes -----------------------------------------------------------------------------------
-
-def loopback_interface() -> str:
-    """The name of the loopback interface (``lo`` on Linux), for GLOO_SOCKET_IFNAME."""
-    for _, name in socket.if_nameindex():
-        try:
-            flags = int(Path(f"/sys/class/net/{name}/flags").read_text(), 16)
-        except (OSError, ValueError):
-            continue
-        if flags & 0x8:  # IFF_LOOPBACK
-            return name
-    return "lo"
-
-
-def job_env() -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("TORCHELASTIC_", "TORCH_ELASTIC_"))
-           and key not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-                           "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE")}
-    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=loopback_interface(), PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    return env
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid``, from /proc (torchrun starts its workers in sessions of
-    their own: neither the agent's process group nor its session reaches them)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
 
 def _state(pid: int) -> str | None:
     """The /proc state letter of ``pid`` (R, S, D, T, Z, ...), None when it is gone."""

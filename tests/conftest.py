@@ -1,11 +1,11 @@
 """Fixtures shared by every test directory: a real S3-protocol server (moto) on loopback.
 
-* ``s3_server`` (session): a :class:`tests.s3server.MotoServer`, started the first time a test asks
+* ``s3_server`` (session): a :class:`tests.support.s3server.MotoServer`, started the first time a test asks
   for it and stopped at the end of the session. If it cannot start the test errors (no skip:
   CI installs ``moto[server]``); its log is in the session's basetemp, ``moto/server.log``.
 * ``s3_bucket`` (function): a fresh, uniquely named, empty bucket, a
-  :class:`tests.s3server.S3Bucket` (``.name``, ``.url``, ``.endpoint_url``, ``.storage_options``).
-* ``s3_proxy`` (function): a :class:`tests.s3server.LoopbackProxy` in front of ``s3_server``
+  :class:`tests.support.s3server.S3Bucket` (``.name``, ``.url``, ``.endpoint_url``, ``.storage_options``).
+* ``s3_proxy`` (function): a :class:`tests.s3proxy.LoopbackProxy` in front of ``s3_server``
   (``.drop()``, ``.restore()``, ``.endpoint_url``, ``.storage_options``); closed at teardown.
 * ``aws_env`` (function): the standard variables AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
   AWS_SECRET_ACCESS_KEY and AWS_DEFAULT_REGION point at ``s3_server`` (other AWS variables and
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import s3server
+from tests.support import s3proxy, s3server
 
 
 def _clear_s3fs_cache() -> None:
@@ -61,9 +61,9 @@ def s3_bucket(s3_server: s3server.MotoServer) -> Iterator[s3server.S3Bucket]:
 
 
 @pytest.fixture
-def s3_proxy(s3_server: s3server.MotoServer) -> Iterator[s3server.LoopbackProxy]:
+def s3_proxy(s3_server: s3server.MotoServer) -> Iterator[s3proxy.LoopbackProxy]:
     _clear_s3fs_cache()
-    proxy = s3server.LoopbackProxy.to(s3_server.endpoint_url)
+    proxy = s3proxy.LoopbackProxy.to(s3_server.endpoint_url)
     try:
         yield proxy
     finally:

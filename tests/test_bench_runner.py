@@ -1,7 +1,7 @@
 """The benchmark runner's plumbing (benchmarks/run.py, report.py, plots.py) on made-up results.
 
 No benchmark is timed here: a stand-in bench script writes a fixed result through the same
-``harness.write_json`` the real ones use, and another fails, so the test checks what the report
+``report.write_json`` the real ones use, and another fails, so the test checks what the report
 does with each — goals met / not met / not measured, a failure shown as a failure with its log's
 tail, the README block replaced (and only it), plots drawn only where data exists.
 """
@@ -22,14 +22,14 @@ run = pytest.importorskip("run")  # benchmarks/run.py (needs matplotlib, from th
 GOOD = '''
 import argparse, sys
 sys.path.insert(0, {bench_dir!r})
-import harness
+import report
 p = argparse.ArgumentParser(); p.add_argument("--quick", action="store_true"); p.add_argument("--json")
 a = p.parse_args()
-m = [harness.metric(s, "stall_s", "s", [v * k, v * k * 1.5], x=k * 1e8, axis="size")
+m = [report.metric(s, "stall_s", "s", [v * k, v * k * 1.5], x=k * 1e8, axis="size")
      for s, v in (("ours", 0.001), ("bare copy", 0.1)) for k in (1, 4)]
-g = [harness.goal("stall ≤ 0.05× bare copy", 0.01, 0.05, "<="), harness.goal("save ≥ 1.0× raw", 0.9, 1.0, ">="),
-     harness.goal("delta ≤ zipnn", None, 1.0, "<=")]
-harness.write_json(a.json, "good", "## Good section\\n\\nbody line", "python good.py", metrics=m, goals=g)
+g = [report.goal("stall ≤ 0.05× bare copy", 0.01, 0.05, "<="), report.goal("save ≥ 1.0× raw", 0.9, 1.0, ">="),
+     report.goal("delta ≤ zipnn", None, 1.0, "<=")]
+report.write_json(a.json, "good", "## Good section\\n\\nbody line", "python good.py", metrics=m, goals=g)
 '''
 
 BAD = '''

@@ -10,7 +10,8 @@ import pytest
 import s3fs
 from botocore.exceptions import BotoCoreError
 
-from tests.s3server import TEST_KEY, TEST_SECRET, LoopbackProxy, MotoServer
+from tests.support.s3proxy import LoopbackProxy
+from tests.support.s3server import TEST_KEY, TEST_SECRET, MotoServer
 
 
 def _fs(storage_options: dict) -> s3fs.S3FileSystem:
@@ -47,6 +48,7 @@ def test_through_proxy(s3_bucket, s3_proxy):
     assert _fs(s3_bucket.storage_options).cat_file(f"{s3_bucket.name}/p") == b"via proxy"
 
 
+@pytest.mark.slow
 def test_drop_fails_fast_and_restore_recovers(s3_bucket, s3_proxy):
     fs = _fs(s3_proxy.storage_options)
     path = f"{s3_bucket.name}/d"

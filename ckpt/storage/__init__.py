@@ -7,26 +7,65 @@ A plain path or ``file://`` URL selects :class:`~ckpt.storage.local.LocalStorage
 selects :class:`~ckpt.storage.remote.FsspecStorage` over the filesystem fsspec builds for it with
 ``storage_options`` passed through (for ``s3://``, s3fs also reads the standard AWS environment
 variables). The interface and its durability contract are in :mod:`ckpt.storage.base`.
+
+Wrapping a mount (fault injection, tracing, a test's spy) goes through one public seam, never through
+this module's internals: :data:`wrappers` maps a scheme (``"file"`` for plain paths and ``file://``
+URLs, else the URL's scheme, e.g. ``"s3"``) to a function that takes the storage ``locate()`` chose
+and returns the one to use instead; :func:`wrapped` installs one for the length of a ``with`` block::
+
+    with wrapped("file", lambda local: TracingStorage(local)):
+        ckpt.save(state, "ckpts/step-1")      # every local file operation goes through the wrapper
+
+The wrapper is called at every ``locate()`` and must return the same object for the same storage
+(the engine compares mounts by identity). A :class:`Location` keeps the storage it was made with:
+install before the manager, root or load that should see the wrapper. Under pytest,
+``monkeypatch.setitem(ckpt.storage.wrappers, scheme, wrapper)`` does the same until teardown.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Callable, Iterator
 
 from ..errors import StorageError
 from .base import Location, ReadHandle, Storage, WriteHandle
 from .local import LocalStorage, holder_text
 
-__all__ = ["Location", "Storage", "ReadHandle", "WriteHandle", "LocalStorage", "locate", "is_url", "holder_text"]
+__all__ = ["Location", "Storage", "ReadHandle", "WriteHandle", "LocalStorage", "locate", "is_url", "holder_text",
+           "wrappers", "wrapped"]
 
 _LOCAL = LocalStorage()
+wrappers: dict[str, Callable[[Storage], Storage]] = {}
+"""scheme -> the wrapper ``locate()`` applies to that scheme's storage (see the module docstring)."""
 _remote: dict[int, Storage] = {}
 _remote_lock = threading.Lock()
 
 
 def is_url(target) -> bool:
     return not isinstance(target, Location) and "://" in os.fspath(target)
+
+
+@contextlib.contextmanager
+def wrapped(scheme: str, wrapper: Callable[[Storage], Storage]) -> Iterator[None]:
+    """``locate()`` answers ``scheme``'s paths through ``wrapper`` inside the block; the wrapper
+    installed before (or none) is back afterwards."""
+    missing = object()
+    previous = wrappers.get(scheme, missing)
+    wrappers[scheme] = wrapper
+    try:
+        yield
+    finally:
+        if previous is missing:
+            wrappers.pop(scheme, None)
+        else:
+            wrappers[scheme] = previous
+
+
+def _wrap(scheme: str, storage: Storage) -> Storage:
+    wrapper = wrappers.get(scheme)
+    return storage if wrapper is None else wrapper(storage)
 
 
 def locate(target: str | os.PathLike | Location, storage_options: dict | None = None) -> Location:
@@ -37,7 +76,7 @@ def locate(target: str | os.PathLike | Location, storage_options: dict | None = 
     if text.startswith("file://"):
         text = text[len("file://"):]
     if "://" not in text:
-        return Location(_LOCAL, text.rstrip("/") or "/")
+        return Location(_wrap("file", _LOCAL), text.rstrip("/") or "/")
     scheme = text.split("://", 1)[0]
     try:
         import fsspec
@@ -54,4 +93,4 @@ def locate(target: str | os.PathLike | Location, storage_options: dict | None = 
         storage = _remote.get(id(fs))
         if storage is None or storage.fs is not fs:
             storage = _remote[id(fs)] = FsspecStorage(fs, scheme)
-    return Location(storage, path.rstrip("/"))
+    return Location(_wrap(scheme, storage), path.rstrip("/"))

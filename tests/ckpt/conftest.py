@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ckpt.checkpoints import save_fresh
+from tests.support.checkpoints import save_fresh
 
 
 @pytest.fixture

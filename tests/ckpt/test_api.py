@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 import ckpt
-from tests import models
+from tests.support import models
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
           torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.float8_e4m3fn]

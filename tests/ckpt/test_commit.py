@@ -19,7 +19,8 @@ import torch
 
 import ckpt
 from ckpt import commit
-from tests.ckpt.checkpoints import (
+from tests.support import REPO
+from tests.support.checkpoints import (
     assert_state_equal,
     assert_untouched,
     blank_state,
@@ -27,7 +28,6 @@ from tests.ckpt.checkpoints import (
     save_fresh,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 
 # ~384 MB of float32 in three tensors: takes the child well over a second to write and fsync.
 CHILD = textwrap.dedent(
@@ -74,6 +74,7 @@ def partial_data_file(root: Path, name: str) -> Path | None:
     return None
 
 
+@pytest.mark.slow
 def test_sigkill_mid_save(tmp_path: Path):
     step1, step2 = tmp_path / "step-1", tmp_path / "step-2"
     state1 = small_state(1)

@@ -8,8 +8,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 import ckpt
-from tests import models
-from tests.dist import run_ranks
+from tests.support import models
+from tests.support.launch import run_ranks
 
 
 def test_dcp_plugins_unchanged_dcp_calls(tmp_path):
@@ -31,6 +31,7 @@ def _save_replicated(rank: int, world: int, out: str):
     return sum(manifest.files.values()), sum(t.numel() * t.element_size() for t in (state["w"], state["b"]))
 
 
+@pytest.mark.slow
 def test_replicated_tensors_written_once(tmp_path):
     results = run_ranks(2, _save_replicated, str(tmp_path / "dp"))
     written, state_bytes = results[0]

@@ -26,8 +26,8 @@ import ckpt
 from ckpt.committed import looks_like_dcp
 from ckpt.storage import locate
 from ckpt.dcp_import import import_dcp, read_dcp_metadata, total_tensor_bytes
-from tests import models
-from tests.dist import run_ranks
+from tests.support import models
+from tests.support.launch import run_ranks
 
 EXTRA = {"a": [1, 2]}
 
@@ -90,6 +90,7 @@ def _leaves_nothing(dst: Path) -> None:
 
 # -- the import ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_fsdp2_adamw_dcp_checkpoint_imports_bitwise_and_reshards(fsdp_dcp):
     root, expected = fsdp_dcp
     source, imported = root / "dcp", root / "run" / "step-00000007"
@@ -113,6 +114,7 @@ def test_fsdp2_adamw_dcp_checkpoint_imports_bitwise_and_reshards(fsdp_dcp):
     assert state["step"] == 7 and state["extra"] == EXTRA
 
 
+@pytest.mark.slow
 def test_load_of_a_raw_dcp_directory_names_the_conversion(fsdp_dcp, tmp_path):
     source = fsdp_dcp[0] / "dcp"
     assert looks_like_dcp(locate(source)) and not looks_like_dcp(locate(fsdp_dcp[0] / "run" / "step-00000007"))
@@ -286,6 +288,7 @@ def test_value_needing_weights_only_false_is_refused(tmp_path):
     _leaves_nothing(tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_truncated_data_file_is_corrupt_and_named(fsdp_dcp, tmp_path):
     source = _copy(fsdp_dcp[0] / "dcp", tmp_path / "dcp")
     data = source / "__1_0.distcp"

@@ -10,12 +10,12 @@ import torch
 
 import ckpt
 from ckpt.manager import CheckpointManager
-from tests.ckpt.checkpoints import step_path
-from tests import models
-from tests.ckpt.chains import Mixed
-from tests.ckpt.chains import expected_state as _expected
-from tests.ckpt.chains import load_mixed as _load
-from tests.ckpt.chains import train_with_chain as _train_with_chain
+from tests.support.checkpoints import step_path
+from tests.support import models
+from tests.support.chains import Mixed
+from tests.support.chains import expected_state as _expected
+from tests.support.chains import load_mixed as _load
+from tests.support.chains import train_with_chain as _train_with_chain
 
 
 def test_every_link_of_a_chain_loads_bitwise(tmp_path):

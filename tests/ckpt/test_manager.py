@@ -13,9 +13,9 @@ from torch import nn
 import ckpt
 from ckpt.manager import CheckpointManager
 from ckpt.root import committed_steps
-from tests.ckpt.checkpoints import step_path
-from tests import models
-from tests.dist import run_ranks
+from tests.support.checkpoints import step_path
+from tests.support import models
+from tests.support.launch import run_ranks
 
 
 def _big_model(seed: int = 0) -> nn.Module:
@@ -187,6 +187,7 @@ def _fsdp_manager_run(rank: int, world: int, root: str):
     return committed_steps(root)
 
 
+@pytest.mark.slow
 def test_manager_on_two_fsdp_ranks(tmp_path):
     assert run_ranks(2, _fsdp_manager_run, str(tmp_path)) == [[1, 2, 3]] * 2
 
@@ -353,6 +354,7 @@ def _one_rank_notices_first(rank: int, world: int, root: str):
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 def test_a_failed_save_is_raised_on_every_rank_at_the_same_step(tmp_path):
     assert run_ranks(2, _one_rank_notices_first, str(tmp_path)) == ["UnsupportedFormatError"] * 2

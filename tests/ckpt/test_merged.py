@@ -8,7 +8,7 @@ import safetensors.torch
 import torch
 
 import ckpt
-from tests.dist import run_ranks
+from tests.support.launch import run_ranks
 
 
 def test_merged_file_round_trip_overwrite_and_stale_tmp(tmp_path):
@@ -41,6 +41,7 @@ def _merged_onto_existing(rank: int, world: int, path: str):
     return None
 
 
+@pytest.mark.slow
 def test_a_failure_on_the_writing_rank_is_raised_on_every_rank(tmp_path):
     path = tmp_path / "model.safetensors"
     path.write_bytes(b"already here")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ckpt
-from tests.ckpt.checkpoints import BIAS, WEIGHT
+from tests.support.checkpoints import BIAS, WEIGHT
 
 
 def test_incompatible_state_lists_every_problem(saved):

@@ -17,7 +17,7 @@ import pytest
 import ckpt
 from ckpt.read import verify_blobs
 from ckpt.storage import locate
-from tests.ckpt.checkpoints import (
+from tests.support.checkpoints import (
     BIAS,
     DATA_FILE,
     WEIGHT,

@@ -7,11 +7,11 @@ import subprocess
 import sys
 
 import ckpt
-from tests.ckpt.checkpoints import step_path
+from tests.support.checkpoints import step_path
 from ckpt.replay import materialize
-from tests import models
-from tests.ckpt.chains import load_mixed as _load
-from tests.ckpt.chains import train_with_chain as _train_with_chain
+from tests.support import models
+from tests.support.chains import load_mixed as _load
+from tests.support.chains import train_with_chain as _train_with_chain
 
 
 def test_replay_equals_the_chain(tmp_path):

@@ -6,29 +6,15 @@ its full (gathered) tensors are the reference every other layout must load exact
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import ckpt
-from tests import models
-from tests.dist import run_ranks
+from tests.support import models
+from tests.support.launch import run_ranks
+from tests.support.parallel import save_parallel
 
-
-def _save_parallel(rank: int, world: int, layout: str, out: str, merged: str | None, reference: str | None):
-    model = models.parallelize(models.build(), layout)
-    optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    if reference is not None:  # first check that a checkpoint from another layout loads exactly here
-        state = {"model": model, "optim": optim, "step": 0}
-        ckpt.load(state, reference + "/ckpt")
-        models.assert_same(models.full_state(model, optim), torch.load(reference + "/expected.pt"))
-        assert state["step"] == 1
-    models.train_step(model, optim, seed=2)
-    expected = models.full_state(model, optim)
-    ckpt.save({"model": model, "optim": optim, "step": 2, "meta": {"layout": layout}}, out + "/ckpt")
-    if merged is not None:
-        ckpt.save({"model": model}, merged, merged=True)
-    if rank == 0:
-        torch.save(expected, out + "/expected.pt")
-    return sorted(p.name for p in (__import__("pathlib").Path(out) / "ckpt" / "data").iterdir())
+pytestmark = pytest.mark.slow  # every test here spawns 2 and 4 ranks several times
 
 
 def _load_parallel(rank: int, world: int, layout: str, source: str):
@@ -64,7 +50,7 @@ def test_reshard_1_to_4_to_2_to_1(tmp_path):
     single = _single_process_reference(tmp_path)
     four = tmp_path / "four"
     # 1 -> 4 (FSDP2 x TP on a 2x2 mesh), then 4 ranks train a step and save their own checkpoint.
-    files = run_ranks(4, _save_parallel, "fsdp_tp", str(four), str(tmp_path / "merged.safetensors"), single)
+    files = run_ranks(4, save_parallel, "fsdp_tp", str(four), str(tmp_path / "merged.safetensors"), single)
     assert files[0] == [f"rank-0000{r}.bin" for r in range(4)]
 
     # 4 -> 2 (FSDP2 over 2 ranks), which then saves in its own layout.
@@ -83,6 +69,6 @@ def test_reshard_1_to_4_to_2_to_1(tmp_path):
 
 def test_reshard_2_to_1_and_back_to_4(tmp_path):
     two = tmp_path / "two"
-    run_ranks(2, _save_parallel, "fsdp", str(two), None, None)
+    run_ranks(2, save_parallel, "fsdp", str(two), None, None)
     _load_single_process(str(two))  # 2 -> 1
     run_ranks(4, _load_parallel, "fsdp_tp", str(two))  # 2 -> 4 (FSDP2 x TP)

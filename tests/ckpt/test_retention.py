@@ -10,7 +10,7 @@ import ckpt
 from ckpt import retention
 from ckpt.manager import CheckpointManager
 from ckpt.root import committed_steps
-from tests.ckpt.chains import train_with_chain as _train_with_chain
+from tests.support.chains import train_with_chain as _train_with_chain
 
 
 def test_retention_policy():
@@ -44,7 +44,7 @@ def test_retention_deletes_dependents_first(tmp_path, monkeypatch):
     """A crash between two deletions must not leave a listed delta whose base is gone: the newest
     doomed step goes first. Provoked: the run dies (here: raises) after the first deletion."""
     from ckpt.root import CheckpointRoot
-    from tests.ckpt.checkpoints import step_path
+    from tests.support.checkpoints import step_path
 
     deleted = []
     original = CheckpointRoot.delete

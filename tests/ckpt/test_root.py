@@ -7,7 +7,7 @@ import torch
 
 import ckpt
 from ckpt.root import CheckpointRoot, committed_steps, step_name
-from tests.ckpt.checkpoints import step_path
+from tests.support.checkpoints import step_path
 
 
 def test_step_names_and_only_committed_steps_are_listed(tmp_path):

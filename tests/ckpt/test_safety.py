@@ -15,7 +15,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 import ckpt
 from ckpt.format.blobs import checksum
 from ckpt.format import seal
-from tests.ckpt.checkpoints import WEIGHT
+from tests.support.checkpoints import WEIGHT
 
 
 class Booby:

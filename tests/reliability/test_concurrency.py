@@ -29,8 +29,8 @@ import torch
 
 import ckpt
 from ckpt.root import CheckpointRoot
+from tests.support import REPO as ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 HOST = socket.gethostname()
 
 
@@ -141,6 +141,7 @@ sys.stdin.readline()  # killed here
 """
 
 
+@pytest.mark.slow
 def test_a_second_writer_is_refused_naming_host_and_pid_in_process_and_across_processes(tmp_path):
     """Refused in this process, in another process (both ways), and a writer killed with SIGKILL
     leaves no lock behind (flock dies with its process)."""
@@ -184,6 +185,7 @@ print(json.dumps(reader_loop(sys.argv[1], sys.argv[2], int(sys.argv[3]))), flush
 STEPS = 40
 
 
+@pytest.mark.slow
 def test_readers_see_only_committed_loadable_steps_while_a_writer_commits_and_retires(tmp_path):
     root = tmp_path / "run"
     root.mkdir()

@@ -38,8 +38,8 @@ from ckpt.root import CheckpointRoot, step_name
 from ckpt.storage import locate
 from ckpt.format import parse_manifest
 from tools import inspection
+from tests.support import REPO as ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load_campaign():

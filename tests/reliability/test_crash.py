@@ -101,6 +101,7 @@ def summary(tmp_path_factory) -> dict:
     return result
 
 
+@pytest.mark.slow
 def test_three_kills_one_aimed_at_a_save_and_nothing_left_running(summary):
     kills = summary["kills"]
     assert len(kills) == KILLS, summary["failures"]
@@ -110,6 +111,7 @@ def test_three_kills_one_aimed_at_a_save_and_nothing_left_running(summary):
         assert kill["kill"]["all_stopped"] and kill["kill"]["all_gone"], kill
 
 
+@pytest.mark.slow
 def test_after_every_kill_the_listings_are_whole_chained_and_load(summary):
     assert summary["failures"] == []
     for kill in summary["kills"]:
@@ -124,6 +126,7 @@ def test_after_every_kill_the_listings_are_whole_chained_and_load(summary):
             assert launch["resumed_from"] == kill["newest_after"]
 
 
+@pytest.mark.slow
 def test_the_crashed_run_equals_an_uninterrupted_run_bitwise(summary):
     assert summary["totals"]["runs_completed"] >= 1
     for run in summary["runs"]:

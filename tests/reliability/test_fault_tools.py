@@ -1,4 +1,4 @@
-"""The fault injectors themselves (tests/faults.py, the loopback proxy's fault modes): they do what
+"""The fault injectors themselves (tests/support/faults.py, the loopback proxy's fault modes): they do what
 the fault tests rely on, and nothing else."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import time
 import pytest
 import s3fs
 
-import ckpt.storage
-from ckpt.storage import LocalStorage, locate
-from tests.faults import FaultyStorage, install_faulty
-from tests.s3server import LoopbackProxy
+from ckpt.storage import LocalStorage, locate, wrapped, wrappers
+from tests.support.faults import FaultyStorage, install_faulty
+from tests.support.s3proxy import LoopbackProxy
+from tests.support.s3server import s3_client
 
 
 # -- FaultyStorage ------------------------------------------------------------------------------
@@ -67,7 +67,7 @@ def test_deny_and_vanish(tmp_path):
 
 
 def test_install_routes_only_its_roots_and_is_undone(tmp_path):
-    before = ckpt.storage._LOCAL
+    before = locate(tmp_path / "a").storage
     with pytest.MonkeyPatch.context() as mp:
         a, b = install_faulty(mp, tmp_path / "a", tmp_path / "b")
         a.vanish()
@@ -75,7 +75,20 @@ def test_install_routes_only_its_roots_and_is_undone(tmp_path):
             locate(tmp_path / "a" / "x").is_dir()
         assert locate(tmp_path / "b" / "x").is_dir() is False and locate(tmp_path / "c").exists() is False
         assert str(locate(tmp_path / "a")) == str(tmp_path / "a")  # displayed as before
-    assert ckpt.storage._LOCAL is before
+    assert locate(tmp_path / "a").storage is before
+
+
+def test_wrapped_sends_a_scheme_through_its_wrapper_inside_the_block_only(tmp_path):
+    local = locate(tmp_path).storage
+    outer, inner = FaultyStorage(local, tmp_path / "w"), FaultyStorage(local, tmp_path / "w")
+    with wrapped("file", lambda storage: outer):
+        assert locate(tmp_path / "w" / "x").storage is outer and locate(f"file://{tmp_path}").storage is outer
+        with wrapped("file", lambda storage: inner):  # nested: the innermost wins, the outer comes back
+            inner.vanish()
+            with pytest.raises(FileNotFoundError):
+                locate(tmp_path / "w").is_dir()
+        assert locate(tmp_path / "w").storage is outer and locate(tmp_path / "w").is_dir() is False
+    assert locate(tmp_path / "w").storage is local and "file" not in wrappers
 
 
 # -- the proxy's fault modes ----------------------------------------------------------------------
@@ -113,12 +126,7 @@ def test_error_mode_answers_s3_xml_then_forwards_again(s3_bucket, s3_proxy):
 
 def _presigned_get(proxy: LoopbackProxy, bucket: str, key: str) -> str:
     """The path and query of a signed GET through the proxy (moto refuses unsigned requests)."""
-    import boto3
-
-    from tests.s3server import REGION, TEST_KEY, TEST_SECRET
-
-    client = boto3.client("s3", endpoint_url=proxy.endpoint_url, region_name=REGION,
-                          aws_access_key_id=TEST_KEY, aws_secret_access_key=TEST_SECRET)
+    client = s3_client(proxy.endpoint_url)
     try:
         url = client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key})
     finally:

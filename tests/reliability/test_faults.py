@@ -13,8 +13,9 @@ For every fault the behaviour is defined and asserted with a real CheckpointMana
    step's directory or prefix holds no manifest and does not load;
 5. when the fault clears the next save commits and replication catches up.
 
-Faults come from :mod:`tests.faults` (a wrapper storage routed in for a path; a real tmpfs for the
-disk-full case when this process may mount) and from the loopback proxy of :mod:`tests.s3server`
+Faults come from :mod:`tests.support.faults` (a wrapper storage routed in for a path) and
+:mod:`tests.support.mounts` (a real tmpfs for the disk-full case when this process may mount) and
+from the loopback proxy of :mod:`tests.support.s3proxy`
 (errors, truncated bodies, slowness) or a private moto server that is stopped and restarted.
 
 Retries on S3 (asserted): the storage options of these tests give botocore two attempts per
@@ -46,9 +47,12 @@ from ckpt import commit
 from ckpt.read import ChunkSource
 from ckpt.replicate import COMMITTED
 from ckpt.root import CheckpointRoot
-from tests.ckpt.checkpoints import assert_state_equal
-from tests.faults import install_faulty, is_mounted, restore_bucket, snapshot_bucket, try_tmpfs
-from tests.s3server import TEST_KEY, TEST_SECRET, MotoServer, make_bucket, s3_storage_options
+from tests.support.checkpoints import assert_state_equal
+from tests.support.faults import install_faulty
+from tests.support.mounts import is_mounted, try_tmpfs
+from tests.support.s3server import (
+    TEST_KEY, TEST_SECRET, MotoServer, make_bucket, restore_bucket, s3_storage_options, snapshot_bucket,
+)
 
 FAST_RETRY = {"replica_retry_initial": 0.05, "replica_retry_max": 0.2}
 ALL_MODES = [("sync", "stop"), ("sync", "continue"), ("double_buffer", "stop"), ("double_buffer", "continue")]
@@ -303,6 +307,7 @@ def _s3_retry_logs(caplog) -> list[str]:
             re.search(r"InternalError|SlowDown|payload is not completed|Connection was closed", r.getMessage())]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("status, count, layer", [(500, 1, "botocore"), (503, 1, "botocore"), (503, 2, "s3fs")],
                          ids=["500x1", "503x1", "503x2"])
 def test_a_transient_s3_error_is_retried(s3_bucket, s3_proxy, caplog, status, count, layer):
@@ -331,6 +336,7 @@ S3_PERSISTENT = [pytest.param(500, DATA_PUT, mode, policy, id=f"500-data-{mode}-
 S3_PERSISTENT.append(pytest.param(503, MANIFEST_PUT, "sync", "stop", id="503-manifest-sync-stop"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("status, match, mode, policy", S3_PERSISTENT)
 def test_a_persistent_s3_error_fails_the_save_visibly(s3_bucket, s3_proxy, tmp_path, status, match, mode, policy):
     url, replica = f"{s3_bucket.url}/run", tmp_path / "replica"
@@ -361,6 +367,7 @@ def test_a_persistent_s3_error_fails_the_save_visibly(s3_bucket, s3_proxy, tmp_p
             outcome="stopped" if errors else f"continued, {len(warned)} failed saves")
 
 
+@pytest.mark.slow
 def test_truncated_s3_bodies_are_retried_or_passed_over(s3_bucket, s3_proxy, caplog):
     url = f"{s3_bucket.url}/run"
     caplog.set_level(logging.DEBUG, logger="s3fs")
@@ -414,6 +421,7 @@ def test_a_slow_s3_server_slows_the_writer_not_training(s3_bucket, s3_proxy):
             outcome=f"save committed in {took:.2f} s, training stalled {stall * 1e3:.0f} ms")
 
 
+@pytest.mark.slow
 def test_the_s3_server_stops_and_comes_back(tmp_path):
     """A private moto server (the session's one serves other tests): stopped under two managers,
     restarted with its data put back, as a real S3 endpoint that went down would come back."""
@@ -460,12 +468,13 @@ def test_the_s3_server_stops_and_comes_back(tmp_path):
 
 # -- the trainer --------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_the_trainer_on_a_full_disk(tmp_path, monkeypatch, capsys):
     """``python -m trainer.train`` in-process: checkpoints at steps 2 and 4, then the disk is full.
     continue: trains to the end, exit 0, the failed saves counted in metrics.jsonl; stop: exit 1
     naming the save and the step a restart resumes from; the steps already committed never change,
     and once the disk has room the restart resumes from step 4 and finishes."""
-    from tests.trainer.test_train import _args
+    from tests.support.trainer_runs import trainer_args
     from trainer.train import main
 
     run = tmp_path / "run"
@@ -474,7 +483,7 @@ def test_the_trainer_on_a_full_disk(tmp_path, monkeypatch, capsys):
 
     def train(steps: int, policy: str) -> tuple[int, str, str]:
         capsys.readouterr()
-        code = main(_args(str(run), steps=steps, checkpoint__interval=2, metrics__log_freq=2,
+        code = main(trainer_args(str(run), steps=steps, checkpoint__interval=2, metrics__log_freq=2,
                           checkpoint__on_error=policy))
         out = capsys.readouterr()
         return code, out.out, out.err
@@ -559,13 +568,13 @@ def test_load_passes_over_a_dead_local_primary_to_its_replica(tmp_path, monkeypa
                    "surfaces only at close, after the last metrics record: metrics.jsonl never counts it "
                    "(ckpt_failures stays 0 here); only stdout's summary line and the warning say so")
 def test_metrics_count_a_failure_of_the_final_save(tmp_path, monkeypatch, capsys):
-    from tests.trainer.test_train import _args
+    from tests.support.trainer_runs import trainer_args
     from trainer.train import main
 
     run = tmp_path / "run"
     install_faulty(monkeypatch, run / "checkpoints").disk_full()
     with pytest.warns(UserWarning, match="No space left on device"):
-        assert main(_args(str(run), steps=2, checkpoint__interval=2, metrics__log_freq=2,
+        assert main(trainer_args(str(run), steps=2, checkpoint__interval=2, metrics__log_freq=2,
                           checkpoint__on_error="continue")) == 0
     assert "1 checkpoint save failed" in capsys.readouterr().out
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -473,6 +473,7 @@ def untouched(original: dict, doc: dict) -> dict | None:
             "values": [k for k, e in original["values"].items() if values.get(k) == e]}
 
 
+@pytest.mark.slow
 def test_fuzzed_manifests_raise_only_checkpoint_errors_and_stay_inside(sandbox):
     @FUZZ
     @given(data=st.data())

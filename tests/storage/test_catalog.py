@@ -19,7 +19,8 @@ import ckpt
 from ckpt.catalog import Catalog, MountState, mount_id, open_catalog
 from ckpt.errors import CheckpointError
 from ckpt.storage import locate
-from tests.s3server import TEST_KEY, TEST_SECRET
+from tests.support import REPO
+from tests.support.s3server import TEST_KEY, TEST_SECRET
 
 REPLICA = "s3://bucket/replica"
 
@@ -166,6 +167,7 @@ def test_unreadable_manifest_is_recorded_failed_and_stays_consistent(run, tmp_pa
         assert catalog.is_consistent_with(primary)  # listed, so no rebuild on every open
 
 
+@pytest.mark.slow
 def test_writer_threads_and_readers(run, tmp_path):
     """Writes from several threads all land; a reader in another process neither blocks on an open
     write transaction nor sees half a record while commits stream in."""
@@ -181,7 +183,7 @@ def test_writer_threads_and_readers(run, tmp_path):
     assert len(catalog.steps()) == 80
 
     reader = subprocess.Popen([sys.executable, "-c", _READER, str(path), str(run)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2])
+                              stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
         with catalog._write() as txn:  # a writer mid-transaction: the reader sees the old state
             txn.put(b"step/000000009999", b'{"half": true}')

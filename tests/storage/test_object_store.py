@@ -16,8 +16,8 @@ from ckpt.format import MANIFEST_NAME
 from ckpt.root import CheckpointRoot
 from ckpt.storage import locate
 from ckpt.storage.remote import S3PartsWriter
-from tests.ckpt.checkpoints import assert_state_equal, blank_state, make_state
-from tests.s3server import TEST_KEY, TEST_SECRET
+from tests.support.checkpoints import assert_state_equal, blank_state, make_state
+from tests.support.s3server import TEST_KEY, TEST_SECRET
 
 
 def _s3(bucket):

@@ -20,8 +20,8 @@ from ckpt import replicate
 from ckpt.replicate import COMMITTED, copy_step
 from ckpt.root import CheckpointRoot
 from ckpt.storage import locate
-from tests.ckpt.checkpoints import assert_state_equal, step_path
-from tests.dist import run_ranks
+from tests.support.checkpoints import assert_state_equal, step_path
+from tests.support.launch import run_ranks
 
 FAST_RETRY = {"replica_retry_initial": 0.05, "replica_retry_max": 0.2}
 
@@ -182,6 +182,7 @@ def test_read_back_finds_what_the_replica_damaged(tmp_path, monkeypatch):
     assert CheckpointRoot(tmp_path / "c").committed() == []
 
 
+@pytest.mark.slow
 def test_close_waits_up_to_its_timeout_and_the_next_manager_catches_up(tmp_path, s3_bucket, s3_proxy):
     primary, s3 = tmp_path / "a", f"{s3_bucket.url}/late"
     s3_proxy.drop()
@@ -217,6 +218,7 @@ def _replicate_on_two_ranks(rank: int, world: int, primary: str, s3: str, option
     return sorted(locate(s3, options).storage.list(f"{locate(s3, options).path}/step-00000002/data"))
 
 
+@pytest.mark.slow
 def test_every_rank_uploads_what_it_wrote(tmp_path, s3_bucket):
     s3 = f"{s3_bucket.url}/ranks"
     listed = run_ranks(2, _replicate_on_two_ranks, str(tmp_path / "a"), s3, s3_bucket.storage_options)

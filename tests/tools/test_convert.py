@@ -16,8 +16,8 @@ from ckpt.consolidate import full_tensors
 from tools import convert
 from trainer.hf import from_hf, model_args_of, rotary
 from trainer.model import Transformer
+from tests.support import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 TOLERANCE = 1e-5  # fp32 logits, ours vs transformers' eager llama (measured ~1e-6)
 
 transformers = pytest.importorskip("transformers")

@@ -17,6 +17,7 @@ import ckpt
 from ckpt.catalog import Catalog, open_catalog
 from ckpt.storage import locate
 from tools.inspection import human, main
+from tests.support import REPO
 
 
 def _state(seed: int) -> dict:
@@ -163,7 +164,8 @@ def test_urls_through_the_aws_environment(s3_bucket, aws_env, capsys):
         main([url, "--rebuild-catalog"])
 
 
+@pytest.mark.slow
 def test_help_in_a_subprocess():
     result = subprocess.run([sys.executable, "-m", "tools.inspection", "--help"], capture_output=True, text=True,
-                            timeout=120, cwd=Path(__file__).parents[2])
+                            timeout=120, cwd=REPO)
     assert result.returncode == 0 and "examples:" in result.stdout and "--verify" in result.stdout

@@ -34,12 +34,12 @@ from ckpt.consolidate import (
     tensor_specs,
     write_output,
 )
-from tests import models
-from tests.ckpt.test_reshard import _save_parallel
-from tests.dist import run_ranks
+from tests.support import REPO
+from tests.support import models
+from tests.support.launch import run_ranks
+from tests.support.parallel import save_parallel
 from tools.merge import main, parse_size
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _flat_tensors(nested: dict) -> dict[str, torch.Tensor]:
@@ -51,7 +51,7 @@ def _flat_tensors(nested: dict) -> dict[str, torch.Tensor]:
 def fsdp_tp(tmp_path_factory):
     """(checkpoint dir, expected flat {key: full tensor}) of a 4-rank FSDP2 x TP save (2x2 mesh)."""
     out = tmp_path_factory.mktemp("fsdp_tp")
-    run_ranks(4, _save_parallel, "fsdp_tp", str(out), None, None)
+    run_ranks(4, save_parallel, "fsdp_tp", str(out), None, None)
     expected = _flat_tensors(torch.load(out / "expected.pt"))
     return out / "ckpt", expected
 
@@ -61,6 +61,7 @@ def _no_leftovers(directory: Path) -> None:
 
 
 # -- bitwise equality --------------------------------------------------------------------------
+@pytest.mark.slow
 def test_merge_fsdp_tp_bitwise_safetensors_and_torch(fsdp_tp, tmp_path, capsys):
     import safetensors
     import safetensors.torch
@@ -87,6 +88,7 @@ def test_merge_fsdp_tp_bitwise_safetensors_and_torch(fsdp_tp, tmp_path, capsys):
     _no_leftovers(tmp_path)
 
 
+@pytest.mark.slow
 def test_merge_dtype_only_and_shards(fsdp_tp, tmp_path):
     import safetensors.torch
 
@@ -222,6 +224,7 @@ def _run(*args) -> subprocess.CompletedProcess:
                           timeout=120, cwd=REPO)
 
 
+@pytest.mark.slow
 def test_merge_errors(fsdp_tp, tmp_path, capsys):
     source, _ = fsdp_tp
     root = tmp_path / "root"
@@ -308,6 +311,7 @@ _MEMORY_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_merge_peak_memory_is_one_tensor_not_the_state(tmp_path):
     """40 tensors of 8 MB (320 MB): the merge process's peak RSS may grow by about one tensor (plus
     one chunk, plus slack), never by the state. The agreed bound is 2 x 8 MB + 300 MB; it alone

@@ -5,7 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 
+from tests.support.checkpoints import reseal
+
+
+@pytest.mark.slow
 def test_replay_cli_errors(tmp_path):
     result = subprocess.run([sys.executable, "-m", "tools.replay", str(tmp_path), "--step", "9"],
                             capture_output=True, text=True, timeout=120)
@@ -25,17 +30,6 @@ def _compressed_checkpoint(tmp_path):
     return tmp_path / "root" / "step-00000001"
 
 
-def _reseal(path, mutate):
-    import json
-
-    from ckpt.format import seal
-
-    doc = json.loads((path / "manifest.json").read_bytes())
-    doc.pop("digest")
-    mutate(doc)
-    (path / "manifest.json").write_bytes(seal(doc))
-
-
 def test_replay_bounds_allocations_by_the_bytes_present(tmp_path, capsys):
     """A consistent manifest claiming a 64 TiB tensor (its zstd planes are 64 KiB) is refused with
     one line; it used to end in a MemoryError traceback."""
@@ -48,7 +42,7 @@ def test_replay_bounds_allocations_by_the_bytes_present(tmp_path, capsys):
         entry["shape"] = [2**22, 2**22]
         entry["chunks"][0].update(sizes=[2**22, 2**22], raw_length=2**46)
 
-    _reseal(path, claim_64_tib)
+    reseal(path, claim_64_tib)
     assert main([str(tmp_path / "root"), "--step", "1", "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "byte plane" in err and "expected" in err

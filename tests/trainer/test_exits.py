@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from ckpt.root import CheckpointRoot
-from tests.dist import run_ranks
-from tests.trainer.test_train import REPO, _args
+from tests.support.launch import run_ranks
+from tests.support import REPO
+from tests.support.trainer_runs import trainer_args
 
 # Runs the trainer CLI with every data file of the named steps failing as on a full disk.
 _FAILING_WRITES = """
@@ -55,8 +56,9 @@ def _steps(folder: Path) -> list[int]:
     return CheckpointRoot(folder / "checkpoints").steps()
 
 
+@pytest.mark.slow
 def test_vocab_smaller_than_the_tokenizer_is_refused_before_anything_is_written(tmp_path):
-    result = _cli(_args(str(tmp_path / "run"), model__vocab_size=100))
+    result = _cli(trainer_args(str(tmp_path / "run"), model__vocab_size=100))
     assert result.returncode == 2
     line = _one_line(result.stderr)
     assert "model.vocab_size=100" in line and "258" in line
@@ -97,7 +99,7 @@ def test_configs_that_cannot_work_are_refused_with_one_line(tmp_path, capsys, ex
     names = {"tmp": tmp_path, "tokenizer": _tiny_tokenizer(tmp_path) if "{tokenizer}" in str(extra) else ""}
     extra = {key: str(value).format(**names) for key, value in extra.items()}
     run = tmp_path / "run"
-    code, err = _main(_args(str(run), **extra), capsys)
+    code, err = _main(trainer_args(str(run), **extra), capsys)
     assert code == 2
     assert expected in _one_line(err)
     assert not (run / "config.json").exists() and not (run / "metrics.jsonl").exists()
@@ -108,9 +110,9 @@ def test_configs_that_cannot_work_are_refused_with_one_line(tmp_path, capsys, ex
 
 def test_missing_load_step_is_refused_and_an_unreadable_checkpoint_fails(tmp_path, capsys):
     run = tmp_path / "run"
-    assert _main(_args(str(run), steps=2, checkpoint__interval=2), capsys)[0] == 0
+    assert _main(trainer_args(str(run), steps=2, checkpoint__interval=2), capsys)[0] == 0
     config = (run / "config.json").read_text()
-    code, err = _main(_args(str(run), steps=4, checkpoint__load_step=3), capsys)
+    code, err = _main(trainer_args(str(run), steps=4, checkpoint__load_step=3), capsys)
     assert code == 2
     line = _one_line(err)
     assert "checkpoint.load_step=3" in line and "committed steps: 2" in line
@@ -121,11 +123,12 @@ def test_missing_load_step_is_refused_and_an_unreadable_checkpoint_fails(tmp_pat
     blob[len(blob) // 2] ^= 0xFF
     data.write_bytes(bytes(blob))
     with pytest.warns(UserWarning, match="checkpoint step 2 cannot be loaded"):
-        code, err = _main(_args(str(run), steps=4), capsys)
+        code, err = _main(trainer_args(str(run), steps=4), capsys)
     assert code == 1
     assert "cannot be loaded" in _one_line(err)
 
 
+@pytest.mark.slow
 def test_a_second_trainer_on_a_locked_folder_writes_nothing(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
@@ -134,7 +137,7 @@ def test_a_second_trainer_on_a_locked_folder_writes_nothing(tmp_path):
     lock = CheckpointRoot(run / "checkpoints")
     lock.lock()  # the running job
     try:
-        result = _cli(_args(str(run)))
+        result = _cli(trainer_args(str(run)))
     finally:
         lock.unlock()
     assert result.returncode == 2
@@ -143,9 +146,10 @@ def test_a_second_trainer_on_a_locked_folder_writes_nothing(tmp_path):
     assert (run / "metrics.jsonl").read_text() == "sentinel metrics\n"
 
 
+@pytest.mark.slow
 def test_a_failed_save_under_on_error_stop_exits_1_each_time(tmp_path):
     run = tmp_path / "run"
-    argv = _args(str(run), steps=6, checkpoint__interval=2)
+    argv = trainer_args(str(run), steps=6, checkpoint__interval=2)
     result = _cli(argv, fail_steps=(4,))
     assert result.returncode == 1
     line = _one_line(result.stderr)
@@ -157,9 +161,10 @@ def test_a_failed_save_under_on_error_stop_exits_1_each_time(tmp_path):
     assert _cli(argv).returncode == 0 and _steps(run) == [2, 4, 6]
 
 
+@pytest.mark.slow
 def test_a_failed_save_under_on_error_continue_trains_on_and_counts_it(tmp_path):
     run = tmp_path / "run"
-    result = _cli(_args(str(run), steps=8, checkpoint__interval=2, checkpoint__on_error="continue",
+    result = _cli(trainer_args(str(run), steps=8, checkpoint__interval=2, checkpoint__on_error="continue",
                         metrics__log_freq=2), fail_steps=(2,))
     assert result.returncode == 0, result.stderr
     warning, = result.stderr.strip().splitlines()  # one line per failed save, no traceback
@@ -190,12 +195,13 @@ def _fail_on_one_rank(rank: int, world: int, root: str) -> tuple[int, int]:
         return real_save(self, step, state, **kwargs)
 
     ckpt.write.write_file = write_file
-    propagated = main(_args(f"{root}/write", steps=8, checkpoint__interval=2))
+    propagated = main(trainer_args(f"{root}/write", steps=8, checkpoint__interval=2))
     ckpt.write.write_file, ckpt.CheckpointManager.save = real_write, save
-    alone = main(_args(f"{root}/alone", steps=8, checkpoint__interval=2))
+    alone = main(trainer_args(f"{root}/alone", steps=8, checkpoint__interval=2))
     return propagated, alone
 
 
+@pytest.mark.slow
 def test_a_save_failing_on_one_rank_stops_every_rank(tmp_path):
     assert run_ranks(2, _fail_on_one_rank, str(tmp_path)) == [(1, 1), (1, 1)]
     assert _steps(tmp_path / "write") == [2] and _steps(tmp_path / "alone") == [2]

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.dist import run_ranks
-from tests.trainer.test_train import _args, _run
+from tests.support.launch import run_ranks
+from tests.support.trainer_runs import run_trainer, trainer_args
+
+pytestmark = pytest.mark.slow  # 2- and 4-rank trainer runs, one set of ranks per world size
 
 STEPS = 4
 TOLERANCE = 1e-5  # absolute, on losses near 5.5; measured 4.8e-7 (9.5e-7 interleaved): reassociation only
@@ -38,7 +40,7 @@ def _resume(root, name: str) -> dict:
 
 
 def _runs(rank: int, world: int, root: str, runs: dict) -> dict[str, list[float]]:
-    return {name: _run(_args(f"{root}/{name}", steps=STEPS, **layout))[0] for name, layout in runs.items()}
+    return {name: run_trainer(trainer_args(f"{root}/{name}", steps=STEPS, **layout))[0] for name, layout in runs.items()}
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +50,7 @@ def root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(root) -> list[float]:
-    return _run(_args(f"{root}/reference", steps=STEPS))[0]
+    return run_trainer(trainer_args(f"{root}/reference", steps=STEPS))[0]
 
 
 @pytest.fixture(scope="module")
@@ -73,5 +75,5 @@ def test_two_rank_layouts_match_and_runs_resume_across_layouts(root, four_ranks,
     for name in TWO_RANKS:
         assert _close(results[name], reference), (name, results[name], reference)
     assert _close(results["fsdp2-from-fsdp2xtp2"], reference[2:])
-    one_process = _run(_args(f"{root}/one-from-pp2", steps=STEPS, **_resume(root, "pp2-1f1b")))[0]
+    one_process = run_trainer(trainer_args(f"{root}/one-from-pp2", steps=STEPS, **_resume(root, "pp2-1f1b")))[0]
     assert _close(one_process, reference[2:]), (one_process, reference)

@@ -6,28 +6,32 @@ from __future__ import annotations
 
 import math
 
-from tests import models
-from tests.trainer.test_train import _args, _run
+import pytest
+
+from tests.support import models
+from tests.support.trainer_runs import run_trainer, trainer_args
 
 STEPS = 4
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_gives_the_same_losses(tmp_path):
-    plain = _run(_args(str(tmp_path / "plain"), steps=STEPS))[0]
+    plain = run_trainer(trainer_args(str(tmp_path / "plain"), steps=STEPS))[0]
     for name, extra in {
         "full": {"optimization__gradient_checkpointing": "true"},
         "every-2nd": {"optimization__gradient_checkpointing": "true", "optimization__ac_every": 2},
         "op-level": {"optimization__gradient_checkpointing": "true", "optimization__ac_op_level": "true"},
     }.items():
-        assert _run(_args(str(tmp_path / name), steps=STEPS, **extra))[0] == plain, name  # recomputation is exact
+        assert run_trainer(trainer_args(str(tmp_path / name), steps=STEPS, **extra))[0] == plain, name  # recomputation is exact
 
 
+@pytest.mark.slow
 def test_fp16_with_the_loss_scaler_trains_and_resumes_exactly(tmp_path):
     fp16 = {"optimization__precision": "fp16", "checkpoint__enable": "true", "checkpoint__interval": 2}
-    straight, straight_state, _ = _run(_args(str(tmp_path / "straight"), steps=STEPS, **fp16))
+    straight, straight_state, _ = run_trainer(trainer_args(str(tmp_path / "straight"), steps=STEPS, **fp16))
     assert all(math.isfinite(loss) for loss in straight) and straight[-1] < straight[0]
-    first, _, _ = _run(_args(str(tmp_path / "resumed"), steps=STEPS, **fp16), stop_at=2)
-    second, resumed_state, _ = _run(_args(str(tmp_path / "resumed"), steps=STEPS, **fp16))
+    first, _, _ = run_trainer(trainer_args(str(tmp_path / "resumed"), steps=STEPS, **fp16), stop_at=2)
+    second, resumed_state, _ = run_trainer(trainer_args(str(tmp_path / "resumed"), steps=STEPS, **fp16))
     assert first + second == straight
     models.assert_same(resumed_state, straight_state)
 

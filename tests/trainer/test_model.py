@@ -154,6 +154,7 @@ def test_model_args_overrides_and_errors():
 # Learning
 
 
+@pytest.mark.slow
 def test_debug_model_learns_the_shipped_corpus(shipped_tokens):
     m = debug_model(seed=0)
     opt = torch.optim.AdamW(m.parameters(), lr=3e-3, weight_decay=0.1)

@@ -32,7 +32,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -43,31 +42,15 @@ import pytest
 
 import ckpt
 from ckpt.root import CheckpointRoot, step_name
-from scripts.crash_harness import (  # shared with the crash harness
-    descendants,
-    loopback_interface,
-)
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support import REPO
+from tests.support.launch import descendants, free_port, job_env
 TIMEOUT_S = 180  # one job (two agents): 10-26 s measured on a shared 2-core box
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and process groups")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and process groups"),
+              pytest.mark.slow]  # two torchrun jobs of two agents each
 
 
 def _env() -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("TORCHELASTIC_", "TORCH_ELASTIC_"))
-           and key not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-                           "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE")}
-    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=loopback_interface(), PYTHONUNBUFFERED="1",
-               LOGLEVEL="INFO",  # the agents log their rendezvous result (group_rank, group_world_size)
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    return env
+    return job_env(LOGLEVEL="INFO")  # the agents log their rendezvous result (group_rank, group_world_size)
 
 
 def _trainer_args(dump_folder: Path, steps: int) -> list[str]:
@@ -135,7 +118,7 @@ def _torchrun(launches: list[list[str]], logs: list[Path]) -> tuple[list[str], f
 
 def _two_nodes(dump_folder: Path, steps: int, logs: Path) -> tuple[list[str], float]:
     """Two agents, one process each, as nodes 0 and 1 of a c10d rendezvous on 127.0.0.1."""
-    endpoint, run_id = f"127.0.0.1:{_free_port()}", f"multinode-{uuid.uuid4().hex[:12]}"
+    endpoint, run_id = f"127.0.0.1:{free_port()}", f"multinode-{uuid.uuid4().hex[:12]}"
     launches = [["--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(node), "--rdzv_backend", "c10d",
                  "--rdzv_endpoint", endpoint, "--rdzv_id", run_id,
                  "--local_addr", "127.0.0.1",  # what the agents advertise (else this host's FQDN): loopback only

@@ -7,46 +7,23 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests import models
-from tests.dist import run_ranks
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _args(folder: str, steps: int = 20, **extra) -> list[str]:
-    args = ["--config", str(REPO / "configs" / "debug.toml"), "--job.dump_folder", folder,
-            "--training.steps", str(steps), "--training.seq_len", "64", "--training.batch_size", "8",
-            "--checkpoint.interval", "10", "--metrics.log_freq", "5"]
-    for key, value in extra.items():
-        args += [f"--{key.replace('__', '.')}", str(value)]
-    return args
-
-
-def _run(argv: list[str], stop_at: int | None = None):
-    from trainer.config import load_config
-    from trainer.train import Trainer
-
-    trainer = Trainer(load_config(argv))
-    try:
-        losses = trainer.fit(stop_at=stop_at)
-        full = models.full_state(trainer.model, trainer.optimizer)
-        return losses, full, trainer.loader.state_dict()
-    finally:
-        trainer.close()
+from tests.support import REPO, models
+from tests.support.launch import run_ranks
+from tests.support.trainer_runs import run_trainer, trainer_args
 
 
 def _resume_same_layout(rank: int, world: int, root: str):
-    straight, straight_state, _ = _run(_args(f"{root}/straight"))
-    first, _, _ = _run(_args(f"{root}/resumed"), stop_at=10)
-    second, resumed_state, loader = _run(_args(f"{root}/resumed"))
+    straight, straight_state, _ = run_trainer(trainer_args(f"{root}/straight"))
+    first, _, _ = run_trainer(trainer_args(f"{root}/resumed"), stop_at=10)
+    second, resumed_state, loader = run_trainer(trainer_args(f"{root}/resumed"))
     return straight, first + second, straight_state, resumed_state, loader
 
 
+@pytest.mark.slow
 def test_resume_is_bitwise_on_two_fsdp_ranks(tmp_path):
     results = run_ranks(2, _resume_same_layout, str(tmp_path))
     straight, resumed, straight_state, resumed_state, loader = results[0]
@@ -63,24 +40,26 @@ def test_resume_is_bitwise_on_two_fsdp_ranks(tmp_path):
 
 
 def _train_two_ranks(rank: int, world: int, root: str):
-    return _run(_args(f"{root}/two", steps=12))[0], _run(_args(f"{root}/stop", steps=12), stop_at=10)[0]
+    return run_trainer(trainer_args(f"{root}/two", steps=12))[0], run_trainer(trainer_args(f"{root}/stop", steps=12), stop_at=10)[0]
 
 
+@pytest.mark.slow
 def test_resume_on_another_data_parallel_degree(tmp_path):
     straight, _ = run_ranks(2, _train_two_ranks, str(tmp_path))[0]
     # One process continues the 2-rank run's step-10 checkpoint: same global samples, so the same
     # losses up to reduction order.
-    losses, _, loader = _run(_args(str(tmp_path / "stop"), steps=12))
+    losses, _, loader = run_trainer(trainer_args(str(tmp_path / "stop"), steps=12))
     assert loader["position"] == 12 * 8
     assert losses == pytest.approx(straight[10:], rel=1e-4)
 
 
+@pytest.mark.slow
 def test_seed_checkpoint_and_load_step(tmp_path):
-    _run(_args(str(tmp_path), steps=20, checkpoint__create_seed_checkpoint="true"))
+    run_trainer(trainer_args(str(tmp_path), steps=20, checkpoint__create_seed_checkpoint="true"))
     assert (tmp_path / "checkpoints" / "step-00000000" / "manifest.json").is_file()
-    losses, _, loader = _run(_args(str(tmp_path), steps=4, checkpoint__interval=2))
+    losses, _, loader = run_trainer(trainer_args(str(tmp_path), steps=4, checkpoint__interval=2))
     assert len(losses) == 4 and loader["position"] == 32  # started from the seed checkpoint (step 0)
-    losses, _, loader = _run(_args(str(tmp_path), steps=3, checkpoint__load_step=2))
+    losses, _, loader = run_trainer(trainer_args(str(tmp_path), steps=3, checkpoint__load_step=2))
     assert len(losses) == 1 and loader["position"] == 24  # step 3 only, from step 2's checkpoint
     assert not torch.distributed.is_initialized()  # the trainer closed the group it started
 
@@ -89,7 +68,7 @@ def _train_variant(rank: int, world: int, root: str, variant: dict):
     from trainer.config import load_config
     from trainer.train import Trainer
 
-    trainer = Trainer(load_config(_args(root, steps=6, checkpoint__enable="false", **variant)))
+    trainer = Trainer(load_config(trainer_args(root, steps=6, checkpoint__enable="false", **variant)))
     try:
         losses = trainer.fit()
         full = models.full_state(trainer.model, trainer.optimizer)
@@ -98,6 +77,7 @@ def _train_variant(rank: int, world: int, root: str, variant: dict):
         trainer.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant, wrapper", [
     ({"optimization__zero_stage": 0, "training__gradient_accumulation_steps": 2,
       "optimization__gradient_checkpointing": "true"}, "DistributedDataParallel"),
@@ -112,6 +92,7 @@ def test_ddp_fsdp_bf16_accumulation_and_activation_checkpointing(tmp_path, varia
     assert set(dtypes.values()) == {torch.float32}  # fp32 master weights
 
 
+@pytest.mark.slow
 def test_one_process_trains_the_model_unwrapped_in_bf16(tmp_path):
     # One data-parallel rank: nothing to shard, so no FSDP2/DDP wrapper (torchtitan does the same);
     # bf16 then runs through autocast over fp32 weights.
@@ -121,12 +102,13 @@ def test_one_process_trains_the_model_unwrapped_in_bf16(tmp_path):
     assert set(dtypes.values()) == {torch.float32}
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "trainer.train", *_args(str(tmp_path)), "--training.bogus", "1"],
+    result = subprocess.run([sys.executable, "-m", "trainer.train", *trainer_args(str(tmp_path)), "--training.bogus", "1"],
                             cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "bogus" in result.stderr
-    result = subprocess.run([sys.executable, "-m", "trainer.train", *_args(str(tmp_path)), "--parallelism.tp", "2"],
+    result = subprocess.run([sys.executable, "-m", "trainer.train", *trainer_args(str(tmp_path)), "--parallelism.tp", "2"],
                             cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "not divisible" in result.stderr  # tp 2 on one process
 
@@ -150,6 +132,7 @@ def test_scheduled_garbage_collection_restores_the_interpreter_setting(monkeypat
     assert collected == [1, 1, 1]
 
 
+@pytest.mark.slow
 def test_checkpoints_on_s3_with_a_replica_resume_from_the_replica(tmp_path, s3_bucket, aws_env):
     """checkpoint.folder an s3:// URL (credentials from the environment), checkpoint.replicas a local
     directory; the primary's newest step vanishes and the run resumes from the replica's copy."""
@@ -158,12 +141,12 @@ def test_checkpoints_on_s3_with_a_replica_resume_from_the_replica(tmp_path, s3_b
     folder, replica = f"{s3_bucket.url}/run", str(tmp_path / "replica")
     extra = {"checkpoint__enable": "true", "checkpoint__folder": folder, "checkpoint__replicas": replica,
              "checkpoint__interval": 4}
-    straight, _, _ = _run(_args(str(tmp_path / "straight"), steps=8))
-    first, _, _ = _run(_args(str(tmp_path / "job"), steps=8, **extra), stop_at=4)
+    straight, _, _ = run_trainer(trainer_args(str(tmp_path / "straight"), steps=8))
+    first, _, _ = run_trainer(trainer_args(str(tmp_path / "job"), steps=8, **extra), stop_at=4)
     assert CheckpointRoot(replica).steps() == [4]
     CheckpointRoot(folder).delete(4)
     with pytest.warns(UserWarning, match="loaded from replica"):
-        second, _, _ = _run(_args(str(tmp_path / "job"), steps=8, **extra))
+        second, _, _ = run_trainer(trainer_args(str(tmp_path / "job"), steps=8, **extra))
     assert first + second == straight
     assert CheckpointRoot(folder).steps() == [8] and CheckpointRoot(replica).steps() == [4, 8]
 
@@ -181,7 +164,7 @@ def test_initial_load_path_takes_the_model_weights_only_until_the_run_has_its_ow
     torch.manual_seed(1234)
     initial = model_mod.build(model_mod.model_args("debug")).state_dict()
     ckpt.save({"model": initial}, tmp_path / "init" / "step-00000000", step=0)
-    trainer = Trainer(load_config(_args(str(tmp_path / "run"), steps=2, checkpoint__interval=2,
+    trainer = Trainer(load_config(trainer_args(str(tmp_path / "run"), steps=2, checkpoint__interval=2,
                                         checkpoint__initial_load_path=tmp_path / "init")))
     try:
         loaded = trainer.model.state_dict()
@@ -192,12 +175,12 @@ def test_initial_load_path_takes_the_model_weights_only_until_the_run_has_its_ow
         trainer.close()
     assert len(losses) == 2 and all(math.isfinite(l) for l in losses)
     assert "model weights loaded from" in capsys.readouterr().out
-    losses, _, loader = _run(_args(str(tmp_path / "run"), steps=3, checkpoint__initial_load_path=tmp_path / "init"))
+    losses, _, loader = run_trainer(trainer_args(str(tmp_path / "run"), steps=3, checkpoint__initial_load_path=tmp_path / "init"))
     assert len(losses) == 1 and loader["position"] == 24  # resumed from its own step 2
     assert "resumed from checkpoint step 2" in capsys.readouterr().out
     for extra, words in (({"checkpoint__initial_load_path": tmp_path / "nothing"}, "neither a checkpoint"),
                          ({"checkpoint__initial_load_path": tmp_path / "init", "model__n_layers": 2}, "do not fit")):
-        assert main(_args(str(tmp_path / "other"), steps=1, **extra)) == 2
+        assert main(trainer_args(str(tmp_path / "other"), steps=1, **extra)) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "checkpoint.initial_load_path" in err and words in err
 
@@ -205,7 +188,7 @@ def test_initial_load_path_takes_the_model_weights_only_until_the_run_has_its_ow
 def test_a_person_sees_one_line_per_commit_and_a_summary(tmp_path, capsys):
     from trainer.train import main
 
-    assert main(_args(str(tmp_path), steps=4, checkpoint__enable="true", checkpoint__interval=2)) == 0
+    assert main(trainer_args(str(tmp_path), steps=4, checkpoint__enable="true", checkpoint__interval=2)) == 0
     out = capsys.readouterr().out.splitlines()
     commits = [line for line in out if line.startswith("checkpoint step ")]
     assert [line.split()[2] for line in commits] == ["2", "4"]

@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 import ckpt
 from ckpt.format import codec
-from tests.ckpt.checkpoints import step_path
-from tests import models
-from tests.ckpt.chains import load_mixed as _load
-from tests.ckpt.chains import train_with_chain as _train_with_chain
+from tests.support.checkpoints import step_path
+from tests.support import models
+from tests.support.chains import load_mixed as _load
+from tests.support.chains import train_with_chain as _train_with_chain
 
 CODEC_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
                 torch.int16, torch.uint8, torch.bool, torch.complex64]

@@ -12,7 +12,7 @@ import torch
 
 import ckpt
 from ckpt.format import Blob, Chunk, Manifest, TensorEntry, ValueEntry, seal
-from tests.ckpt.checkpoints import DATA_FILE, WEIGHT, assert_refused, assert_untouched, blank_state, file_fingerprint
+from tests.support.checkpoints import DATA_FILE, WEIGHT, assert_refused, assert_untouched, blank_state, file_fingerprint
 
 
 def edit_manifest(path: Path, mutate, *, reseal: bool = True) -> None:

@@ -16,10 +16,10 @@ from torch import nn
 
 import ckpt
 from ckpt.format.blobs import checksum
-from ckpt.format import seal, unseal
+from ckpt.format import unseal
 from ckpt.manager import CheckpointManager
-from tests.ckpt.checkpoints import step_path
-from tests import models
+from tests.support.checkpoints import reseal, step_path
+from tests.support import models
 
 MANIFEST = "manifest.json"
 
@@ -128,13 +128,6 @@ def test_a_changed_digit_in_a_value_is_caught(two_steps, tmp_path):
     assert info.value.file == MANIFEST and info.value.path == str(step_path(copy, 2))
 
 
-def _reseal(path: Path, mutate) -> None:
-    doc = json.loads((path / MANIFEST).read_bytes())
-    doc.pop("digest", None)
-    mutate(doc)
-    (path / MANIFEST).write_bytes(seal(doc))
-
-
 def test_no_field_defaults_silently(two_steps, tmp_path):
     """A delta chunk whose codec key is gone must not load as raw bytes (it used to)."""
     root, _ = two_steps
@@ -150,7 +143,7 @@ def test_no_field_defaults_silently(two_steps, tmp_path):
             else:
                 doc.pop(drop)
 
-        _reseal(step_path(copy, 2), mutate)
+        reseal(step_path(copy, 2), mutate)
         with pytest.raises(ckpt.InvalidManifestError, match=f"'{drop}' is missing"):
             ckpt.read_manifest(step_path(copy, 2))
 
@@ -190,7 +183,7 @@ def test_malformed_json_stays_in_the_hierarchy_and_the_manager_falls_back(two_st
 def test_deeply_nested_value_in_a_sealed_manifest_is_refused(tmp_path, depth):
     """Sealed correctly (a hostile author, not damage) and nested deeper than Python recurses."""
     ckpt.save({"w": torch.zeros(2), "cfg": {"a": 1}}, tmp_path / "c")
-    _reseal(tmp_path / "c", lambda doc: doc["values"]["cfg"].update(value="NESTED"))
+    reseal(tmp_path / "c", lambda doc: doc["values"]["cfg"].update(value="NESTED"))
     body, _, _ = unseal((tmp_path / "c" / MANIFEST).read_bytes())
     body = body.replace(b'"NESTED"', b"[" * depth + b"1" + b"]" * depth)
     (tmp_path / "c" / MANIFEST).write_bytes(body[:-1] + b',"digest":"' + checksum(body).encode() + b'"}')

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from ckpt.format import values
-from tests import models
+from tests.support import models
 
 
 json_leaves = st.one_of(
@@ -26,6 +26,7 @@ json_values = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(json_values)
 def test_value_encoding_round_trips(value):

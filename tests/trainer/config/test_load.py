@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
+from tests.support import REPO
 from trainer.config import Config, load_config
 
-CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+CONFIGS = REPO / "configs"
 
 
 def test_defaults():

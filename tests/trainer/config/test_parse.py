@@ -4,13 +4,13 @@ sections and keys listing the valid ones, the --help text."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 
+from tests.support import REPO
 from trainer.config import Config, ConfigError, help_text, load_config
 
-CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+CONFIGS = REPO / "configs"
 
 
 # ---------------------------------------------------------------------------------------- files

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import resource
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,9 +15,9 @@ from trainer import plan as plan_mod
 from trainer.config import load_config
 from trainer.model import FLAVORS, ModelArgs, TransformerBlock, model_args, rope_tables
 from trainer.plan import GIB, KNOWN_DEVICES, format_plan, main, plan
+from tests.support import REPO as ROOT
 from trainer.plan import params as plan_params
 
-ROOT = Path(__file__).resolve().parents[3]
 DEBUG = str(ROOT / "configs" / "debug.toml")
 SEED_70B = str(ROOT / "configs" / "seed_70b.yaml")
 

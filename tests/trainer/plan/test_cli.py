@@ -4,13 +4,12 @@ holds the plan, the text report, and the trainer's --dry-run."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+from tests.support import REPO as ROOT
 from trainer.plan import main
 
-ROOT = Path(__file__).resolve().parents[3]
 DEBUG = str(ROOT / "configs" / "debug.toml")
 SEED_70B = str(ROOT / "configs" / "seed_70b.yaml")
 

@@ -1,16 +1,17 @@
 """Small single-process checkpoints of plain tensors, shared by the tests that damage, refuse, overwrite
-and clean up checkpoints: the state saved, a blank live state, and the checks that a refused load
-touched nothing."""
+and clean up checkpoints: the state saved, a blank live state, the checks that a refused load
+touched nothing, and ``reseal`` (a manifest edited, then sealed again so that its digest holds)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
 import ckpt
-from ckpt.root import step_name
+from ckpt.format import seal, step_name
 
 DATA_FILE = "data/rank-00000.bin"
 WEIGHT, BIAS = "encoder.weight", "encoder.bias"
@@ -68,3 +69,13 @@ def file_fingerprint(path: Path) -> tuple[bytes, int]:
 def step_path(root, step: int) -> Path:
     """A step's checkpoint directory under a local root, as a Path (tests edit its files)."""
     return Path(root) / step_name(step)
+
+
+def reseal(path, mutate) -> None:
+    """Edit the manifest of the checkpoint at ``path`` with ``mutate(doc)`` and seal it again (a new
+    digest): the damage is then one the digest does not catch, only validation."""
+    manifest = Path(path) / "manifest.json"
+    doc = json.loads(manifest.read_bytes())
+    doc.pop("digest", None)
+    mutate(doc)
+    manifest.write_bytes(seal(doc))

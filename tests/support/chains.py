@@ -9,7 +9,7 @@ from torch import nn
 
 import ckpt
 from ckpt.manager import CheckpointManager
-from tests import models
+from tests.support import models
 
 
 class Mixed(nn.Module):

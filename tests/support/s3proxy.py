@@ -1,174 +1,29 @@
-"""A real S3-protocol server on loopback for the storage tests, and a proxy to break the link to it.
+"""A TCP proxy on loopback that breaks the link to a server on command (for the S3 tests).
 
-Contract:
-
-* :class:`MotoServer` runs moto's server (``python -m moto.server``) as a *subprocess* on 127.0.0.1 and a free port,
-  so it can be stopped or killed independently of the tests. ``start()`` returns once the server
-  answers HTTP (at most ``startup_timeout`` seconds, else :class:`RuntimeError` with the log tail);
-  ``stop()`` terminates it (kill after a timeout); ``restart()`` brings it back on the same port
-  (moto keeps its data in memory, so a restart empties every bucket). Its output goes to a log
-  file, or nowhere: never to a pipe that could fill.
-* :class:`LoopbackProxy` forwards TCP from 127.0.0.1:<free port> to a target, a thread per
-  direction of each connection (daemon threads, blocking sockets, no polling). ``drop()`` resets
-  every open connection and refuses new ones (connection refused, at once) until ``restore()``,
-  which listens again on the same port; ``close()`` ends it all. The
-  ``mode`` attribute says what it does to traffic: "forward", "drop", or a fault for the fault
-  tests (tests/reliability): "slow" (``slow(ms)``: every chunk held), "error" (``error(count, 500|503)``:
-  requests answered with S3 XML errors), "truncate" (``truncate(count)``: response bodies cut
-  short); ``forward()`` ends those. The proxy frames HTTP/1.1 messages to apply them per request
-  and response, and copies anything else as it is.
-* Helpers: :func:`make_bucket`, :func:`s3_storage_options` (fsspec/s3fs options, configured to
-  fail fast), :func:`aws_env` (the standard AWS environment variables). Every credential is the
-  dummy pair :data:`TEST_KEY` / :data:`TEST_SECRET`, distinctive so that tests can assert it never
-  lands in a written file or a log line.
-
-Nothing here touches the network beyond 127.0.0.1.
+:class:`LoopbackProxy` forwards TCP from 127.0.0.1:<free port> to a target, a thread per direction of
+each connection (daemon threads, blocking sockets, no polling). ``drop()`` resets every open
+connection and refuses new ones (connection refused, at once) until ``restore()``, which listens
+again on the same port; ``close()`` ends it all. The ``mode`` attribute says what it does to traffic:
+"forward", "drop", or a fault for the fault tests (tests/reliability): "slow" (``slow(ms)``: every
+chunk held), "error" (``error(count, 500|503)``: requests answered with S3 XML errors), "truncate"
+(``truncate(count)``: response bodies cut short); ``forward()`` ends those. The proxy frames HTTP/1.1
+messages (:mod:`tests.support.http_framing`) to apply them per request and response, and copies
+anything else as it is. Nothing here touches the network beyond 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import http.client
-import os
 import re
 import socket
 import struct
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter, deque
-from pathlib import Path
 
-HOST = "127.0.0.1"
-REGION = "us-east-1"
-TEST_KEY = "ckpttestAKIA0000SECRETID"
-TEST_SECRET = "ckpttest-secret-DO-NOT-LEAK-0123456789"
-
-
-def free_port() -> int:
-    """A port on 127.0.0.1 free right now (another process could still take it before it is used)."""
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def _answers_http(port: int, timeout: float = 1.0) -> bool:
-    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
-    try:
-        conn.request("GET", "/")
-        conn.getresponse().read()
-        return True
-    except OSError:
-        return False
-    finally:
-        conn.close()
-
-
-# ``python -m moto.server``, but with one Server header per response: werkzeug always sends its own
-# and moto adds "server: amazon.com", a duplicate that aiohttp's strict parser (``python -X dev``,
-# PYTHONASYNCIODEBUG=1) rejects, failing every s3fs call.
-_MOTO_MAIN = """
-import sys
-from moto.server import main
-
-def send_response(self, code, message=None):
-    self.log_request(code)
-    self.send_response_only(code, message)
-    self.send_header("Date", self.date_time_string())
-
-try:
-    from moto.moto_server.werkzeug_app import MotoRequestHandler
-except ImportError:  # another moto layout: run it as it is
-    pass
-else:
-    MotoRequestHandler.send_response = send_response
-main(sys.argv[1:])
-"""
-
-
-class MotoServer:
-    """moto's server in a subprocess on 127.0.0.1; see the module docstring."""
-
-    def __init__(self, log_path: str | Path | None = None, startup_timeout: float = 30.0):
-        self.log_path = Path(log_path) if log_path is not None else None
-        self.startup_timeout = startup_timeout
-        self.port: int | None = None
-        self.process: subprocess.Popen | None = None
-        self.startup_seconds: float | None = None  # how long the last start took
-
-    @property
-    def endpoint_url(self) -> str:
-        if self.port is None:
-            raise RuntimeError("MotoServer is not started")
-        return f"http://{HOST}:{self.port}"
-
-    def start(self) -> "MotoServer":
-        """Start on a fresh free port (a few tries: another process may take the port first)."""
-        if self.process is not None:
-            raise RuntimeError("MotoServer is already running")
-        error = None
-        for _ in range(3):
-            try:
-                self._launch(free_port())
-                return self
-            except RuntimeError as e:
-                error = e
-        raise error
-
-    def restart(self) -> None:
-        """Stop and start again on the same port, so ``endpoint_url`` stays valid; the data is gone."""
-        port = self.port
-        self.stop()
-        self._launch(port)
-
-    def stop(self, timeout: float = 5.0) -> None:
-        process, self.process = self.process, None
-        if process is None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout)
-
-    def _launch(self, port: int) -> None:
-        env = {**os.environ, **aws_env(f"http://{HOST}:{port}")}
-        log = open(self.log_path, "ab") if self.log_path is not None else subprocess.DEVNULL
-        started = time.monotonic()
-        try:
-            process = subprocess.Popen(
-                [sys.executable, "-c", _MOTO_MAIN, "-H", HOST, "-p", str(port)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-            )
-        finally:
-            if log is not subprocess.DEVNULL:
-                log.close()  # the child holds its own descriptor
-        self.process, self.port = process, port
-        deadline = started + self.startup_timeout
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                break
-            if _answers_http(port):
-                self.startup_seconds = time.monotonic() - started
-                return
-            time.sleep(0.05)
-        code = process.poll()
-        self.stop()
-        why = f"exited with code {code}" if code is not None else f"did not answer in {self.startup_timeout:g} s"
-        raise RuntimeError(f"moto server on port {port} {why}{self._log_tail()}")
-
-    def _log_tail(self) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        return "; log tail:\n" + self.log_path.read_text(errors="replace")[-2000:]
-
-    def __enter__(self) -> "MotoServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
+from tests.support.http_framing import NotHttp, Reader, body_length, forward_body, request_line
+from tests.support.launch import HOST
+from tests.support.s3server import s3_storage_options
 
 def _reset(sock: socket.socket) -> None:
     """Close ``sock`` with a TCP reset (linger 0), waking any thread blocked on it."""
@@ -394,7 +249,7 @@ class LoopbackProxy:
         from the server) so faults apply per message, then the EOF passed on (half-close); the last
         direction to end closes both sockets. An error in either direction resets both, unless the
         proxy itself is ending the connection (an answered error, a cut response)."""
-        reader = _Reader(src, self.BUFSIZE)
+        reader = Reader(src, self.BUFSIZE)
         try:
             if src is conn.client:
                 self._requests(reader, dst, conn)
@@ -402,7 +257,7 @@ class LoopbackProxy:
                 self._responses(reader, dst, conn)
             if not conn.ending:
                 dst.shutdown(socket.SHUT_WR)
-        except _NotHttp:
+        except NotHttp:
             if not (conn.ending or self._copy_raw(reader, dst)):
                 self._forget(src, dst, reset=True)
                 return
@@ -416,7 +271,7 @@ class LoopbackProxy:
         if last:
             self._forget(src, dst, reset=False)
 
-    def _copy_raw(self, reader: "_Reader", dst: socket.socket) -> bool:
+    def _copy_raw(self, reader: Reader, dst: socket.socket) -> bool:
         """Traffic that is not HTTP: copied as it is until EOF; False on a socket error."""
         try:
             data = reader.take_buffer()
@@ -433,10 +288,10 @@ class LoopbackProxy:
             time.sleep(self.delay_ms / 1000)
         dst.sendall(data)
 
-    def _requests(self, reader: "_Reader", upstream: socket.socket, conn: "_Connection") -> None:
+    def _requests(self, reader: Reader, upstream: socket.socket, conn: "_Connection") -> None:
         while (head := reader.head(self.MAX_HEAD)) is not None:
             method, _, headers = reader.parse(head)
-            target = _target(head)
+            target = request_line(head)
             status = self._request_fault(target)
             if status is not None:
                 self._answer(reader, conn, method, status)
@@ -444,9 +299,9 @@ class LoopbackProxy:
             with self._lock:
                 conn.methods.append((method, target))
             self._send(upstream, head)
-            self._body(reader, upstream, headers, until_eof=False)
+            forward_body(reader, self._send, upstream, headers, until_eof=False, max_line=self.MAX_HEAD)
 
-    def _responses(self, reader: "_Reader", client: socket.socket, conn: "_Connection") -> None:
+    def _responses(self, reader: Reader, client: socket.socket, conn: "_Connection") -> None:
         while (head := reader.head(self.MAX_HEAD)) is not None:
             _, status, headers = reader.parse(head)
             if 100 <= status < 200:  # an interim response (100 Continue): the request is still on
@@ -454,47 +309,23 @@ class LoopbackProxy:
                 continue
             with self._lock:
                 method, target = conn.methods.popleft() if conn.methods else ("GET", "")
-            length = _body_length(method, status, headers)
+            length = body_length(method, status, headers)
             keep = self._response_cut(target) if length != 0 else None
             if keep is None:
                 self._send(client, head)
-                self._body(reader, client, headers, until_eof=length is None and "chunked" not in
-                           headers.get("transfer-encoding", ""), length=length)
+                forward_body(reader, self._send, client, headers, until_eof=length is None and "chunked" not in
+                             headers.get("transfer-encoding", ""), length=length, max_line=self.MAX_HEAD)
                 continue
             # the response, cut: its head and part of the body, then the connection ends
             total = length if length is not None else self.BUFSIZE
             self._send(client, head)
-            reader.forward(self, client, int(total * keep))
+            reader.forward(self._send, client, int(total * keep))
             conn.ending = True
             _quietly(client.shutdown, socket.SHUT_RDWR)
             _quietly(conn.upstream.shutdown, socket.SHUT_RDWR)
             return
 
-    def _body(self, reader: "_Reader", dst: socket.socket, headers: dict, *, until_eof: bool,
-              length: int | None = None) -> None:
-        if "chunked" in headers.get("transfer-encoding", ""):
-            while True:
-                line = reader.line(self.MAX_HEAD)
-                self._send(dst, line)
-                try:
-                    size = int(line.split(b";", 1)[0].strip() or b"0", 16)
-                except ValueError:
-                    raise _NotHttp("bad chunk size") from None
-                if size == 0:
-                    while (trailer := reader.line(self.MAX_HEAD)) not in (b"\r\n", b"\n"):
-                        self._send(dst, trailer)
-                    self._send(dst, trailer)
-                    return
-                reader.forward(self, dst, size)
-                self._send(dst, reader.line(self.MAX_HEAD))
-        if until_eof:
-            reader.forward(self, dst, None)
-            return
-        if length is None:
-            length = _content_length(headers)
-        reader.forward(self, dst, length)
-
-    def _answer(self, reader: "_Reader", conn: "_Connection", method: str, status: int) -> None:
+    def _answer(self, reader: Reader, conn: "_Connection", method: str, status: int) -> None:
         """Answer a request with an S3 error and end the connection gracefully (the error must reach
         the client whole: no reset)."""
         code, message = S3_ERRORS[status]
@@ -533,10 +364,6 @@ S3_ERRORS = {
 }
 
 
-class _NotHttp(Exception):
-    """The bytes on a connection are not HTTP/1.x framing the proxy understands."""
-
-
 class _Connection:
     """One proxied connection: its sockets, the methods of requests awaiting their responses, how
     many directions are still open, and whether the proxy itself is ending it."""
@@ -548,111 +375,8 @@ class _Connection:
         self.ending = False
 
 
-class _Reader:
-    """Buffered reads from one socket: heads, lines and counted bodies."""
-
-    def __init__(self, sock: socket.socket, bufsize: int):
-        self.sock, self.bufsize, self.buffer = sock, bufsize, b""
-
-    def _fill(self) -> bool:
-        data = self.sock.recv(self.bufsize)
-        self.buffer += data
-        return bool(data)
-
-    def take_buffer(self) -> bytes:
-        data, self.buffer = self.buffer, b""
-        return data
-
-    def parse(self, head: bytes) -> tuple[str, int, dict[str, str]]:
-        """:func:`_parse_head`; a head that is not HTTP goes back into the buffer (copied raw)."""
-        try:
-            return _parse_head(head)
-        except _NotHttp:
-            self.buffer = head + self.buffer
-            raise
-
-    def head(self, limit: int) -> bytes | None:
-        """The next message head (through the blank line); None at a clean EOF between messages."""
-        while (end := self.buffer.find(b"\r\n\r\n")) < 0:
-            if len(self.buffer) > limit:
-                raise _NotHttp("head too long")
-            if not self._fill():
-                if self.buffer:
-                    raise _NotHttp("EOF inside a head")
-                return None
-        head, self.buffer = self.buffer[: end + 4], self.buffer[end + 4 :]
-        return head
-
-    def line(self, limit: int) -> bytes:
-        while (end := self.buffer.find(b"\n")) < 0:
-            if len(self.buffer) > limit or not self._fill():
-                raise _NotHttp("bad chunk framing")
-        line, self.buffer = self.buffer[: end + 1], self.buffer[end + 1 :]
-        return line
-
-    def forward(self, proxy: LoopbackProxy, dst: socket.socket, count: int | None) -> None:
-        """Send the next ``count`` bytes (None: everything until EOF) to ``dst``."""
-        while count is None or count > 0:
-            if not self.buffer and not self._fill():
-                if count is None:
-                    return
-                raise OSError("EOF inside a body")
-            take = len(self.buffer) if count is None else min(count, len(self.buffer))
-            piece, self.buffer = self.buffer[:take], self.buffer[take:]
-            proxy._send(dst, piece)
-            if count is not None:
-                count -= take
-
-
-def _parse_head(head: bytes) -> tuple[str, int, dict[str, str]]:
-    """(method, status, headers) of a request or response head (method "" for a response, status 0
-    for a request); header names lower-case."""
-    try:
-        lines = head.decode("latin-1").split("\r\n")
-        first = lines[0].split(" ", 2)
-        headers = {}
-        for line in lines[1:]:
-            if line:
-                name, value = line.split(":", 1)
-                headers[name.strip().lower()] = value.strip().lower() if name.strip().lower() == \
-                    "transfer-encoding" else value.strip()
-        if first[0].startswith("HTTP/"):
-            return "", int(first[1]), headers
-        if len(first) == 3 and first[2].startswith("HTTP/"):
-            return first[0].upper(), 0, headers
-    except (ValueError, IndexError):
-        pass
-    raise _NotHttp("not an HTTP/1.x head")
-
-
-def _target(head: bytes) -> str:
-    """The request line of a request head: ``METHOD target HTTP/1.1``."""
-    return head.split(b"\r\n", 1)[0].decode("latin-1")
-
-
-def _matches(pattern: str | None, request_line: str) -> bool:
-    return pattern is None or re.search(pattern, request_line) is not None
-
-
-def _body_length(method: str, status: int, headers: dict) -> int | None:
-    """Bytes of a response body: 0 when it has none, None when it is chunked or runs to EOF."""
-    if method == "HEAD" or status in (204, 304):
-        return 0
-    if "chunked" in headers.get("transfer-encoding", ""):
-        return None
-    if "content-length" in headers:
-        return _content_length(headers)
-    return None
-
-
-def _content_length(headers: dict) -> int:
-    try:
-        length = int(headers.get("content-length", "0") or 0)
-    except ValueError:
-        raise _NotHttp("bad Content-Length") from None
-    if length < 0:
-        raise _NotHttp("bad Content-Length")
-    return length
+def _matches(pattern: str | None, line: str) -> bool:
+    return pattern is None or re.search(pattern, line) is not None
 
 
 def _quietly(call, *args) -> None:
@@ -660,57 +384,3 @@ def _quietly(call, *args) -> None:
         call(*args)
     except OSError:
         pass
-
-
-def s3_storage_options(endpoint_url: str) -> dict:
-    """fsspec/s3fs options for the S3 server at ``endpoint_url``, failing fast when the link breaks.
-
-    The botocore config bounds each attempt (connect 2 s, read 5 s) and makes two attempts at most
-    (standard mode: under 1 s of backoff). A refused connection then surfaces as botocore's
-    ``EndpointConnectionError``, which s3fs does not retry. A connection closed mid-request
-    (``ConnectionClosedError``) s3fs does retry (``S3FileSystem.retries``: 5 tries, ~2 s of backoff).
-    """
-    return {
-        "key": TEST_KEY,
-        "secret": TEST_SECRET,
-        "client_kwargs": {"endpoint_url": endpoint_url, "region_name": REGION},
-        "config_kwargs": {"connect_timeout": 2, "read_timeout": 5, "retries": {"total_max_attempts": 2, "mode": "standard"}},
-    }
-
-
-def aws_env(endpoint_url: str) -> dict[str, str]:
-    """The standard AWS environment variables pointing at ``endpoint_url`` with the dummy credentials."""
-    return {
-        "AWS_ENDPOINT_URL": endpoint_url,
-        "AWS_ACCESS_KEY_ID": TEST_KEY,
-        "AWS_SECRET_ACCESS_KEY": TEST_SECRET,
-        "AWS_DEFAULT_REGION": REGION,
-    }
-
-
-def make_bucket(endpoint_url: str, name: str) -> str:
-    """Create bucket ``name`` on the server at ``endpoint_url``; returns ``name``."""
-    import boto3
-
-    client = boto3.client(
-        "s3", endpoint_url=endpoint_url, region_name=REGION,
-        aws_access_key_id=TEST_KEY, aws_secret_access_key=TEST_SECRET,
-    )
-    try:
-        client.create_bucket(Bucket=name)
-    finally:
-        client.close()
-    return name
-
-
-class S3Bucket:
-    """A bucket on a test server: ``name``, ``url`` ("s3://name"), ``endpoint_url``, ``storage_options``."""
-
-    def __init__(self, name: str, endpoint_url: str):
-        self.name = name
-        self.url = f"s3://{name}"
-        self.endpoint_url = endpoint_url
-        self.storage_options = s3_storage_options(endpoint_url)
-
-    def __repr__(self) -> str:
-        return f"S3Bucket({self.url!r} at {self.endpoint_url})"

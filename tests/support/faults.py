@@ -26,31 +26,23 @@ only paths under its ``root`` are subject to faults (anything else passes straig
   mount. (A mount point that is really unmounted behaves differently: the directory underneath
   answers, empty and writable; the bind-mount test in tests/reliability/test_faults.py covers that.)
 
-Installing: the engine resolves every plain path through ``ckpt.storage.locate``, whose local branch
-returns ``ckpt.storage._LOCAL``. :func:`install_faulty` replaces that one object (with
-``monkeypatch``, undone at teardown) by a :class:`PrefixRouter` that sends paths under a faulty root
-to its :class:`FaultyStorage` and everything else to the real local storage, so no engine code
-changes. Install before constructing the manager (a :class:`~ckpt.storage.Location` keeps the
-storage it was made with). If the engine renames ``_LOCAL``, ``monkeypatch.setattr`` fails loudly.
+Installing: the engine resolves every plain path through ``ckpt.storage.locate``, which applies the
+wrapper registered for the ``"file"`` scheme in ``ckpt.storage.wrappers`` (the engine's public seam).
+:func:`install_faulty` registers one (with ``monkeypatch.setitem``, undone at teardown) that answers
+with a :class:`PrefixRouter`: paths under a faulty root go to its :class:`FaultyStorage`, everything
+else to the real local storage, so no engine code changes. Install before constructing the manager
+(a :class:`~ckpt.storage.Location` keeps the storage it was made with).
 
-:class:`SmallFilesystem` mounts a real size-limited tmpfs (``mount -t tmpfs -o size=...``) when the
-process may (root with CAP_SYS_ADMIN); :func:`try_tmpfs` returns None otherwise, and the disk-full
-tests then rely on the wrapper alone. :func:`is_mounted` reads /proc/self/mounts (``os.path.ismount``
-misses bind mounts).
-
-:func:`snapshot_bucket` / :func:`restore_bucket` put a bucket's objects back after a moto server
-restart (moto keeps data in memory only), so a stopped S3 server can "come back with its data".
+A real size-limited file system is :mod:`tests.support.mounts`; an S3 server that comes back with
+its data, :func:`tests.support.s3server.snapshot_bucket` / ``restore_bucket``.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import shutil
-import subprocess
 import threading
 from collections import Counter
-from pathlib import Path
 
 import ckpt.storage
 from ckpt.storage import Storage
@@ -328,127 +320,13 @@ class PrefixRouter(Storage):
 def install_faulty(monkeypatch, *roots: str | os.PathLike) -> FaultyStorage | list[FaultyStorage]:
     """Route local paths under each of ``roots`` through a new FaultyStorage (one per root, returned
     in order; a single one for a single root) until ``monkeypatch`` is undone."""
-    current = ckpt.storage._LOCAL
+    current = ckpt.storage.locate("/").storage  # the local storage, or the router of an earlier install
     default = current.default if isinstance(current, PrefixRouter) else current
     faulty = [FaultyStorage(default, root) for root in roots]
     existing = current.faulty if isinstance(current, PrefixRouter) else []
-    monkeypatch.setattr(ckpt.storage, "_LOCAL", PrefixRouter(default, [*existing, *faulty]))
+    router = PrefixRouter(default, [*existing, *faulty])
+    monkeypatch.setitem(ckpt.storage.wrappers, "file", lambda local: router)  # one router: the same object
     for storage, root in zip(faulty, roots):  # the engine's own resolution reaches the wrapper
         assert ckpt.storage.locate(os.path.join(os.fspath(root), "x")).storage.pick(
             os.path.join(_abs(root), "x")) is storage
     return faulty[0] if len(faulty) == 1 else faulty
-
-
-# -- a real size-limited file system -------------------------------------------------------------
-
-class SmallFilesystem:
-    """A tmpfs of ``size`` bytes mounted at ``path`` (see :func:`try_tmpfs`); ``fill()`` takes all but
-    ``leave`` bytes of its free space with a filler file, ``free()`` deletes it, ``umount()`` ends it."""
-
-    def __init__(self, path: Path, size: int):
-        self.path, self.size = Path(path), size
-        self.filler = self.path / ".filler"
-
-    def free_bytes(self) -> int:
-        st = os.statvfs(self.path)
-        return st.f_bavail * st.f_frsize
-
-    def fill(self, leave: int = 0) -> None:
-        """Fill the file system until ``write`` fails with ENOSPC, then give back ``leave`` bytes."""
-        with open(self.filler, "ab") as out:
-            block = b"\0" * 65536
-            while True:
-                try:
-                    out.write(block)
-                    out.flush()
-                except OSError as exc:
-                    if exc.errno != errno.ENOSPC:
-                        raise
-                    break
-            for size in (4096, 1):  # the last partial block
-                while True:
-                    try:
-                        os.write(out.fileno(), b"\0" * size)
-                    except OSError:
-                        break
-            end = out.seek(0, os.SEEK_END)
-        if leave:
-            os.truncate(self.filler, max(0, end - leave))
-
-    def free(self) -> None:
-        self.filler.unlink(missing_ok=True)
-
-    def umount(self) -> None:
-        """Unmount (lazily when still busy), until nothing is mounted at ``path``."""
-        for _ in range(8):
-            if not is_mounted(self.path):
-                return
-            if subprocess.run(["umount", str(self.path)], capture_output=True).returncode:
-                subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
-
-
-def is_mounted(path: str | os.PathLike) -> bool:
-    """Whether a file system is mounted at ``path`` (from /proc/self/mounts: ``os.path.ismount``
-    misses a bind mount from the same file system)."""
-    target = os.path.realpath(path)
-    try:
-        with open("/proc/self/mounts") as mounts:
-            points = [line.split()[1].encode().decode("unicode_escape") for line in mounts if line.strip()]
-    except OSError:
-        return os.path.ismount(target)
-    return target in points
-
-
-def try_tmpfs(path: Path, size: int) -> SmallFilesystem | None:
-    """Mount a ``size``-byte tmpfs at ``path`` (created); None when this process may not mount."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        return None
-    path.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-        return None
-    fs = SmallFilesystem(path, size)
-    if not is_mounted(path) or fs.free_bytes() > 2 * size:  # not our mount after all
-        fs.umount()
-        return None
-    return fs
-
-
-# -- an S3 server that stops and comes back with its data ------------------------------------------
-
-def _s3_client(endpoint_url: str):
-    import boto3
-
-    from tests.s3server import REGION, TEST_KEY, TEST_SECRET
-
-    return boto3.client("s3", endpoint_url=endpoint_url, region_name=REGION,
-                        aws_access_key_id=TEST_KEY, aws_secret_access_key=TEST_SECRET)
-
-
-def snapshot_bucket(endpoint_url: str, bucket: str) -> dict[str, bytes]:
-    """Every object of ``bucket``, key -> bytes (moto keeps data in memory only: a stopped server
-    comes back empty, so a test that wants "the server returned with its data" restores this)."""
-    client = _s3_client(endpoint_url)
-    try:
-        objects = {}
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-            for entry in page.get("Contents", []):
-                objects[entry["Key"]] = client.get_object(Bucket=bucket, Key=entry["Key"])["Body"].read()
-        return objects
-    finally:
-        client.close()
-
-
-def restore_bucket(endpoint_url: str, bucket: str, objects: dict[str, bytes]) -> None:
-    """Create ``bucket`` (if missing) and put ``objects`` back into it."""
-    client = _s3_client(endpoint_url)
-    try:
-        try:
-            client.create_bucket(Bucket=bucket)
-        except client.exceptions.BucketAlreadyOwnedByYou:
-            pass
-        for key, data in objects.items():
-            client.put_object(Bucket=bucket, Key=key, Body=data)
-    finally:
-        client.close()

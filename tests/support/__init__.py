@@ -1,0 +1,21 @@
+"""Helpers shared by the tests (and, for the servers and launch helpers, by benchmarks/ and scripts/).
+
+No test file imports another test file: what two of them share lives here, one concept a module.
+
+* ``launch``: free ports, the loopback interface, spawned gloo ranks (``run_ranks``), torchrun agents'
+  environment, process trees.
+* ``models``: a tiny model with awkward shapes, its parallel layouts, bitwise comparison.
+* ``checkpoints``: small single-process checkpoints of plain tensors and the checks on a refused load.
+* ``chains``: delta chains saved through the manager and loaded back.
+* ``parallel``: TinyNet checkpoints saved from parallel layouts (resharding, merging).
+* ``trainer_runs``: the trainer's command line for the debug model and one in-process run.
+* ``faults``: fault injection behind the storage seam (``ckpt.storage.wrapped``), real tmpfs mounts.
+* ``s3server`` (moto on loopback), ``s3proxy`` (a proxy that drops, slows, errors or truncates) and
+  ``http_framing`` (the proxy's HTTP/1.1 message framing).
+
+``REPO`` is the checkout's root (tests move between folders; this does not).
+"""
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
