@@ -1,20 +1,29 @@
-"""What every ckpt CLI shares: one readable error line and the exit codes.
+"""What every ckpt CLI shares: one readable error line and the exit codes, the progress bar, and the
+arguments more than one tool reads.
 
     0  done
     1  a checkpoint could not be read or written (the line says which and why)
     2  bad arguments (argparse's usage message)
 
 A progress bar shows only on a terminal and is erased when the tool ends, so a failing run prints
-exactly one line on stderr.
+exactly one line on stderr. Shared arguments: ``--dtype`` names (:data:`DTYPES`), sizes
+(:func:`parse_size`), the format a DST's extension implies (:func:`implied_format`), and the
+checkpoint a SRC names (:func:`resolve_source`).
 """
 
 from __future__ import annotations
 
+import argparse
+import re
 import sys
 
+import torch
 from tqdm import tqdm
 
-from ckpt import CheckpointError, CheckpointExistsError
+from ckpt import CheckpointError, CheckpointExistsError, CheckpointNotFoundError, CheckpointRoot, read_manifest
+from ckpt.committed import is_committed, uncommitted_reason
+from ckpt.format import is_leftover, parse_step_name
+from ckpt.storage import Location, locate
 
 EXPECTED_FAILURES = (CheckpointError, OSError)
 
@@ -39,3 +48,63 @@ def progress(total: int, description: str, *, quiet: bool) -> tqdm:
     """A byte-count bar on stderr, shown only on a terminal and erased at the end."""
     return tqdm(total=total, unit="B", unit_scale=True, desc=description, file=sys.stderr, leave=False,
                 disable=True if quiet else None)
+
+
+# -- shared arguments ------------------------------------------------------------------------------
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+EXTENSIONS = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch"}
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """``5GB`` -> 5*10**9, ``2GiB`` -> 2*2**30, ``500MB``, ``1.5G``, ``123`` (bytes)."""
+    match = _SIZE.match(text)
+    if not match or (match.group(3) and not match.group(2)):
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 5GB, 500MB, 2GiB)")
+    number, unit, binary = float(match.group(1)), match.group(2).lower(), bool(match.group(3))
+    scale = 1024 ** "kmgt".index(unit) * 1024 if binary else _UNITS[unit]
+    size = int(number * scale)
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"a shard size must be positive: {text!r}")
+    return size
+
+
+def implied_format(dst: str) -> tuple[str, str | None]:
+    """``(suffix, format)`` of a DST path: its lower-cased extension (``""`` without one) and the
+    format it implies (:data:`EXTENSIONS`; None for any other extension)."""
+    name = str(dst).rstrip("/").rsplit("/", 1)[-1]
+    suffix = ("." + name.rsplit(".", 1)[1].lower()) if "." in name else ""
+    return suffix, EXTENSIONS.get(suffix)
+
+
+def resolve_source(src: str | Location, step: int | None, storage_options: dict | None = None) -> Location:
+    """The checkpoint SRC names: itself when committed, else step ``step`` (default: the newest
+    committed one) of the root SRC."""
+    location = locate(src, storage_options)
+    if is_committed(location):
+        if step is not None:
+            manifest = read_manifest(location)
+            if manifest.step != step:
+                raise CheckpointNotFoundError(f"{location} is step {manifest.step}, not step {step}",
+                                              path=str(location))
+        return location
+    if parse_step_name(location.name) is not None or is_leftover(location.name):
+        raise CheckpointNotFoundError(uncommitted_reason(location), path=str(location))
+    if not location.is_dir():
+        raise CheckpointNotFoundError(f"no checkpoint at {location}", path=str(location))
+    root = CheckpointRoot(location)
+    dirs = root.step_dirs()
+    if not dirs:
+        raise CheckpointNotFoundError(f"{location} is neither a checkpoint (no manifest.json) nor a checkpoint "
+                                      f"root (no step-XXXXXXXX directories)", path=str(location))
+    committed = root.committed()
+    if step is None:
+        if not committed:
+            raise CheckpointNotFoundError(f"{location} holds no committed step", path=str(location))
+        return root.step_path(committed[-1])
+    if step not in committed:
+        have = ", ".join(map(str, committed[-5:])) or "none"
+        raise CheckpointNotFoundError(f"no committed step {step} under {location} (newest committed: {have})",
+                                      path=str(root.step_path(step)))
+    return root.step_path(step)

@@ -5,7 +5,7 @@ permuted (:mod:`trainer.hf.rotary`), sharded safetensors + index beyond ``max_sh
 ``config.json``, ``generation_config.json`` and the run's tokenizer files when it used a
 tokenizer.json; :func:`export_weights` writes them under our own names as one torch.save /
 safetensors file (or shards + index). Both read one whole tensor at a time through the engine's
-consolidation (:mod:`ckpt.consolidate`: every chunk verified, deltas replayed) and leave the output
+consolidation (:mod:`ckpt.convert`: every chunk verified, deltas replayed) and leave the output
 whole or not at all; :func:`export_bytes` is what they write, for a progress bar. The model's
 shapes come from the manifest (:func:`trainer.hf.run.model_args_of`).
 """
@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 import torch
 
 from ckpt import CheckpointError, CheckpointExistsError, commit, read_manifest
-from ckpt.consolidate import TensorSpec, full_tensors, select_keys, tensor_specs, write_output
+from ckpt.convert import TensorSpec, full_tensors, select_keys, step_metadata, tensor_specs, write_output
 from ckpt.format import Manifest
 from ckpt.storage import Location, locate
 from trainer.config.schema import is_byte_tokenizer
@@ -91,7 +91,7 @@ def export_hf(source: str | Location, dst: str | os.PathLike, *, dtype: torch.dt
     tmp = target.parent / f"{target.name}{commit.TMP_MARK}{os.urandom(6).hex()}"
     try:
         written = write_output(tmp, specs, stream(), format="safetensors", max_shard_size=max_shard_size,
-                               metadata=_step_metadata(manifest), progress=progress)
+                               metadata=step_metadata(manifest), progress=progress)
         for name, data in files.items():
             storage.write_bytes((tmp / name).path, data)
         storage.sync_dir(tmp.path)
@@ -112,10 +112,6 @@ def _in_order(specs: list[TensorSpec], keys: list[str]) -> list[TensorSpec]:
 
 def _json(doc: dict) -> bytes:
     return (json.dumps(doc, indent=2) + "\n").encode()
-
-
-def _step_metadata(manifest: Manifest) -> dict[str, str]:
-    return {"ckpt.kind": manifest.kind, **({"ckpt.step": str(manifest.step)} if manifest.step is not None else {})}
 
 
 def _tokenizer_export(manifest: Manifest) -> tuple[dict[str, bytes], str, object]:
@@ -167,7 +163,7 @@ def export_weights(source: str | Location, dst: str | os.PathLike, *, format: st
     manifest = read_manifest(source) if manifest is None else manifest
     keys = select_keys(manifest, "model")
     specs = [TensorSpec(s.key[len(PREFIX):], s.dtype, s.shape) for s in tensor_specs(manifest, keys, dtype=dtype)]
-    metadata = _step_metadata(manifest)
+    metadata = step_metadata(manifest)
     try:
         args = model_args_of(manifest, source)
         metadata["ckpt.model_args"] = json.dumps(dataclasses.asdict(args))

@@ -1,16 +1,14 @@
-"""ckpt.dcp_import: a plain DCP (FileSystemWriter) checkpoint becomes one of ours — bitwise, reshardable,
-without ever running code from it — and ckpt.load on a raw DCP directory says how to convert it.
+"""ckpt.convert.dcp_import: a plain DCP (FileSystemWriter) checkpoint becomes one of ours — bitwise,
+reshardable — and ckpt.load on a raw DCP directory says how to convert it.
 
 The source is a real ``dcp.save`` of an FSDP2 model and its AdamW state on 2 ranks (state dicts from
-``get_state_dict``, as torchtitan does). Hostile inputs: a ``.metadata`` whose unpickling would run
-``os.system``/``exec`` (directly, or through ``builtins.getattr``) or monkeypatch a class, a data
-file path leaving the directory, a value that needs ``weights_only=False``, a truncated data file.
+``get_state_dict``, as torchtitan does). Hostile inputs: a data file path leaving the directory, an
+unknown stream transform, a truncated data file (a hostile ``.metadata``: test_dcp_metadata.py; a
+value that needs ``weights_only=False``: test_dcp_items.py).
 """
 
 from __future__ import annotations
 
-import io
-import os
 import pickle
 import shutil
 from pathlib import Path
@@ -20,13 +18,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint.metadata import Metadata
 
 import ckpt
 from ckpt.committed import looks_like_dcp
+from ckpt.convert import import_dcp, read_dcp_metadata, total_tensor_bytes
 from ckpt.storage import locate
-from ckpt.dcp_import import import_dcp, read_dcp_metadata, total_tensor_bytes
-from tests.support import models
+from tests.support import dcp_sources, models
 from tests.support.launch import run_ranks
 
 EXTRA = {"a": [1, 2]}
@@ -64,28 +61,6 @@ def fsdp_dcp(tmp_path_factory) -> tuple[Path, dict]:
     results = run_ranks(2, _save_dcp_import_and_resume, str(root))
     assert [r[1:] for r in results] == [(7, EXTRA)] * 2
     return root, results[0][0]
-
-
-@pytest.fixture(scope="module")
-def small_dcp(tmp_path_factory) -> Path:
-    """A single-process DCP checkpoint of a tensor and a few values (two data files)."""
-    path = tmp_path_factory.mktemp("small") / "dcp"
-    state = {"w": torch.arange(64, dtype=torch.float32).reshape(8, 8), "b": torch.ones(5, dtype=torch.bfloat16),
-             "step": 1, "seen": {3, 1}}
-    dcp.save(state, storage_writer=FileSystemWriter(path, thread_count=2), no_dist=True)
-    return path
-
-
-def _copy(src: Path, dst: Path) -> Path:
-    shutil.copytree(src, dst)
-    return dst
-
-
-def _leaves_nothing(dst: Path) -> None:
-    """A refused import left neither the target nor a temporary directory beside it."""
-    assert not dst.exists()
-    if dst.parent.exists():
-        assert not [p.name for p in dst.parent.iterdir() if p.name.startswith(dst.name + ".")]
 
 
 # -- the import ----------------------------------------------------------------------------------
@@ -164,69 +139,6 @@ def test_values_zstd_transform_progress_and_overwrite(small_dcp, tmp_path, monke
     assert looks_like_dcp(locate(small_dcp))
 
 
-# -- hostile .metadata ---------------------------------------------------------------------------
-
-class _Reduce:
-    """Pickles as ``func(*args)``."""
-
-    def __init__(self, func, *args):
-        self.func, self.args = func, args
-
-    def __reduce__(self):
-        return self.func, self.args
-
-
-def _getattr_system(command: str) -> bytes:
-    """``getattr(__import__("os"), "system")(command)`` spelled in pickle opcodes."""
-    return (b"cbuiltins\ngetattr\n(cbuiltins\n__import__\n(Vos\ntRVsystem\ntR(V" + command.encode() + b"\ntR.")
-
-
-def _metadata_wrapping(payload) -> bytes:
-    """A real-looking Metadata whose planner_data is ``payload`` (unpickled mid-stream)."""
-    return pickle.dumps(Metadata(state_dict_metadata={}, planner_data=payload, storage_data={}, version="1.0.0"))
-
-
-@pytest.mark.parametrize("how", ["os.system", "builtins.exec", "builtins.getattr"])
-def test_hostile_metadata_is_refused_and_runs_nothing(small_dcp, tmp_path, how):
-    marker = tmp_path / "pwned"
-    if how == "os.system":
-        payload = _metadata_wrapping(_Reduce(os.system, f"touch {marker}"))
-    elif how == "builtins.exec":
-        payload = _metadata_wrapping(_Reduce(exec, f"open({str(marker)!r}, 'w').close()"))
-    else:
-        payload = _getattr_system(f"touch {marker}")
-    pickle.loads(payload)  # the payload is real: plain unpickling runs it
-    assert marker.exists()
-    marker.unlink()
-
-    source = _copy(small_dcp, tmp_path / "dcp")
-    (source / ".metadata").write_bytes(payload)
-    for call in (lambda: read_dcp_metadata(source), lambda: import_dcp(source, tmp_path / "out")):
-        with pytest.raises(ckpt.UnsafeCheckpointError, match=f"refused global {how.replace('os.', '(os|posix).')}"):
-            call()
-    assert not marker.exists()
-    _leaves_nothing(tmp_path / "out")
-
-
-def test_metadata_gadgets_through_allowed_classes_are_refused(small_dcp, tmp_path):
-    """Admitted classes cannot be turned against the process: no BUILD on a class (it would setattr
-    on Metadata itself), no call of anything but the few admitted constructors."""
-    module = b"torch.distributed.checkpoint.metadata"
-    build_on_class = (b"\x80\x04\x8c" + bytes([len(module)]) + module + b"\x8c\x08Metadata\x93"
-                      b"N}\x8c\x04evil\x88s\x86b.")
-    new_size = pickle.dumps(_Reduce(torch.Size, [1, 2]))  # fine on its own ...
-    call_dtype = b"\x80\x04\x8c\x05torch\x8c\x07float32\x93)R."  # ... but a dtype is not callable
-    source = _copy(small_dcp, tmp_path / "dcp")
-    for payload, message in ((build_on_class, "refused setting the state"), (call_dtype, "refused call")):
-        (source / ".metadata").write_bytes(payload)
-        with pytest.raises(ckpt.UnsafeCheckpointError, match=message):
-            read_dcp_metadata(source)
-    assert not hasattr(Metadata, "evil")
-    (source / ".metadata").write_bytes(new_size)  # allowed, but not a Metadata
-    with pytest.raises(ckpt.CorruptCheckpointError, match="not DCP's Metadata"):
-        read_dcp_metadata(source)
-
-
 def _rewrite_metadata(source: Path, edit) -> None:
     metadata = read_dcp_metadata(source)
     edit(metadata)
@@ -235,7 +147,7 @@ def _rewrite_metadata(source: Path, edit) -> None:
 
 def test_data_paths_leaving_the_directory_are_refused(small_dcp, tmp_path):
     for bad in ("../outside.distcp", "/etc/hostname", ".metadata"):
-        source = _copy(small_dcp, tmp_path / f"dcp{len(bad)}")
+        source = dcp_sources.copy(small_dcp, tmp_path / f"dcp{len(bad)}")
         shutil.copy(source / "__0_0.distcp", tmp_path / "outside.distcp")
 
         def aim(metadata, bad=bad):
@@ -245,11 +157,11 @@ def test_data_paths_leaving_the_directory_are_refused(small_dcp, tmp_path):
         with pytest.raises(ckpt.InvalidManifestError, match="not a plain file name inside the checkpoint") as info:
             import_dcp(source, tmp_path / "out")
         assert bad in str(info.value)
-        _leaves_nothing(tmp_path / "out")
+        dcp_sources.leaves_nothing(tmp_path / "out")
 
 
 def test_unknown_stream_transform_is_unsupported(small_dcp, tmp_path):
-    source = _copy(small_dcp, tmp_path / "dcp")
+    source = dcp_sources.copy(small_dcp, tmp_path / "dcp")
 
     def encrypt(metadata):
         next(iter(metadata.storage_data.values())).transform_descriptors = ["stream.aes/1"]
@@ -257,43 +169,17 @@ def test_unknown_stream_transform_is_unsupported(small_dcp, tmp_path):
     _rewrite_metadata(source, encrypt)
     with pytest.raises(ckpt.UnsupportedFormatError, match="stream.aes/1"):
         import_dcp(source, tmp_path / "out")
-    _leaves_nothing(tmp_path / "out")
+    dcp_sources.leaves_nothing(tmp_path / "out")
 
 
-# -- hostile or damaged data files ---------------------------------------------------------------
-
-class Booby:
-    """Pickles as ``open(marker, "w")``: loading it with weights_only=False creates the marker."""
-
-    def __init__(self, marker: Path):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
-
-
-def test_value_needing_weights_only_false_is_refused(tmp_path):
-    marker = tmp_path / "pwned"
-    source = tmp_path / "dcp"
-    dcp.save({"w": torch.ones(4), "obj": Booby(marker)}, checkpoint_id=source, no_dist=True)
-    stream = io.BytesIO()
-    torch.save(Booby(marker), stream)
-    torch.load(io.BytesIO(stream.getvalue()), weights_only=False)  # the payload is real
-    assert marker.exists()
-    marker.unlink()
-    with pytest.raises(ckpt.UnsafeCheckpointError, match="'obj'") as info:
-        import_dcp(source, tmp_path / "out")
-    assert info.value.tensor == "obj" and "weights_only" in str(info.value)
-    assert not marker.exists()
-    _leaves_nothing(tmp_path / "out")
-
+# -- a damaged data file -----------------------------------------------------------------------
 
 @pytest.mark.slow
 def test_truncated_data_file_is_corrupt_and_named(fsdp_dcp, tmp_path):
-    source = _copy(fsdp_dcp[0] / "dcp", tmp_path / "dcp")
+    source = dcp_sources.copy(fsdp_dcp[0] / "dcp", tmp_path / "dcp")
     data = source / "__1_0.distcp"
     data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
     with pytest.raises(ckpt.CorruptCheckpointError, match=r"__1_0\.distcp is truncated") as info:
         import_dcp(source, tmp_path / "run" / "step-00000007")
     assert info.value.file == "__1_0.distcp"
-    _leaves_nothing(tmp_path / "run" / "step-00000007")
+    dcp_sources.leaves_nothing(tmp_path / "run" / "step-00000007")

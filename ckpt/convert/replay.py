@@ -2,8 +2,9 @@
 
 Every chunk is decoded through its chain (all links verified) and stored raw in a data file of the
 same name as before, so the layout (ranks, chunks) is unchanged; values are copied. The result is
-committed with the usual protocol, at a new path or in place of the source (atomically; deltas
-that use the source as their base stay valid because the raw bytes are identical).
+committed with the usual protocol (:class:`ckpt.assemble.NewCheckpoint`), at a new path or in place
+of the source (atomically; deltas that use the source as their base stay valid because the raw
+bytes are identical).
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ import os
 from collections import defaultdict
 from typing import Callable
 
-from . import commit
-from .format import Chunk, Manifest, TensorEntry, ValueEntry, numbered_file_name
-from .read import ChunkSource
-from .storage import locate
-from .write import Payload, write_file
+from ..assemble import NewCheckpoint, new_manifest
+from ..format import Chunk, Manifest, numbered_file_name
+from ..read import ChunkSource
+from ..storage import locate
+from ..write import Payload, Place
 
 
 def materialize(source_path: str | os.PathLike, out: str | os.PathLike | None = None, *,
@@ -32,35 +33,28 @@ def materialize(source_path: str | os.PathLike, out: str | os.PathLike | None = 
         out.storage.identity(out.path) == source_path.storage.identity(source_path.path)
     with ChunkSource(source_path) as source:
         old = source.manifest
-        attempt = commit.begin(out, overwrite=overwrite or in_place)
-        try:
+        manifest = new_manifest(((key, e.dtype, e.shape) for key, e in old.tensors.items()), step=old.step,
+                                world_size=old.world_size, created=old.created, dcp_version=old.dcp_version,
+                                user=old.user, paths=old.paths)
+        for key, value in old.values.items():
+            if value.blob is None:
+                manifest.add_record(key, value)
+        with NewCheckpoint(out, manifest, overwrite=overwrite or in_place) as new:
             by_file: dict[str, list[Payload]] = defaultdict(list)
             for key, entry in old.tensors.items():
                 for chunk in entry.chunks:
-                    by_file[chunk.blob.file].append(
-                        Payload((key, chunk), _decoder(source, key, chunk, progress), chunk.blob.decoded_length))
+                    by_file[chunk.blob.file].append(Payload(Place(key, chunk.offsets, chunk.sizes),
+                                                            _decoder(source, key, chunk, progress),
+                                                            chunk.blob.decoded_length))
             for key, value in old.values.items():
                 if value.blob is not None:
                     by_file[value.blob.file].append(
-                        Payload((key, None), lambda value=value, key=key: source.files.read(value.blob, what=key), 0))
-            manifest = Manifest(paths=dict(old.paths), step=old.step, kind="full", world_size=old.world_size,
-                                created=old.created, dcp_version=old.dcp_version, user=dict(old.user))
-            manifest.tensors = {key: TensorEntry(e.dtype, e.shape, []) for key, e in old.tensors.items()}
-            manifest.values = {key: v for key, v in old.values.items() if v.blob is None}
+                        Payload(Place(key, encoding=value.encoding),
+                                lambda value=value, key=key: source.files.read(value.blob, what=key), 0))
             for number, (old_name, payloads) in enumerate(sorted(by_file.items())):
                 # object stores: names unique to this attempt (see ckpt.commit)
-                name = numbered_file_name(number, attempt.tag) if attempt.tag else old_name
-                for (key, chunk), blob in write_file(attempt.directory, name, payloads):
-                    record = ValueEntry(old.values[key].encoding, blob=blob) if chunk is None else \
-                        Chunk(chunk.offsets, chunk.sizes, blob)
-                    manifest.add_record(key, record)
-            manifest.sort_chunks()
-            commit.finish(attempt, manifest, overwrite=overwrite or in_place)
-        except BaseException:
-            commit.abort(attempt)
-            raise
+                new.write(numbered_file_name(number, new.tag) if new.tag else old_name, payloads)
     return manifest
-
 
 
 def _decoder(source: ChunkSource, key: str, chunk: Chunk, progress):

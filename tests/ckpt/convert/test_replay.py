@@ -1,4 +1,4 @@
-"""ckpt.replay: a delta checkpoint materialised as a full one (by the ckpt-replay CLI, and in place)
+"""ckpt.convert.replay: a delta checkpoint materialised as a full one (by the ckpt-replay CLI, and in place)
 equals the chain bitwise."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 import ckpt
 from tests.support.checkpoints import step_path
-from ckpt.replay import materialize
+from ckpt.convert import materialize
 from tests.support import models
 from tests.support.chains import load_mixed as _load
 from tests.support.chains import train_with_chain as _train_with_chain

@@ -5,36 +5,29 @@ first and each tensor is then gathered (``DTensor.full_tensor``) and streamed to
 time: peak extra memory is one full tensor, never the whole model. Rank 0 writes; every rank joins
 each gather. Keys are the flattened DCP keys of the sharded format (``model.layers.0.attention.wq.weight``);
 non-tensor values travel in the header's ``__metadata__`` as tagged JSON under ``ckpt.values``.
-The file appears atomically (:class:`ckpt.commit.PendingFile`); a failure on rank 0 is raised on
-every rank as the same error.
+The header is :func:`ckpt.convert.formats.safetensors_header`. The file appears atomically
+(:class:`ckpt.commit.PendingFile`); a failure on rank 0 is raised on every rank as the same error.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.tensor import DTensor
 
-from .format import values
-from .collective import broadcast_error
-from .commit import PendingFile
-from .errors import CheckpointError, CheckpointWriteError, UnsupportedFormatError
-from .state import export_state
-from .storage import locate
-from .write import tensor_bytes
-
-SAFETENSORS_DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
-    torch.uint8: "U8", torch.bool: "BOOL",
-    torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64",
-    torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
-}
+from ..collective import broadcast_error
+from ..commit import PendingFile
+from ..errors import CheckpointError, CheckpointWriteError, UnsupportedFormatError
+from ..format import values
+from ..state import export_state
+from ..storage import locate
+from ..write import tensor_bytes
+from .formats import safetensors_header
 
 
 def save_merged(
@@ -102,32 +95,3 @@ def _header(flat: dict, names: list[str], paths: dict, user_metadata: dict) -> b
         "ckpt.user": json.dumps(user_metadata),
     }
     return safetensors_header(((name, flat[name].dtype, flat[name].shape) for name in names), metadata)
-
-
-def safetensors_header(tensors: Iterable[tuple[str, torch.dtype, Sequence[int]]], metadata: dict[str, str]) -> bytes:
-    """The header of a ``.safetensors`` file whose data section holds ``tensors`` (name, dtype,
-    shape) back to back in the order given: the 8-byte little-endian length, then the JSON (padded
-    with spaces to a multiple of 8 bytes, as safetensors aligns its data section). Built from
-    metadata alone, so a writer can put it first and stream the tensors after it (this module and
-    :mod:`ckpt.consolidate`)."""
-    entries: dict[str, Any] = {}
-    offset = 0
-    for name, dtype, shape in tensors:
-        if dtype not in SAFETENSORS_DTYPES:
-            raise UnsupportedFormatError(f"{name}: dtype {dtype} has no safetensors code")
-        if name in entries or name == "__metadata__":
-            raise UnsupportedFormatError(f"{name!r} cannot be a safetensors tensor name here (repeated or reserved)")
-        numel = 1
-        for size in shape:
-            numel *= int(size)
-        nbytes = numel * dtype.itemsize
-        entries[name] = {
-            "dtype": SAFETENSORS_DTYPES[dtype],
-            "shape": [int(size) for size in shape],
-            "data_offsets": [offset, offset + nbytes],
-        }
-        offset += nbytes
-    entries["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    raw = json.dumps(entries, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # safetensors aligns the data section to 8 bytes
-    return len(raw).to_bytes(8, "little") + raw

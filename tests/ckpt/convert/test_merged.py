@@ -1,4 +1,4 @@
-"""ckpt.merged: one consolidated safetensors file, published atomically; a failure on the writing
+"""ckpt.convert.merged: one consolidated safetensors file, published atomically; a failure on the writing
 rank is raised on every rank as the same typed error."""
 
 from __future__ import annotations
