@@ -4,7 +4,8 @@ The reader's side of the commit protocol (:mod:`ckpt.commit`): a checkpoint dire
 exactly when it holds ``manifest.json``; a leftover of an unfinished save (``<name>.tmp-<id>``,
 ``<name>.old-<id>``) never is. :func:`read_manifest` opens a committed checkpoint and validates its
 manifest before anything in it is used (:mod:`ckpt.format.validate`); a directory that DCP wrote
-instead is recognised (:func:`looks_like_dcp`) so that the refusal says how to convert it.
+instead is recognised (:func:`looks_like_dcp`) so that the refusal says how to convert it (its
+``.metadata`` is read, bounded like a manifest, by :func:`read_metadata_file`).
 
 Below both the commit protocol and the read side, which share it; it imports only the spec and the
 storage seam.
