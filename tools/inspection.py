@@ -26,11 +26,10 @@ import sys
 import time
 
 from ckpt import CheckpointError, CheckpointNotFoundError, commit
-from ckpt.catalog import Catalog, StepInfo, mount_id, open_catalog
 from ckpt.committed import MAX_MANIFEST_BYTES, read_manifest
-from ckpt.format import MANIFEST_NAME, Manifest, is_leftover, parse_step_name
+from ckpt.format import MANIFEST_NAME, Manifest
 from ckpt.read import verify_blobs
-from ckpt.root import CheckpointRoot
+from ckpt.root import Catalog, CheckpointRoot, StepInfo, mount_id, open_catalog, open_root
 from ckpt.storage import Location, locate
 from tools.cli import EXPECTED_FAILURES, fail, progress
 
@@ -105,13 +104,6 @@ def mount_list(root: Location, catalog_mounts: list[str], extra: list[str]) -> l
     return list(found.items())
 
 
-def check_root(root: Location) -> None:
-    if parse_step_name(root.name) is not None or is_leftover(root.name):
-        raise CheckpointNotFoundError(commit.uncommitted_reason(root), path=str(root))
-    if not root.is_dir():
-        raise CheckpointNotFoundError(f"no checkpoint root at {root}", path=str(root))
-
-
 def listings(mounts: list[tuple[str, Location]]) -> dict[str, list[int] | None]:
     """Committed steps on each mount (None: a replica that cannot be listed; ROOT's failure raises)."""
     found = {}
@@ -182,7 +174,7 @@ def print_listing(root: Location, catalog_path, mounts, rows, as_json: bool) -> 
 
 
 def listing(args, root: Location, *, rebuilt: bool = False) -> int:
-    check_root(root)
+    open_root(root)
     catalog_path = args.catalog or Catalog.default_path(root)
     catalog_mounts, catalog = read_catalog(catalog_path, root, explicit=args.catalog is not None and not rebuilt)
     mounts = mount_list(root, catalog_mounts, args.mount)
@@ -194,7 +186,7 @@ def listing(args, root: Location, *, rebuilt: bool = False) -> int:
 
 
 def rebuild(args, root: Location) -> int:
-    check_root(root)
+    open_root(root)
     path = args.catalog or Catalog.default_path(root)
     catalog_mounts, _ = read_catalog(path, root, quiet=True)  # a damaged one is rebuilt from ROOT and --mount
     mounts = mount_list(root, catalog_mounts, args.mount)
@@ -210,7 +202,7 @@ def verify(args, target: Location) -> int:
         checkpoints = [(str(target.parent), None, target)]
         mounts, roots = [str(target.parent)], []
     else:
-        check_root(target)
+        open_root(target)
         catalog_mounts, _ = read_catalog(args.catalog or Catalog.default_path(target), target,
                                          explicit=args.catalog is not None)
         mounts_found = mount_list(target, catalog_mounts, args.mount)

@@ -4,7 +4,8 @@
                        [--max-shard-size 5GB] [--step N] [--force] [--quiet]
 
 SRC is one checkpoint (a directory or URL holding manifest.json) or a checkpoint root holding
-step-XXXXXXXX directories (then --step N, default the newest committed step). Whatever layout
+step-XXXXXXXX directories (then --step N, default the newest committed step that can load: a delta
+whose chain lost a link is passed over, as a resumed run would). Whatever layout
 saved it (FSDP2, TP, any world size) and whether it is a full or a delta step, every tensor is
 written whole under its flat key (model.layers.0.attention.wq.weight), one tensor in memory at a
 time; every chunk is verified on the way.
@@ -30,11 +31,11 @@ import sys
 
 import torch
 
-from ckpt import CheckpointError, CheckpointNotFoundError, commit
+from ckpt import CheckpointError
 from ckpt.consolidate import full_tensors, select_keys, tensor_specs, write_output
 from ckpt.committed import read_manifest
-from ckpt.format import Manifest, is_leftover, parse_step_name
-from ckpt.root import CheckpointRoot
+from ckpt.format import Manifest
+from ckpt.root import resolve_checkpoint
 from ckpt.storage import Location, locate
 from tools.cli import EXPECTED_FAILURES, fail, progress
 
@@ -69,36 +70,9 @@ def parse_size(text: str) -> int:
     return size
 
 
-def resolve_source(src: str | Location, step: int | None, storage_options: dict | None = None) -> Location:
-    """The checkpoint SRC names: itself when committed, else step ``step`` (default: the newest
-    committed one) of the root SRC."""
-    location = locate(src, storage_options)
-    if commit.is_committed(location):
-        if step is not None:
-            manifest = read_manifest(location)
-            if manifest.step != step:
-                raise CheckpointNotFoundError(f"{location} is step {manifest.step}, not step {step}",
-                                              path=str(location))
-        return location
-    if parse_step_name(location.name) is not None or is_leftover(location.name):
-        raise CheckpointNotFoundError(commit.uncommitted_reason(location), path=str(location))
-    if not location.is_dir():
-        raise CheckpointNotFoundError(f"no checkpoint at {location}", path=str(location))
-    root = CheckpointRoot(location)
-    dirs = root.step_dirs()
-    if not dirs:
-        raise CheckpointNotFoundError(f"{location} is neither a checkpoint (no manifest.json) nor a checkpoint "
-                                      f"root (no step-XXXXXXXX directories)", path=str(location))
-    committed = root.committed()
-    if step is None:
-        if not committed:
-            raise CheckpointNotFoundError(f"{location} holds no committed step", path=str(location))
-        return root.step_path(committed[-1])
-    if step not in committed:
-        have = ", ".join(map(str, committed[-5:])) or "none"
-        raise CheckpointNotFoundError(f"no committed step {step} under {location} (newest committed: {have})",
-                                      path=str(root.step_path(step)))
-    return root.step_path(step)
+# SRC -> the checkpoint it means: the engine's one resolver (a checkpoint, a root's newest step that
+# can load, or --step N of a root); tools/convert.py imports it under this name.
+resolve_source = resolve_checkpoint
 
 
 def merge(source: str | Location, dst: str | Location, *, format: str, dtype: torch.dtype | None = None,
