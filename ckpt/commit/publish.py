@@ -27,7 +27,30 @@ from ..storage import Location, WriteHandle, locate
 from .protocol import strategy_for
 
 
-class PendingFile:
+class _Pending:
+    """A ``with`` block around an output: leaving it normally publishes, an error aborts."""
+
+    def publish(self) -> None:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+            return
+        try:
+            self.publish()
+        except BaseException:
+            self.abort()
+            raise
+
+
+class PendingFile(_Pending):
     """A single file being written, published whole by :meth:`publish` or removed by :meth:`abort`."""
 
     def __init__(self, target: Location | str | os.PathLike, *, overwrite: bool):
@@ -47,21 +70,8 @@ class PendingFile:
     def abort(self) -> None:
         self._handle.abort()
 
-    def __enter__(self) -> "PendingFile":
-        return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            self.abort()
-            return
-        try:
-            self.publish()
-        except BaseException:
-            self.abort()
-            raise
-
-
-class PendingDirectory:
+class PendingDirectory(_Pending):
     """A directory of files being written, published whole by :meth:`publish` or removed by
     :meth:`abort` (see the module docstring). ``directory``: where its files are (for reading back)."""
 
@@ -91,16 +101,3 @@ class PendingDirectory:
         if not self._done:
             self._strategy.abort_directory(self._attempt, set(self.written))
             self._done = True
-
-    def __enter__(self) -> "PendingDirectory":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            self.abort()
-            return
-        try:
-            self.publish()
-        except BaseException:
-            self.abort()
-            raise

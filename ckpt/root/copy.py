@@ -26,7 +26,7 @@ import torch.distributed as dist
 import xxhash
 
 from .. import commit
-from ..collective import any_rank, broadcast_error
+from ..collective import any_rank, broadcast_error, broadcast_value
 from ..committed import read_manifest_bytes
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, StorageError
 from ..format import Blob, Manifest, data_file_rank
@@ -104,15 +104,6 @@ def copy_file(source: DataFiles, target: Location, name: str, blobs: list[tuple[
     return written
 
 
-def share(value, group, distributed: bool):
-    """Rank 0's ``value`` on every rank of ``group`` (itself when not distributed)."""
-    if not distributed:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, group_src=0, group=group)
-    return box[0]
-
-
 def copy_step(source: Location, target: Location, *, read_back: bool = False, group=None,
               distributed: bool = False) -> int:
     """Copy the committed checkpoint ``source`` to ``target`` (see the module docstring); returns the
@@ -138,7 +129,7 @@ def copy_step(source: Location, target: Location, *, read_back: bool = False, gr
     error = broadcast_error(error, group, distributed=distributed)
     if error is not None:
         raise error
-    plan = share(plan, group, distributed)
+    plan = broadcast_value(plan, group, distributed=distributed)
     if plan == "done":
         return 0
     raw, directory = plan

@@ -30,10 +30,10 @@ from typing import Callable
 
 import torch.distributed as dist
 
-from ..collective import any_rank, broadcast_error
+from ..collective import any_rank, broadcast_error, broadcast_value
 from ..errors import CheckpointError, CheckpointNotFoundError
 from . import retention
-from .copy import SourceCorruptError, copy_step, share
+from .copy import SourceCorruptError, copy_step
 from .steps import CheckpointRoot
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ class _MountWorker:
                 missing = [s for s in self.owner.primary.steps() if s not in have]
             except CheckpointError as exc:
                 error = exc
-        missing = share(missing, self.group, self.owner.distributed)
+        missing = broadcast_value(missing, self.group, distributed=self.owner.distributed)
         if error is not None:
             log.warning("replica %s cannot be listed (%s); copies will retry", self.url, error)
         for step in missing[-self.owner.backlog:]:
@@ -170,7 +170,7 @@ class _MountWorker:
         error = broadcast_error(error, self.group, distributed=self.owner.distributed)
         if error is not None:
             raise error
-        for link in reversed(share(chain, self.group, self.owner.distributed)):
+        for link in reversed(broadcast_value(chain, self.group, distributed=self.owner.distributed)):
             copy_step(self.owner.primary.step_path(link), self.mount.step_path(link),
                       read_back=self.owner.read_back, group=self.group, distributed=self.owner.distributed)
             if link != step:
