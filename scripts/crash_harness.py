@@ -512,13 +512,14 @@ def check_mount(path: Path, *, verify: bool = True) -> dict:
 def check_after_kill(paths: RunPaths) -> dict:
     """Every check after a kill (module docstring, item 4) on the primary and the replica."""
     from ckpt.committed import read_manifest_bytes
+    from ckpt.storage import locate
 
     started = time.monotonic()
     primary, replica = check_mount(paths.primary), check_mount(paths.replica)
     problems = [*primary["problems"], *replica["problems"]]
     for step in sorted(set(primary["verified"]) & set(replica["verified"])):
-        a = read_manifest_bytes(paths.primary / step_name(step))[1]
-        b = read_manifest_bytes(paths.replica / step_name(step))[1]
+        a = read_manifest_bytes(locate(paths.primary / step_name(step)))[1]
+        b = read_manifest_bytes(locate(paths.replica / step_name(step)))[1]
         if a != b:
             problems.append(f"step {step}: the replica's manifest differs from the primary's")
     newest = primary["listed"][-1] if primary["listed"] else None
