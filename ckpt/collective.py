@@ -1,4 +1,4 @@
-"""Agreement between ranks: one rank's error raised on every rank, and "does any rank say yes?".
+"""Agreement between ranks: one rank's value or error on every rank, and "does any rank say yes?".
 
 Errors cross ranks as objects (``broadcast_object_list`` pickles them), so every rank raises the
 same type with the same attributes (``CorruptCheckpointError.file``,
@@ -28,14 +28,22 @@ def _portable(error: BaseException | None) -> BaseException | None:
     return error
 
 
+def broadcast_value(value, group: dist.ProcessGroup | None, *, src: int = 0, distributed: bool = True):
+    """Rank ``src``'s ``value`` (any picklable object of our own making) on every rank of ``group``
+    (``src``: rank within it)."""
+    if not distributed:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, group_src=src, group=group)
+    return box[0]
+
+
 def broadcast_error(error: BaseException | None, group: dist.ProcessGroup | None, *, src: int = 0,
                     distributed: bool = True) -> BaseException | None:
     """Rank ``src``'s ``error`` (or None) on every rank of ``group`` (``src``: rank within it)."""
     if not distributed:
         return error
-    box = [_portable(error)]
-    dist.broadcast_object_list(box, group_src=src, group=group)
-    return box[0]
+    return broadcast_value(_portable(error), group, src=src)
 
 
 def run_on_src(fn: Callable[[], None], group: dist.ProcessGroup | None, *, distributed: bool) -> None:

@@ -20,12 +20,11 @@ import json
 import os
 from typing import Callable
 
-from .catalog import Catalog, StepInfo, mount_id
+from .root import Catalog, CheckpointRoot, StepInfo, mount_id
 from .committed import is_committed, read_manifest, read_manifest_bytes
 from .errors import CheckpointError, CheckpointNotFoundError
 from .format import MANIFEST_NAME, Manifest
 from .read import verify_blobs
-from .root import CheckpointRoot
 from .storage import Location, locate
 
 Note = Callable[[str], None]

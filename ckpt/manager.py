@@ -16,8 +16,9 @@ The manager only schedules; each concept lives in its module. One save, top to b
 2. the writer thread: wait for the snapshot; write it through DCP and our writer
    (:mod:`ckpt.dcp` → :mod:`ckpt.write` → :mod:`ckpt.commit`) on its own gloo process group, so
    its collectives never interleave with training's;
-3. rank 0 applies retention (:mod:`ckpt.retention`) over the root (:mod:`ckpt.root`: step names,
-   lock, start-up clean-up, delta bases).
+3. rank 0 applies retention (:mod:`ckpt.root.retention`) to the root (:mod:`ckpt.root.steps`: step
+   names, lock, start-up clean-up, delta bases); the replicator (:mod:`ckpt.root.replicate`) copies
+   the step to each replica and applies the same retention there.
 
 A background failure is raised by the next ``save``/``wait``/``close``. ``async_mode="sync"``
 writes inside ``save`` instead.
@@ -37,16 +38,16 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from . import resume, retention
 from .api import load as load_checkpoint, write_tree
-from .catalog import Catalog, open_catalog
 from .collective import any_rank, run_on_src
 from .dcp import Writer
 from .delta import DeltaBase, DeltaChain, tensor_signature
 from .errors import CheckpointError, CheckpointWriteError, InvalidOptionError
 from .options import AsyncMode, BusyPolicy, FailurePolicy, SaveOptions
-from .replicate import Replicator
-from .root import CheckpointRoot
+from .root import resume, retention
+from .root.catalog import Catalog, open_catalog
+from .root.replicate import Replicator
+from .root.steps import CheckpointRoot
 from .snapshot_copy import single_threaded_aten
 from .staging import DoubleBufferStager
 from .state import export_state
@@ -118,7 +119,7 @@ class CheckpointManager:
         if options.replicas:
             groups = [dist.new_group(backend="gloo") if self._distributed else None for _ in options.replicas]
             self._replicator = Replicator(
-                CheckpointRoot(self._root.path), self._mounts[1:], groups=groups, distributed=self._distributed,
+                self._root, self._mounts[1:], groups=groups, distributed=self._distributed,
                 keep=options.keep, keep_every=options.keep_every, read_back=options.replica_read_back,
                 backlog=options.replica_backlog, retry_initial=options.replica_retry_initial,
                 retry_max=options.replica_retry_max, on_state=self._record_replica_state)
@@ -234,7 +235,7 @@ class CheckpointManager:
                 pass
 
     def load(self, state: dict[str, Any], step: int | None = None, *, strict: bool = True) -> int | None:
-        """Load ``step`` (default: the newest committed step that loads, see :mod:`ckpt.resume`) into
+        """Load ``step`` (default: the newest committed step that loads, see :mod:`ckpt.root.resume`) into
         ``state``; return the step loaded, or None when the root holds no checkpoint."""
         self._check_open()
         self.wait()
@@ -248,7 +249,7 @@ class CheckpointManager:
 
     def replication_status(self) -> dict[int, dict[str, str]]:
         """``{step: {replica url: state}}``: pending, copying, committed, failed or dropped (see
-        :mod:`ckpt.replicate`); empty without replicas."""
+        :mod:`ckpt.root.replicate`); empty without replicas."""
         return {} if self._replicator is None else self._replicator.status()
 
     def steps(self) -> list[int]:
@@ -293,7 +294,7 @@ class CheckpointManager:
 
     # -- internals ---------------------------------------------------------------------------------
     def _open_catalog(self) -> Catalog | None:
-        """Rank 0's LMDB catalog (a cache of the mounts' manifests; see ckpt.catalog), or None."""
+        """Rank 0's LMDB catalog (a cache of the mounts' manifests; see ckpt.root.catalog), or None."""
         path = self.options.catalog if self.options.catalog is not None else Catalog.default_path(self._root.path)
         if not path:
             return None
@@ -354,15 +355,9 @@ class CheckpointManager:
         with self._inflight_lock:
             writing = list(self._inflight.items())
         in_flight = {s for s, f in writing if not f.done()} - {step}
-        listed = self.steps()
-        bases = {**self._root.bases(listed), **self._deltas.bases_in_flight()}
-        doomed = retention.steps_to_delete(listed, keep=self.options.keep, keep_every=self.options.keep_every,
-                                           protected=in_flight,
-                                           bases={s: b for s, b in bases.items() if isinstance(b, int)})
-        for old in sorted(doomed, reverse=True):  # dependents first: no listed delta outlives its base
-            log.info("retention: deleting step %d", old)
-            self._root.delete(old)
-            self._catalog_call("forget", self._root.path, old)
+        retention.apply(self._root, keep=self.options.keep, keep_every=self.options.keep_every, protected=in_flight,
+                        bases_in_flight=self._deltas.bases_in_flight(),
+                        deleted=lambda old: self._catalog_call("forget", self._root.path, old))
 
     def _finished(self, step: int, future: Future, written: Future) -> None:
         with self._inflight_lock:

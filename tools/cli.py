@@ -8,7 +8,7 @@ arguments more than one tool reads.
 A progress bar shows only on a terminal and is erased when the tool ends, so a failing run prints
 exactly one line on stderr. Shared arguments: ``--dtype`` names (:data:`DTYPES`), sizes
 (:func:`parse_size`), the format a DST's extension implies (:func:`implied_format`), and the
-checkpoint a SRC names (:func:`resolve_source`).
+checkpoint a SRC names is the engine's one resolver, :func:`ckpt.root.resolve_checkpoint`.
 """
 
 from __future__ import annotations
@@ -20,10 +20,7 @@ import sys
 import torch
 from tqdm import tqdm
 
-from ckpt import CheckpointError, CheckpointExistsError, CheckpointNotFoundError, CheckpointRoot, read_manifest
-from ckpt.committed import is_committed, uncommitted_reason
-from ckpt.format import is_leftover, parse_step_name
-from ckpt.storage import Location, locate
+from ckpt import CheckpointError, CheckpointExistsError
 
 EXPECTED_FAILURES = (CheckpointError, OSError)
 
@@ -76,35 +73,3 @@ def implied_format(dst: str) -> tuple[str, str | None]:
     name = str(dst).rstrip("/").rsplit("/", 1)[-1]
     suffix = ("." + name.rsplit(".", 1)[1].lower()) if "." in name else ""
     return suffix, EXTENSIONS.get(suffix)
-
-
-def resolve_source(src: str | Location, step: int | None, storage_options: dict | None = None) -> Location:
-    """The checkpoint SRC names: itself when committed, else step ``step`` (default: the newest
-    committed one) of the root SRC."""
-    location = locate(src, storage_options)
-    if is_committed(location):
-        if step is not None:
-            manifest = read_manifest(location)
-            if manifest.step != step:
-                raise CheckpointNotFoundError(f"{location} is step {manifest.step}, not step {step}",
-                                              path=str(location))
-        return location
-    if parse_step_name(location.name) is not None or is_leftover(location.name):
-        raise CheckpointNotFoundError(uncommitted_reason(location), path=str(location))
-    if not location.is_dir():
-        raise CheckpointNotFoundError(f"no checkpoint at {location}", path=str(location))
-    root = CheckpointRoot(location)
-    dirs = root.step_dirs()
-    if not dirs:
-        raise CheckpointNotFoundError(f"{location} is neither a checkpoint (no manifest.json) nor a checkpoint "
-                                      f"root (no step-XXXXXXXX directories)", path=str(location))
-    committed = root.committed()
-    if step is None:
-        if not committed:
-            raise CheckpointNotFoundError(f"{location} holds no committed step", path=str(location))
-        return root.step_path(committed[-1])
-    if step not in committed:
-        have = ", ".join(map(str, committed[-5:])) or "none"
-        raise CheckpointNotFoundError(f"no committed step {step} under {location} (newest committed: {have})",
-                                      path=str(root.step_path(step)))
-    return root.step_path(step)

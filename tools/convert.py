@@ -46,7 +46,8 @@ import torch
 import ckpt
 from ckpt import CheckpointError, CheckpointNotFoundError
 from ckpt.convert import import_dcp, read_dcp_metadata, total_tensor_bytes
-from tools.cli import DTYPES, EXPECTED_FAILURES, fail, implied_format, parse_size, progress, resolve_source
+from ckpt.root import resolve_checkpoint
+from tools.cli import DTYPES, EXPECTED_FAILURES, fail, implied_format, parse_size, progress
 from trainer import hf
 from trainer.config import ConfigError
 
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _export(args, dtype: torch.dtype | None) -> list[str]:
     try:
-        source = resolve_source(args.src, args.step)
+        source = resolve_checkpoint(args.src, args.step)
     except CheckpointNotFoundError as exc:
         if "://" not in args.src and (Path(args.src) / "config.json").is_file() and \
                 any(Path(args.src).glob("*.safetensors*")):

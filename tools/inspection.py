@@ -25,9 +25,8 @@ import sys
 import time
 
 from ckpt import CheckpointNotFoundError, CheckpointRoot
-from ckpt.catalog import Catalog, mount_id, open_catalog
-from ckpt.committed import is_committed, uncommitted_reason
-from ckpt.format import is_leftover, parse_step_name
+from ckpt.committed import is_committed
+from ckpt.root import Catalog, mount_id, open_catalog, open_root
 from ckpt.inspection import (
     mount_list,
     open_manifests,
@@ -81,12 +80,6 @@ def note(text: str) -> None:
 
 
 # -- which checkpoint ------------------------------------------------------------------------------
-def check_root(root: Location) -> None:
-    if parse_step_name(root.name) is not None or is_leftover(root.name):
-        raise CheckpointNotFoundError(uncommitted_reason(root), path=str(root))
-    if not root.is_dir():
-        raise CheckpointNotFoundError(f"no checkpoint root at {root}", path=str(root))
-
 
 def print_listing(root: Location, catalog_path, mounts, rows, as_json: bool) -> None:
     urls = [url for url, _location in mounts]
@@ -105,7 +98,7 @@ def print_listing(root: Location, catalog_path, mounts, rows, as_json: bool) -> 
 
 
 def listing(args, root: Location, *, rebuilt: bool = False) -> int:
-    check_root(root)
+    open_root(root)
     catalog_path = args.catalog or Catalog.default_path(root)
     mounts, listed, catalog = survey(root, catalog_path, args.mount, note=note,
                                      explicit=args.catalog is not None and not rebuilt)
@@ -117,7 +110,7 @@ def listing(args, root: Location, *, rebuilt: bool = False) -> int:
 
 
 def rebuild(args, root: Location) -> int:
-    check_root(root)
+    open_root(root)
     path = args.catalog or Catalog.default_path(root)
     catalog_mounts, _ = read_catalog(path, root, note=note, quiet=True)  # a damaged one is rebuilt from ROOT, --mount
     mounts = mount_list(root, catalog_mounts, args.mount)
@@ -133,7 +126,7 @@ def verify(args, target: Location) -> int:
         checkpoints = [(str(target.parent), None, target)]
         mounts, roots = [str(target.parent)], []
     else:
-        check_root(target)
+        open_root(target)
         mounts_found, listed, _ = survey(target, args.catalog or Catalog.default_path(target), args.mount, note=note,
                                          explicit=args.catalog is not None)
         checkpoints = [(url, step, CheckpointRoot(location).step_path(step))

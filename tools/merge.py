@@ -29,7 +29,8 @@ import sys
 
 from ckpt import CheckpointError, read_manifest
 from ckpt.convert import merge, select_keys, tensor_specs
-from tools.cli import DTYPES, EXPECTED_FAILURES, fail, implied_format, parse_size, progress, resolve_source
+from ckpt.root import resolve_checkpoint
+from tools.cli import DTYPES, EXPECTED_FAILURES, fail, implied_format, parse_size, progress
 
 PROG = "ckpt-merge"
 EPILOG = """examples:
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     fmt, max_shard_size = output_format(p, args)
     dtype = DTYPES[args.dtype] if args.dtype else None
     try:
-        source = resolve_source(args.src, args.step)
+        source = resolve_checkpoint(args.src, args.step)
         manifest = read_manifest(source)
         keys = select_keys(manifest, args.only)
         total = sum(s.nbytes for s in tensor_specs(manifest, keys, dtype=dtype))

@@ -11,9 +11,8 @@ the specs (:func:`plan_shards`). :func:`merge` is ``ckpt-merge``'s library call:
 selected tensors (:mod:`ckpt.convert.consolidate`) written this way, its step and kind in each
 safetensors header (:func:`step_metadata`).
 
-Outputs are never partial: a single file is a :class:`ckpt.commit.PendingFile`; a directory is
-written under a temporary sibling (``<dst>.tmp-<id>``) and renamed at the end (local mounts; on
-object stores the index is written last and a failure removes what was written).
+Outputs are never partial: a single file is a :class:`ckpt.commit.PendingFile`, a directory a
+:class:`ckpt.commit.PendingDirectory` (published through the mount's commit strategy; the index last).
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ import torch
 from .. import commit
 from ..committed import read_manifest
 from ..errors import CheckpointError, CheckpointExistsError, CheckpointWriteError, UnsupportedFormatError
-from ..format import Manifest, attempt_name
+from ..format import Manifest
 from ..storage import Location, locate
 from ..write import tensor_bytes
 from .consolidate import full_tensors, select_keys, tensor_specs
@@ -72,7 +71,8 @@ def plan_shards(specs: Sequence[TensorSpec], max_shard_size: int, *, metadata_by
 def write_output(dst: str | os.PathLike | Location, specs: Sequence[TensorSpec],
                  tensors: Iterable[tuple[str, torch.Tensor]], *, format: str, max_shard_size: int | None = None,
                  overwrite: bool = False, metadata: dict[str, str] | None = None,
-                 progress: Callable[[int], Any] | None = None, storage_options: dict | None = None) -> list[str]:
+                 progress: Callable[[int], Any] | None = None, storage_options: dict | None = None,
+                 extra_files: dict[str, bytes] | None = None) -> list[str]:
     """Stream ``tensors`` (``(key, tensor)`` in the order of ``specs``, each matching its spec)
     into ``dst``: one file (``format`` ``"safetensors"`` or ``"torch"``), or with
     ``max_shard_size`` (bytes per file) a directory in the Hugging Face layout, shards planned from
@@ -81,7 +81,8 @@ def write_output(dst: str | os.PathLike | Location, specs: Sequence[TensorSpec],
     ``metadata.total_size`` is the tensor bytes). ``metadata``: string pairs for each safetensors
     header (``format: pt`` is always there); the torch format holds tensors only. An existing
     ``dst`` is refused unless ``overwrite``; nothing partial is ever left. ``progress(n_bytes)``
-    after each tensor. Returns the paths written."""
+    after each tensor. ``extra_files`` (name -> bytes; a directory output only) are published with
+    the shards, before the index (a Hugging Face export's config.json). Returns the paths written."""
     if format not in FORMATS:
         raise UnsupportedFormatError(f"unknown output format {format!r} (one of {', '.join(FORMATS)})")
     specs = list(specs)
@@ -92,21 +93,23 @@ def write_output(dst: str | os.PathLike | Location, specs: Sequence[TensorSpec],
                                          f"code ({len(unsupported)} such tensor(s)); use --format torch")
     metadata = {"format": "pt", **{str(k): str(v) for k, v in (metadata or {}).items()}}
     dst = locate(dst, storage_options)
+    if extra_files and max_shard_size is None:
+        raise CheckpointError("extra_files go into a directory output: give max_shard_size")
     with _Checked(specs, tensors, progress) as stream:
         if max_shard_size is None:
             _write_file(dst, specs, stream, format=format, overwrite=overwrite, metadata=metadata)
             return [str(dst)]
         return _write_sharded(dst, specs, stream, format=format, max_shard_size=max_shard_size, overwrite=overwrite,
-                              metadata=metadata)
+                              metadata=metadata, extra_files=extra_files or {})
 
 
 def _write_sharded(dst: Location, specs: list[TensorSpec], stream: "_Checked", *, format: str, max_shard_size: int,
-                   overwrite: bool, metadata: dict[str, str]) -> list[str]:
+                   overwrite: bool, metadata: dict[str, str], extra_files: dict[str, bytes]) -> list[str]:
     metadata_bytes = len(json.dumps(metadata)) if format == "safetensors" else 0
     shards = plan_shards(specs, max_shard_size, metadata_bytes=metadata_bytes)
     single, pattern, index_name = HF_NAMES[format]
     names = [single] if len(shards) <= 1 else [pattern.format(i + 1, len(shards)) for i in range(len(shards))]
-    files: dict[str, bytes | list[TensorSpec]] = dict(zip(names, shards or [[]]))
+    files: dict[str, bytes | list[TensorSpec]] = {**dict(zip(names, shards or [[]])), **extra_files}
     if len(shards) > 1:
         index = {"metadata": {"total_size": sum(s.nbytes for s in specs)},
                  "weight_map": {s.key: name for name, shard in zip(names, shards) for s in shard}}
@@ -193,58 +196,22 @@ def _stream_into(write: Callable[[Any], None], specs: list[TensorSpec], stream: 
 
 def _write_directory(dst: Location, files: dict[str, Any], stream: _Checked, *, format: str, overwrite: bool,
                      metadata: dict[str, str]) -> None:
-    """Write ``files`` (name -> specs of a shard, or bytes) as the directory ``dst``, whole or not at all."""
-    storage = dst.storage
-    storage.makedirs(dst.parent.path)
-    if storage.atomic_rename:
-        commit.collect_garbage(dst)  # leftovers of dead exports to the same dst
-        if dst.exists() and not overwrite:
-            raise CheckpointExistsError(f"{dst} already exists; pass overwrite=True to replace it", path=str(dst))
-        tmp = dst.parent / attempt_name(dst.name, commit._new_tag())
-        storage.makedirs(tmp.path)
-        try:
-            _write_files(tmp, files, stream, format=format, metadata=metadata)
-            storage.sync_dir(tmp.path)
-            commit._publish(tmp, dst, overwrite=overwrite)
-        except BaseException:
-            storage.remove_tree(tmp.path)
-            raise
-        return
-    # Object stores: no rename. Files go straight under dst, the index last; a failure removes them.
-    existed = dst.exists()
-    if existed and not overwrite:
-        raise CheckpointExistsError(f"{dst} already exists; pass overwrite=True to replace it", path=str(dst))
-    before = set(dst.list()) if existed else set()
-    storage.makedirs(dst.path)
-    try:
-        _write_files(dst, files, stream, format=format, metadata=metadata)
-    except BaseException:
-        for name in files:
-            if name not in before:
-                storage.remove((dst / name).path)
-        raise
-    for name in before - set(files):  # an overwritten export's other files
-        if storage.is_file((dst / name).path):
-            storage.remove((dst / name).path)
-
-
-def _write_files(directory: Location, files: dict[str, Any], stream: _Checked, *, format: str,
-                 metadata: dict[str, str]) -> None:
-    storage = directory.storage
-    for name, content in files.items():  # shards first, the index last
-        path = (directory / name).path
-        if isinstance(content, bytes):
-            stream.finish()
-            storage.write_bytes(path, content)
-            continue
-        handle = storage.create(path)
-        try:
-            _stream_into(handle.write, content, stream, format=format, metadata=metadata)
-            handle.close()
-        except BaseException:
-            handle.abort()
-            raise
-    stream.finish()
+    """Write ``files`` (name -> specs of a shard, or bytes; the index last) as the directory ``dst``,
+    whole or not at all (:class:`ckpt.commit.PendingDirectory`)."""
+    with commit.PendingDirectory(dst, overwrite=overwrite) as out:
+        for name, content in files.items():
+            if isinstance(content, bytes):
+                stream.finish()  # every tensor is in its shard before the small files and the index
+                out.write_bytes(name, content)
+                continue
+            handle = out.create(name)
+            try:
+                _stream_into(handle.write, content, stream, format=format, metadata=metadata)
+                handle.close()
+            except BaseException:
+                handle.abort()
+                raise
+        stream.finish()
 
 
 # -- ckpt-merge ------------------------------------------------------------------------------------

@@ -17,13 +17,12 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable, Iterator
 
 import torch
 
-from ckpt import CheckpointError, CheckpointExistsError, commit, read_manifest
+from ckpt import CheckpointError, CheckpointExistsError, read_manifest
 from ckpt.convert import TensorSpec, full_tensors, select_keys, step_metadata, tensor_specs, write_output
 from ckpt.format import Manifest
 from ckpt.storage import Location, locate
@@ -63,7 +62,7 @@ def export_hf(source: str | Location, dst: str | os.PathLike, *, dtype: torch.dt
               max_shard_size: int = DEFAULT_HF_SHARD, overwrite: bool = False,
               progress: Callable[[int], object] | None = None, manifest: Manifest | None = None) -> Export:
     """The checkpoint ``source`` as a Hugging Face ``LlamaForCausalLM`` directory ``dst`` (local),
-    written under a temporary sibling and renamed at the end."""
+    published whole (:func:`ckpt.convert.write_output` with the config files beside the shards)."""
     source = locate(source)
     manifest = read_manifest(source) if manifest is None else manifest
     if "://" in os.fspath(dst):
@@ -85,24 +84,11 @@ def export_hf(source: str | Location, dst: str | os.PathLike, *, dtype: torch.dt
         for key, tensor in full_tensors(source, keys, dtype=dtype, manifest=manifest):
             yield to_hf(key[len(PREFIX):], tensor, args)
 
-    storage = target.storage
-    storage.makedirs(target.parent.path)
-    commit.collect_garbage(target)  # what dead exports to the same DST left
-    tmp = target.parent / f"{target.name}{commit.TMP_MARK}{os.urandom(6).hex()}"
-    try:
-        written = write_output(tmp, specs, stream(), format="safetensors", max_shard_size=max_shard_size,
-                               metadata=step_metadata(manifest), progress=progress)
-        for name, data in files.items():
-            storage.write_bytes((tmp / name).path, data)
-        storage.sync_dir(tmp.path)
-        _publish(tmp, target, overwrite=overwrite)
-    except BaseException:
-        if tmp.exists():
-            storage.remove_tree(tmp.path)
-        raise
-    weights = [str(target / Path(p).name) for p in written if p.endswith(".safetensors")]
-    return Export(weights, [str(target / Path(p).name) for p in written] + [str(target / name) for name in files],
-                  args, len(specs), sum(s.nbytes for s in specs), note)
+    written = write_output(target, specs, stream(), format="safetensors", max_shard_size=max_shard_size,
+                           metadata=step_metadata(manifest), progress=progress, overwrite=overwrite,
+                           extra_files=files)
+    weights = [p for p in written if p.endswith(".safetensors")]
+    return Export(weights, written, args, len(specs), sum(s.nbytes for s in specs), note)
 
 
 def _in_order(specs: list[TensorSpec], keys: list[str]) -> list[TensorSpec]:
@@ -133,25 +119,6 @@ def _tokenizer_export(manifest: Manifest) -> tuple[dict[str, bytes], str, object
     except Exception as exc:  # gone, unreadable, no `tokenizers` package, or its own parse errors
         return {}, f"no tokenizer file: the run's tokenizer {path} cannot be read here ({exc})", None
     return files, f"tokenizer {path} copied", tokenizer
-
-
-def _publish(tmp: Location, target: Location, *, overwrite: bool) -> None:
-    """Rename ``tmp`` to ``target``; an existing ``target`` (with ``overwrite``) is moved aside
-    first and deleted once the new one is in place."""
-    storage = target.storage
-    old = None
-    if target.exists():
-        if not overwrite:
-            raise CheckpointExistsError(f"{target} appeared while converting; not replaced", path=str(target))
-        old = target.parent / f"{target.name}{commit.OLD_MARK}{os.urandom(6).hex()}"
-        storage.rename(target.path, old.path)
-    storage.rename(tmp.path, target.path)
-    storage.sync_dir(target.parent.path)
-    if old is not None:
-        if old.is_dir():
-            storage.remove_tree(old.path)
-        else:
-            storage.remove(old.path)
 
 
 def export_weights(source: str | Location, dst: str | os.PathLike, *, format: str, dtype: torch.dtype | None = None,

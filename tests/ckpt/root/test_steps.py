@@ -1,4 +1,4 @@
-"""ckpt.root: step naming, the committed steps, start-up clean-up and the delta base map."""
+"""ckpt.root.steps: step naming, the committed steps, start-up clean-up and the delta base map."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import ckpt
-from ckpt.root import CheckpointRoot, committed_steps, step_name
+from ckpt.format import step_name
+from ckpt.root import CheckpointRoot, committed_steps
 from tests.support.checkpoints import step_path
 
 
@@ -65,3 +66,11 @@ def test_a_delta_whose_base_lost_its_manifest_is_not_listed(tmp_path):
     with ckpt.CheckpointManager(tmp_path) as manager, pytest.warns(UserWarning, match="step [23] cannot be loaded"):
         with pytest.raises(ckpt.CorruptCheckpointError, match="no checkpoint .* can be loaded"):
             manager.load({"w": torch.zeros(64)})
+
+
+def test_two_managers_on_one_root_the_second_is_refused_naming_the_holder(tmp_path):
+    import os
+
+    with ckpt.CheckpointManager(tmp_path / "run"):
+        with pytest.raises(ckpt.CheckpointLockedError, match=f"host .* pid {os.getpid()}"):
+            ckpt.CheckpointManager(tmp_path / "run")

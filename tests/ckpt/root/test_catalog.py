@@ -1,4 +1,4 @@
-"""ckpt.catalog: records and states, rebuild == incremental recording, automatic rebuilds (missing,
+"""ckpt.root.catalog: records and states, rebuild == incremental recording, automatic rebuilds (missing,
 garbage, other schema, inconsistent with the primary), readers beside a writer, no credentials."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import ckpt
-from ckpt.catalog import Catalog, MountState, mount_id, open_catalog
+from ckpt.root.catalog import Catalog, MountState, mount_id, open_catalog
 from ckpt.errors import CheckpointError
 from ckpt.storage import locate
 from tests.support import REPO
@@ -61,7 +61,7 @@ class _Records(logging.Handler):
 
 @pytest.fixture
 def warnings_logged():
-    handler, logger = _Records(), logging.getLogger("ckpt.catalog")
+    handler, logger = _Records(), logging.getLogger("ckpt.root.catalog")
     logger.addHandler(handler)
     yield handler.messages
     logger.removeHandler(handler)
@@ -205,7 +205,7 @@ def test_writer_threads_and_readers(run, tmp_path):
 
 _READER = """
 import sys
-from ckpt.catalog import Catalog
+from ckpt.root.catalog import Catalog
 catalog = Catalog(sys.argv[1], readonly=True)
 mount = sys.argv[2]
 for command in sys.stdin:

@@ -1,4 +1,4 @@
-"""ckpt.retention: which steps a policy deletes, retention on disk through CheckpointManager, and
+"""ckpt.root.retention: which steps a policy deletes, retention on disk through CheckpointManager, and
 retention keeping every base a retained delta needs."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import ckpt
-from ckpt import retention
+from ckpt.root import retention
 from ckpt.manager import CheckpointManager
 from ckpt.root import committed_steps
 from tests.support.chains import train_with_chain as _train_with_chain
@@ -69,3 +69,18 @@ def test_retention_deletes_dependents_first(tmp_path, monkeypatch):
     assert all(bases[s] is None or bases[s] in listed for s in listed)
     for step in listed:
         ckpt.load({"w": torch.zeros(64)}, step_path(tmp_path, step))
+
+
+def test_apply_is_one_mounts_retention_newest_first(tmp_path):
+    """What the manager runs on the primary and the replicator on every replica: the mount's listing,
+    its bases and those of the steps in flight, deletions newest first, each one told."""
+    from ckpt.root import CheckpointRoot
+
+    with CheckpointManager(tmp_path, full_every=3, keep=10) as manager:
+        for step in (1, 2, 3, 4, 5):  # 1 full, 2-3 deltas, 4 full, 5 a delta on 4
+            manager.save(step, {"w": torch.full((64,), float(step))})
+    root, told = CheckpointRoot(tmp_path), []
+    assert retention.apply(root, keep=1, protected={6}, bases_in_flight={6: 2}, deleted=told.append) == [3]
+    assert told == [3] and root.steps() == [1, 2, 4, 5]  # 5 needs 4; 6 (being written) builds on 2, 2 on 1
+    assert retention.apply(root, keep=1, deleted=told.append) == [1, 2]
+    assert told == [3, 2, 1] and root.steps() == [4, 5] == committed_steps(tmp_path)

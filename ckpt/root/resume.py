@@ -3,12 +3,12 @@
     load_step(mounts, state, step, load)   that step, or CheckpointNotFoundError naming the committed ones
     load_latest(mounts, state, load)       the newest step that loads in full; None only when no mount has one
 
-``mounts`` are the run's roots, the primary first, then its replicas (:mod:`ckpt.replicate`). A step
+``mounts`` are the run's roots, the primary first, then its replicas (:mod:`ckpt.root.replicate`). A step
 is tried on each mount that holds it, in that order; a delta's base links may come from any mount,
 link by link (``mirrors``: :class:`~ckpt.read.ChunkSource`). When the primary's copy is missing or
 fails verification the state comes from the next mount whose copy verifies (bitwise the same), and a
 warning says which. When no mount has a good copy, the next older step is tried (newest first: on a
-single mount, :meth:`~ckpt.root.CheckpointRoot.steps` already leaves out deltas whose chain lost a
+single mount, :meth:`~ckpt.root.steps.CheckpointRoot.steps` already leaves out deltas whose chain lost a
 link, each one newer than what loads being warned about). A damaged or vanished copy
 (:class:`~ckpt.errors.CorruptCheckpointError`, :class:`~ckpt.errors.CheckpointNotFoundError`) or an
 unreachable mount (:class:`~ckpt.errors.StorageError`) is passed over, overwriting whatever the failed
@@ -24,9 +24,9 @@ import logging
 import warnings
 from typing import Any, Callable
 
-from .errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, StorageError
-from .root import CheckpointRoot
-from .storage import Location
+from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, StorageError
+from ..storage import Location
+from .steps import CheckpointRoot
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""ckpt.commit: a checkpoint is visible complete or not at all. A save killed with SIGKILL in the middle
+"""ckpt.commit (POSIX, ckpt.commit.posix): a checkpoint is visible complete or not at all. A save killed with SIGKILL in the middle
 of writing leaves no checkpoint behind, only a tmp dir that the next save removes, and earlier
 checkpoints stay loadable bit for bit; a save never replaces a committed checkpoint unless asked to;
 leftovers of a save that died (stale tmp dirs, a copy moved aside) are cleaned up or restored."""

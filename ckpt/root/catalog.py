@@ -34,34 +34,30 @@ invalid LMDB file as :class:`~ckpt.errors.CorruptCheckpointError`.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from urllib.parse import urlsplit, urlunsplit
 
 import lmdb
 
-from .committed import read_manifest
-from .errors import CheckpointError, CorruptCheckpointError
-from .format import Manifest
-from .root import CheckpointRoot
-from .storage import Location
+from ..committed import read_manifest
+from ..errors import CheckpointError, CorruptCheckpointError
+from ..format import Manifest
+from ..storage import Location
+from ._catalog_records import (ACTIVE_STATES, DIR_NAME, MOUNTS_KEY, SCHEMA_KEY, SCHEMA_VERSION, STATES, UNREADABLE,
+                               MountState, StepInfo, chunk_records, chunks_key, decode, encode, mount_id, mount_key,
+                               mount_state, step_info, step_key, step_record)
+from .steps import CheckpointRoot
+
+__all__ = ["Catalog", "open_catalog", "MountState", "StepInfo", "mount_id", "STATES", "ACTIVE_STATES",
+           "SCHEMA_VERSION", "DIR_NAME"]
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
-STATES = ("pending", "copying", "committed", "failed", "dropped", "deleted")
-ACTIVE_STATES = ("pending", "copying", "committed")  # a step is kept while some mount is in one
-UNREADABLE = "unreadable manifest: "  # detail prefix of a "failed" state: listed, manifest unreadable
 MAP_SIZE = 1 << 30  # sparse on Linux: the file grows with the data
 LMDB_FILES = ("data.mdb", "lock.mdb")
-DIR_NAME = ".catalog"
-
-_SCHEMA, _MOUNTS = b"meta/schema", b"meta/mounts"
 _DAMAGE = (lmdb.InvalidError, lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.VersionMismatchError,
            lmdb.BadValsizeError)  # the files are damaged (not: busy, missing, no permission)
 
@@ -69,69 +65,6 @@ _DAMAGE = (lmdb.InvalidError, lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.
 def _error(path: str, what: str, exc: BaseException) -> CheckpointError:
     kind = CorruptCheckpointError if isinstance(exc, _DAMAGE) else CheckpointError
     return kind(f"{what} the catalog {path} failed: {exc}", path=path)
-
-
-@dataclass(frozen=True)
-class MountState:
-    state: str
-    when: float
-    detail: str = ""
-
-
-@dataclass
-class StepInfo:
-    """What the catalog knows of one step; ``kind`` and the sizes are None when no mount committed it."""
-
-    step: int
-    kind: str | None = None
-    base_step: int | None = None
-    bytes: int | None = None
-    created: float | None = None
-    raw_bytes: int | None = None
-    tensors: int | None = None
-    mounts: dict[str, MountState] = field(default_factory=dict)
-
-
-def mount_id(mount: str | os.PathLike | Location) -> str:
-    """The catalog's name for a mount: its display URL, an absolute path when local, no credentials."""
-    if isinstance(mount, Location):
-        return os.path.abspath(mount.path) if mount.is_local else str(mount).rstrip("/")
-    text = os.fspath(mount)
-    if text.startswith("file://"):
-        text = text[len("file://"):]
-    if "://" not in text:
-        return os.path.abspath(text)
-    parts = urlsplit(text)
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit(parts._replace(netloc=netloc)).rstrip("/")
-
-
-def _step_key(step: int) -> bytes:
-    return b"step/%012d" % step
-
-
-def _chunks_key(step: int) -> bytes:
-    return b"chunks/%012d" % step
-
-
-def _mount_key(mount: str, step: int) -> bytes:
-    return b"mount/" + mount.encode() + b"/%012d" % step
-
-
-def _encode(doc) -> bytes:
-    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
-
-
-def _step_record(manifest: Manifest) -> dict:
-    blobs = [blob for _key, blob in manifest.blobs()]
-    return {"kind": manifest.kind, "base_step": manifest.base_step, "bytes": sum(b.length for b in blobs),
-            "raw_bytes": sum(b.decoded_length for b in blobs), "tensors": len(manifest.tensors),
-            "created": manifest.created}
-
-
-def _chunk_records(manifest: Manifest) -> list:
-    return [[key, list(c.offsets), c.blob.file, c.blob.checksum]
-            for key, entry in sorted(manifest.tensors.items()) for c in entry.chunks]
 
 
 class Catalog:
@@ -158,11 +91,11 @@ class Catalog:
         except (lmdb.Error, OSError) as exc:
             raise _error(self.path, "opening", exc) from None
         try:
-            version = self._get(_SCHEMA)
+            version = self._get(SCHEMA_KEY)
             if version is None and not readonly:
                 with self._write() as txn:
-                    if txn.get(_SCHEMA) is None:
-                        txn.put(_SCHEMA, _encode({"version": SCHEMA_VERSION}))
+                    if txn.get(SCHEMA_KEY) is None:
+                        txn.put(SCHEMA_KEY, encode({"version": SCHEMA_VERSION}))
                         self.created = True
                 version = {"version": SCHEMA_VERSION}
             if version is None:
@@ -200,13 +133,7 @@ class Catalog:
             raise _error(self.path, "reading", exc) from None
 
     def _decode(self, key: bytes, raw: bytes | None):
-        if raw is None:
-            return None
-        try:
-            return json.loads(bytes(raw))
-        except ValueError:
-            raise CorruptCheckpointError(f"catalog {self.path}: record {key.decode(errors='replace')} is not "
-                                         f"valid JSON", path=self.path) from None
+        return decode(self.path, key, raw)
 
     def _get(self, key: bytes):
         with self._read() as txn:
@@ -224,10 +151,10 @@ class Catalog:
     def set_mounts(self, urls: list) -> None:
         """The run's mounts, primary first (URLs, paths or Locations)."""
         with self._write() as txn:
-            txn.put(_MOUNTS, _encode([mount_id(u) for u in urls]))
+            txn.put(MOUNTS_KEY, encode([mount_id(u) for u in urls]))
 
     def mounts(self) -> list[str]:
-        found = self._get(_MOUNTS) or []
+        found = self._get(MOUNTS_KEY) or []
         if not isinstance(found, list) or not all(isinstance(u, str) for u in found):
             raise CorruptCheckpointError(f"catalog {self.path}: bad mount list", path=self.path)
         return found
@@ -240,52 +167,39 @@ class Catalog:
             self._put_commit(txn, mount, step, manifest, time.time() if when is None else when)
 
     def _put_commit(self, txn, mount: str, step: int, manifest: Manifest, when: float) -> None:
-        primary = (self._decode(_MOUNTS, txn.get(_MOUNTS)) or [None])[0]
-        if mount == primary or txn.get(_step_key(step)) is None:
-            txn.put(_step_key(step), _encode(_step_record(manifest)))
-            txn.put(_chunks_key(step), _encode(_chunk_records(manifest)))
-        txn.put(_mount_key(mount, step), _encode({"state": "committed", "when": when, "detail": ""}))
+        primary = (self._decode(MOUNTS_KEY, txn.get(MOUNTS_KEY)) or [None])[0]
+        if mount == primary or txn.get(step_key(step)) is None:
+            txn.put(step_key(step), encode(step_record(manifest)))
+            txn.put(chunks_key(step), encode(chunk_records(manifest)))
+        txn.put(mount_key(mount, step), encode({"state": "committed", "when": when, "detail": ""}))
 
     def set_state(self, mount, step: int, state: str, when: float | None = None, detail: str = "") -> None:
         if state not in STATES:
             raise ValueError(f"catalog state {state!r} is not one of {', '.join(STATES)}")
         with self._write() as txn:
-            txn.put(_mount_key(mount_id(mount), step),
-                    _encode({"state": state, "when": time.time() if when is None else when, "detail": detail}))
+            txn.put(mount_key(mount_id(mount), step),
+                    encode({"state": state, "when": time.time() if when is None else when, "detail": detail}))
 
     def forget(self, mount, step: int) -> None:
         """``step`` was deleted on ``mount``; when no mount still has it (or is copying it), the
         step's records go too."""
         mount = mount_id(mount)
         with self._write() as txn:
-            txn.delete(_mount_key(mount, step))
+            txn.delete(mount_key(mount, step))
             states = self._mount_states(txn).get(step, {})
             if not any(s.state in ACTIVE_STATES for s in states.values()):
                 for url in states:
-                    txn.delete(_mount_key(url, step))
-                txn.delete(_step_key(step))
-                txn.delete(_chunks_key(step))
+                    txn.delete(mount_key(url, step))
+                txn.delete(step_key(step))
+                txn.delete(chunks_key(step))
 
     # -- reads ---------------------------------------------------------------------------------
     def _mount_states(self, txn) -> dict[int, dict[str, MountState]]:
         found: dict[int, dict[str, MountState]] = {}
         for key, doc in self._scan(txn, b"mount/"):
-            try:
-                url, step = key[len(b"mount/"):-13].decode(), int(key[-12:])
-                found.setdefault(step, {})[url] = MountState(doc["state"], float(doc["when"]), str(doc["detail"]))
-            except (ValueError, TypeError, KeyError):
-                raise CorruptCheckpointError(f"catalog {self.path}: bad record {key!r}", path=self.path) from None
+            url, step, state = mount_state(self.path, key, doc)
+            found.setdefault(step, {})[url] = state
         return found
-
-    def _info(self, step: int, doc: dict | None, mounts: dict[str, MountState]) -> StepInfo:
-        if doc is None:
-            return StepInfo(step, mounts=mounts)
-        try:
-            return StepInfo(step, kind=doc["kind"], base_step=doc["base_step"], bytes=int(doc["bytes"]),
-                            created=float(doc["created"]), raw_bytes=int(doc["raw_bytes"]),
-                            tensors=int(doc["tensors"]), mounts=mounts)
-        except (TypeError, KeyError, ValueError):
-            raise CorruptCheckpointError(f"catalog {self.path}: bad record for step {step}", path=self.path) from None
 
     def steps(self) -> list[StepInfo]:
         """Every step with a record or a mount state, ascending."""
@@ -297,17 +211,18 @@ class Catalog:
                     records[int(key[len(b"step/"):])] = doc
                 except ValueError:
                     raise CorruptCheckpointError(f"catalog {self.path}: bad key {key!r}", path=self.path) from None
-        return [self._info(step, records.get(step), states.get(step, {})) for step in sorted(states.keys() | records.keys())]
+        return [step_info(self.path, step, records.get(step), states.get(step, {}))
+                for step in sorted(states.keys() | records.keys())]
 
     def step(self, step: int) -> StepInfo | None:
         with self._read() as txn:
-            doc = self._decode(_step_key(step), txn.get(_step_key(step)))
+            doc = self._decode(step_key(step), txn.get(step_key(step)))
             states = self._mount_states(txn).get(step, {})
-        return None if doc is None and not states else self._info(step, doc, states)
+        return None if doc is None and not states else step_info(self.path, step, doc, states)
 
     def checksums(self, step: int) -> dict[tuple[str, tuple[int, ...]], str]:
         """``{(tensor key, chunk offsets): checksum}`` of the step's chunks (empty when unknown)."""
-        records = self._get(_chunks_key(step)) or []
+        records = self._get(chunks_key(step)) or []
         try:
             return {(key, tuple(offsets)): digest for key, offsets, _file, digest in records}
         except (TypeError, ValueError):
@@ -340,15 +255,15 @@ class Catalog:
             with txn.cursor() as cursor:
                 keys = [bytes(key) for key in cursor.iternext(values=False)]
             for key in keys:
-                if key != _SCHEMA:
+                if key != SCHEMA_KEY:
                     txn.delete(key)
-            txn.put(_MOUNTS, _encode([mount_id(m) for m in mounts]))
+            txn.put(MOUNTS_KEY, encode([mount_id(m) for m in mounts]))
             for mount, step, manifest in found:
                 if isinstance(manifest, Manifest):
                     self._put_commit(txn, mount, step, manifest, manifest.created or now)
                 else:
-                    txn.put(_mount_key(mount, step),
-                            _encode({"state": "failed", "when": now, "detail": UNREADABLE + manifest}))
+                    txn.put(mount_key(mount, step),
+                            encode({"state": "failed", "when": now, "detail": UNREADABLE + manifest}))
 
     def listed_on(self, mount) -> set[int]:
         """Steps the catalog believes ``mount`` lists: committed, or committed but unreadable."""

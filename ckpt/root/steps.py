@@ -4,31 +4,34 @@
     <root>/step-00000100.tmp-<id>/     a save in progress, or a dead one: invisible to readers
     <root>/step-00000100.old-<id>/     a committed copy moved aside by an overwriting save
     <root>/.lock                       the one writer's lock (flock on POSIX, a lease on object
-                                       stores); it names the holder's host and pid
+                                       stores: ckpt.storage.lease); it names the holder's host and pid
 
 The root is a directory or a URL (``s3://bucket/run``); every access goes through its mount
 (:mod:`ckpt.storage`).
 
 :class:`CheckpointRoot` owns the step directories (named and parsed by :mod:`ckpt.format.names`), the
 list of committed steps (the manifests are the truth), the writer's lock, the start-up clean-up after
-dead saves and the delta bases of committed steps (step -> base step, read once from their
-manifests) that retention needs. The manager,
-retention and the tools share it.
+dead saves and interrupted deletions (:meth:`CheckpointRoot.clean_up`: run by :meth:`lock` on the
+primary and by the replica worker on each replica, :mod:`ckpt.root.replicate`) and the delta bases of
+committed steps (step -> base step, read once from their manifests) that retention needs. One object
+per mount and run: the manager, its retention and its replicator share it (its base map is
+thread-safe); the tools build their own.
 
 Listing never offers a delta whose chain lost a link (:meth:`CheckpointRoot.steps`); retention
-deletes newest first, so no listed step ever depends on one already gone (the manager does that).
+deletes newest first, so no listed step ever depends on one already gone (:mod:`ckpt.root.retention`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 
-from . import commit
-from .committed import read_manifest
-from .errors import CheckpointError, StorageError
-from .format import parse_step_name, step_name
-from .storage import Location, holder_text, locate
+from .. import commit
+from ..committed import is_committed, read_manifest
+from ..errors import CheckpointError, StorageError
+from ..format import parse_step_name, step_name
+from ..storage import Location, holder_text, locate
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +44,8 @@ def step_path(root: str | os.PathLike | Location, step: int, storage_options: di
 
 
 def committed_steps(root: str | os.PathLike | Location, storage_options: dict | None = None) -> list[int]:
-    """Steps with a committed checkpoint under ``root``, ascending."""
+    """Steps with a committed checkpoint under ``root`` that can be loaded as far as the listing
+    can tell (:meth:`CheckpointRoot.steps`), ascending."""
     return CheckpointRoot(root, storage_options).steps()
 
 
@@ -51,6 +55,7 @@ class CheckpointRoot:
     def __init__(self, path: str | os.PathLike | Location, storage_options: dict | None = None):
         self.path = locate(path, storage_options)
         self._bases: dict[int, int | None] = {}
+        self._bases_lock = threading.Lock()  # the writer thread and replica workers share the map
         self._lock = None
         self._directory_id = None  # set by lock()
 
@@ -68,7 +73,7 @@ class CheckpointRoot:
 
     def committed(self) -> list[int]:
         """Steps whose directory holds a manifest, ascending (loadable or not)."""
-        return sorted(step for step, path in self.step_dirs().items() if commit.is_committed(path))
+        return sorted(step for step, path in self.step_dirs().items() if is_committed(path))
 
     def steps(self) -> list[int]:
         """Committed steps that can be loaded as far as the listing can tell, ascending: a delta
@@ -91,29 +96,32 @@ class CheckpointRoot:
         return False
 
     def is_committed(self, step: int) -> bool:
-        return commit.is_committed(self.step_path(step))
+        return is_committed(self.step_path(step))
 
     # -- the writer's side -------------------------------------------------------------------
     def lock(self) -> None:
         """Become the root's one writer: create it, take ``.lock`` (refused with the holder's host
-        and pid while another writer has it) and delete what dead saves left (tmp dirs, moved-aside
-        copies, step dirs without a manifest: an interrupted deletion or, on object stores, a save
-        that never committed; objects no manifest references)."""
+        and pid while another writer has it) and :meth:`clean_up`."""
         storage = self.path.storage
         storage.makedirs(self.path.path)
         self._lock = storage.lock((self.path / LOCK_NAME).path, holder=holder_text())
         self._directory_id = storage.directory_id(self.path.path)
         try:
-            commit.collect_root_garbage(self.path)
-            for path in self.step_dirs().values():
-                if not storage.atomic_rename:
-                    commit.collect_garbage(path)
-                elif path.is_dir() and not commit.is_committed(path):
-                    log.info("removing %s: no manifest (an interrupted deletion)", path)
-                    commit.delete(path)
+            self.clean_up()
         except BaseException:
             self.unlock()
             raise
+
+    def clean_up(self) -> None:
+        """Delete what dead saves and interrupted deletions left under the root: tmp dirs,
+        moved-aside copies (a committed one is moved back), step dirs without a manifest (an
+        interrupted deletion or, on object stores, a save that never committed) and objects no
+        manifest references. Only the root's writer may call it."""
+        commit.collect_root_garbage(self.path)
+        for step, path in self.step_dirs().items():
+            commit.collect_uncommitted(path)
+            if not is_committed(path):
+                self._forget(step)
 
     def check_unchanged(self) -> None:
         """Refuse to write when the root is no longer the directory that was locked (its file system
@@ -133,14 +141,25 @@ class CheckpointRoot:
         """Base step of each of ``steps``: None for a full one, :data:`UNREADABLE` when its manifest
         cannot be read; read from the manifest, once (the steps being written are the manager's
         :class:`~ckpt.delta.DeltaChain`'s to tell)."""
-        for step in steps:
-            if step not in self._bases:
+        with self._bases_lock:
+            known = {step: self._bases[step] for step in steps if step in self._bases}
+        found = {}
+        for step in steps:  # read outside the lock: manifests may be on a slow mount
+            if step not in known and step not in found:
                 try:
-                    self._bases[step] = read_manifest(self.step_path(step)).base_step
+                    found[step] = read_manifest(self.step_path(step)).base_step
                 except CheckpointError:
-                    self._bases[step] = UNREADABLE
-        return {step: self._bases[step] for step in steps}
+                    found[step] = UNREADABLE
+        with self._bases_lock:
+            for step, base in found.items():
+                self._bases.setdefault(step, base)
+        known.update(found)
+        return {step: known[step] for step in steps}
 
     def delete(self, step: int) -> None:
         commit.delete(self.step_path(step))
-        self._bases.pop(step, None)
+        self._forget(step)
+
+    def _forget(self, step: int) -> None:
+        with self._bases_lock:
+            self._bases.pop(step, None)
