@@ -14,8 +14,10 @@ checkpoint a SRC names is the engine's one resolver, :func:`ckpt.root.resolve_ch
 from __future__ import annotations
 
 import argparse
+import importlib
 import re
 import sys
+from types import ModuleType
 
 import torch
 from tqdm import tqdm
@@ -23,6 +25,13 @@ from tqdm import tqdm
 from ckpt import CheckpointError, CheckpointExistsError
 
 EXPECTED_FAILURES = (CheckpointError, OSError)
+
+
+def trainer_module(name: str) -> ModuleType:
+    """A module of the trainer installed beside these tools: ``trainer.<name>`` in a checkout,
+    ``ckpt_trainer.<name>`` in an installed package (setup.py: names that cannot be shadowed)."""
+    tools = __name__.rpartition(".")[0]  # "tools" or "ckpt_tools"
+    return importlib.import_module(f"{tools[: -len('tools')]}trainer.{name}")
 
 
 def error_line(prog: str, exc: BaseException) -> str:

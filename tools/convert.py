@@ -47,9 +47,10 @@ import ckpt
 from ckpt import CheckpointError, CheckpointNotFoundError
 from ckpt.convert import import_dcp, read_dcp_metadata, total_tensor_bytes
 from ckpt.root import resolve_checkpoint
-from tools.cli import DTYPES, EXPECTED_FAILURES, fail, implied_format, parse_size, progress
-from trainer import hf
-from trainer.config import ConfigError
+from .cli import DTYPES, EXPECTED_FAILURES, fail, implied_format, parse_size, progress, trainer_module
+
+hf = trainer_module("hf")
+ConfigError = trainer_module("config").ConfigError
 
 PROG = "ckpt-convert"
 EPILOG = """examples:

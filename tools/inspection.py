@@ -38,7 +38,7 @@ from ckpt.inspection import (
     verify_one,
 )
 from ckpt.storage import Location, locate
-from tools.cli import EXPECTED_FAILURES, fail, progress
+from .cli import EXPECTED_FAILURES, fail, progress
 
 PROG = "ckpt-inspect"
 MAX_HEADER = 24  # a mount URL longer than this is shown as "mount N" with a legend

@@ -30,7 +30,7 @@ import sys
 from ckpt import CheckpointError, read_manifest
 from ckpt.convert import merge, select_keys, tensor_specs
 from ckpt.root import resolve_checkpoint
-from tools.cli import DTYPES, EXPECTED_FAILURES, fail, implied_format, parse_size, progress
+from .cli import DTYPES, EXPECTED_FAILURES, fail, implied_format, parse_size, progress
 
 PROG = "ckpt-merge"
 EPILOG = """examples:

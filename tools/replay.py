@@ -13,7 +13,7 @@ import argparse
 
 from ckpt import CheckpointRoot, read_manifest
 from ckpt.convert import materialize
-from tools.cli import EXPECTED_FAILURES, fail, progress
+from .cli import EXPECTED_FAILURES, fail, progress
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,8 +25,8 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict
 import ckpt
 from ckpt.format import step_name
 from ckpt.root import resolve_checkpoint
-from trainer import exits
-from trainer.config import Config
+from . import exits
+from .config import Config
 
 
 def checkpoint_folder(cfg: Config) -> str:

@@ -26,12 +26,12 @@ from ckpt import CheckpointError, CheckpointExistsError, read_manifest
 from ckpt.convert import TensorSpec, full_tensors, select_keys, step_metadata, tensor_specs, write_output
 from ckpt.format import Manifest
 from ckpt.storage import Location, locate
-from trainer.config.schema import is_byte_tokenizer
-from trainer.hf.config import generation_config, hf_config
-from trainer.hf.names import hf_name
-from trainer.hf.rotary import to_hf
-from trainer.hf.run import PREFIX, model_args_of, tokenizer_files
-from trainer.model import ModelArgs
+from ..config.schema import is_byte_tokenizer
+from .config import generation_config, hf_config
+from .names import hf_name
+from .rotary import to_hf
+from .run import PREFIX, model_args_of, tokenizer_files
+from ..model import ModelArgs
 
 DEFAULT_HF_SHARD = 5 * 10**9
 """``max_shard_size`` of a Hugging Face export (transformers' own default, 5 GB)."""

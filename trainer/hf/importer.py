@@ -28,11 +28,11 @@ from ckpt.convert import converted_dtype
 from ckpt.format import Manifest
 from ckpt.storage import Location
 from ckpt.write import Payload, Place, tensor_bytes
-from trainer.hf.config import UnsupportedHFConfig, args_from_hf_config
-from trainer.hf.names import HF_IGNORED, our_name
-from trainer.hf.rotary import from_hf
-from trainer.hf.run import PREFIX, shape_problems, trainer_model_config
-from trainer.model import ModelArgs
+from .config import UnsupportedHFConfig, args_from_hf_config
+from .names import HF_IGNORED, our_name
+from .rotary import from_hf
+from .run import PREFIX, shape_problems, trainer_model_config
+from ..model import ModelArgs
 
 HF_WEIGHTS, HF_INDEX = "model.safetensors", "model.safetensors.index.json"
 
