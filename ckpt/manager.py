@@ -32,7 +32,6 @@ import threading
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -42,8 +41,9 @@ from .api import load as load_checkpoint, write_tree
 from .collective import any_rank, run_on_src
 from .dcp import Writer
 from .delta import DeltaBase, DeltaChain, tensor_signature
-from .errors import CheckpointError, CheckpointWriteError, InvalidOptionError
-from .options import AsyncMode, BusyPolicy, FailurePolicy, SaveOptions
+from .errors import CheckpointError, InvalidOptionError
+from .options import AsyncMode, BusyPolicy, SaveOptions
+from .outcomes import BackgroundFailures, CommitInfo, SaveStats
 from .root import resume, retention
 from .root.catalog import Catalog, open_catalog
 from .root.replicate import Replicator
@@ -53,35 +53,6 @@ from .staging import DoubleBufferStager
 from .state import export_state
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class SaveStats:
-    """Counters of a manager. A save's *stall* is the time training was blocked by it: the host
-    inside ``save()`` and in any host wait for its snapshot (before the next optimizer step or a
-    forward that changes buffers), plus, on an accelerator, the time the compute stream waited for
-    the snapshot copy (``device_stall_s``, measured with timing events; counted once those have
-    completed, so a stall may show up a step later)."""
-
-    saves: int = 0
-    skipped: int = 0
-    failures: int = 0  # saves that failed (counted under on_error="continue")
-    stall_s: float = 0.0  # host + device
-    last_stall_s: float = 0.0
-    device_stall_s: float = 0.0
-    host_buffer_bytes: int = 0  # staging memory as the (pinned) host allocator reserves it
-
-
-@dataclass(frozen=True)
-class CommitInfo:
-    """What ``on_commit`` is told when a checkpoint committed on the primary (rank 0 only)."""
-
-    step: int
-    kind: str  # "full" or "delta"
-    bytes: int  # stored bytes of its data (after any encoding)
-    seconds: float  # from the start of its write to its commit
-    path: str
-    replicas: int  # mounts it is now being copied to
 
 
 class CheckpointManager:
@@ -131,7 +102,7 @@ class CheckpointManager:
         # Written by save() on the training thread, read by the writer thread (retention): guarded.
         self._inflight: dict[int, Future] = {}
         self._inflight_lock = threading.Lock()
-        self._errors: list[BaseException] = []
+        self._failures = BackgroundFailures(options.on_error)
         self._hooks: list[Any] = []
         self._closed = False
 
@@ -183,7 +154,7 @@ class CheckpointManager:
         # One agreement among the ranks: did a save fail anywhere, is a buffer set free everywhere
         # (skip policy), may this one be a delta everywhere.
         failed, busy, full = self._agree_any(
-            bool(self._errors),
+            bool(self._failures),
             self._stager is not None and self.options.policy is BusyPolicy.SKIP and not self._stager.has_free_set(),
             self._stager is not None and not self._deltas.eligible(signature))
         if failed:  # one rank noticed: all finish their writes, all raise (or warn) here
@@ -195,7 +166,7 @@ class CheckpointManager:
                 self._write(step, tree)
                 self._after_commit(step)
             except Exception as error:
-                self._errors.append(error)
+                self._failures.add(error)
                 self._raise_background_error(stacklevel=3)
                 return False
             finally:
@@ -365,23 +336,11 @@ class CheckpointManager:
         error = future.exception()
         self._deltas.finished(step, failed=error is not None)  # a delta must never build on a failed write
         if error is not None:
-            self._errors.append(error)
+            self._failures.add(error)
         written.set_result(None)
 
     def _raise_background_error(self, stacklevel: int) -> None:
-        """Raise the oldest failure of a save (policy stop), or warn about each (policy continue).
-        Failures that are not CheckpointErrors (an OSError in retention, a bug) are wrapped."""
-        while self._errors:
-            error = self._errors.pop(0)
-            if not isinstance(error, CheckpointError):
-                wrapped = CheckpointWriteError(f"a checkpoint write failed: {type(error).__name__}: {error}")
-                wrapped.__cause__, error = error, wrapped
-            if self.options.on_error is FailurePolicy.STOP:
-                raise error
-            self._stats.failures += 1
-            log.warning("checkpoint save failed (%s); training continues, the next save retries", error)
-            warnings.warn(f"checkpoint save failed ({error}); continuing (on_error='continue')",
-                          stacklevel=stacklevel)
+        self._failures.raise_or_warn(self._stats, stacklevel=stacklevel + 1)
 
     def _account(self, start: float) -> None:
         stall = time.perf_counter() - start

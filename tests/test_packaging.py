@@ -6,6 +6,7 @@ also when that directory is first on PYTHONPATH (Megatron-LM and MindSpeed ship 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -19,8 +20,14 @@ SHADOW = 'raise ImportError("the shadowing package was imported")\n'
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     work = tmp_path_factory.mktemp("wheel")
+    source = work / "source"  # a copy: the build leaves its build/ and egg-info there, not in the checkout
+    source.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy2(REPO / name, source / name)
+    for name in ("ckpt", "trainer", "tools"):
+        shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "-w", str(work / "dist"), str(REPO)], check=True, capture_output=True, timeout=300)
+                    "-w", str(work / "dist"), str(source)], check=True, capture_output=True, timeout=300)
     (wheel,) = (work / "dist").glob("ckpt_engine-*.whl")
     site = work / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile", "--target",
