@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from .api import load as load_checkpoint, write_tree
-from .collective import any_rank, run_on_src
+from ._collective import any_rank, run_on_src
 from .dcp import Writer
 from .delta import DeltaBase, DeltaChain, tensor_signature
 from .errors import CheckpointError, InvalidOptionError
@@ -48,7 +48,7 @@ from .root import resume, retention
 from .root.catalog import Catalog, open_catalog
 from .root.replicate import Replicator
 from .root.steps import CheckpointRoot
-from .snapshot_copy import single_threaded_aten
+from ._snapshot_copy import single_threaded_aten
 from .staging import DoubleBufferStager
 from .state import export_state
 

@@ -9,7 +9,7 @@ Each module states its contract; each imports only the engine below it and the r
     merged         ``ckpt.save(..., merged=True)``: the live state gathered into one .safetensors file
     replay         a delta chain's step materialised as a full checkpoint (ckpt-replay)
     dcp_metadata   DCP's ``.metadata`` read by an allow-list unpickler, its shape checked
-    dcp_items      the items of DCP's data files read with ``torch.load(weights_only=True)``, checked
+    _dcp_items      the items of DCP's data files read with ``torch.load(weights_only=True)``, checked
     dcp_import     a plain DCP checkpoint converted chunk by chunk into ours (ckpt-convert --from dcp)
 
 The names callers need are importable from here (``from ckpt.convert import merge, import_dcp``).

@@ -2,7 +2,7 @@
 what torchtitan and most PyTorch trainers write) as a checkpoint of our format.
 
 DCP's directory: ``.metadata`` (a pickle: :mod:`ckpt.convert.dcp_metadata` reads it with an
-allow-list unpickler) and ``__<rank>_<n>.distcp`` data files (:mod:`ckpt.convert.dcp_items` reads
+allow-list unpickler) and ``__<rank>_<n>.distcp`` data files (:mod:`ckpt.convert._dcp_items` reads
 their items with ``torch.load(weights_only=True)``). Both halves execute code from a hostile
 checkpoint when DCP itself reads them; here what would need code execution raises
 :class:`~ckpt.errors.UnsafeCheckpointError`. :func:`import_dcp` matches every stored item to its
@@ -27,7 +27,7 @@ from ..errors import CheckpointExistsError, CorruptCheckpointError, InvalidManif
 from ..format import Manifest, ValueEntry, dtype_name, parse_step_name
 from ..storage import Location, locate
 from ..write import Payload, Place
-from .dcp_items import Item, ItemReader, transform
+from ._dcp_items import Item, ItemReader, transform
 from .dcp_metadata import read_dcp_metadata
 
 _DCP_FILE = re.compile(r"__(\d+)_(\d+)\.distcp")

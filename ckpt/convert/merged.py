@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.tensor import DTensor
 
-from ..collective import broadcast_error
+from .._collective import broadcast_error
 from ..commit import PendingFile
 from ..errors import CheckpointError, CheckpointWriteError, UnsupportedFormatError
 from ..format import values

@@ -26,7 +26,7 @@ import torch.distributed as dist
 import xxhash
 
 from .. import commit
-from ..collective import any_rank, broadcast_error, broadcast_value
+from .._collective import any_rank, broadcast_error, broadcast_value
 from ..committed import read_manifest_bytes
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, StorageError
 from ..format import Blob, Manifest, data_file_rank

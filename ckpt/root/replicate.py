@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch.distributed as dist
 
-from ..collective import any_rank, broadcast_error, broadcast_value
+from .._collective import any_rank, broadcast_error, broadcast_value
 from ..errors import CheckpointError, CheckpointNotFoundError
 from . import retention
 from .copy import SourceCorruptError, copy_step
