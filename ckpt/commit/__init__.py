@@ -35,7 +35,8 @@ leaves a directory without a manifest, which readers never list and start-up cle
 
 The verbs (:mod:`ckpt.commit.protocol`): :func:`begin` / :func:`finish` / :func:`abort` (or
 :func:`attempting`, a ``with`` block that aborts on error) for a checkpoint; :func:`collect_garbage`,
-:func:`collect_root_garbage`, :func:`collect_uncommitted`, :func:`delete`. Outputs that are not
+:func:`collect_root_garbage`, :func:`collect_uncommitted`, :func:`delete`; :func:`make_directory` (a
+root, created so that it lasts: on POSIX each new directory's entry is fsync'd in its parent). Outputs that are not
 checkpoints go through the same strategies (:mod:`ckpt.commit.publish`): :class:`PendingFile` (one
 file, e.g. :mod:`ckpt.merged`'s) and :class:`PendingDirectory` (a directory of files, e.g. a sharded
 export) — the offline converters' publish API.
@@ -53,14 +54,14 @@ from .base import Attempt, CommitStrategy, DirectoryAttempt, new_tag
 from .object_store import ManifestLastCommit
 from .posix import RenameCommit
 from .protocol import (MANIFEST_LAST, RENAME, abort, attempting, begin, collect_garbage, collect_root_garbage,
-                       collect_uncommitted, delete, finish, strategy_for)
+                       collect_uncommitted, delete, finish, make_directory, strategy_for)
 from .publish import PendingDirectory, PendingFile
 
 __all__ = [
     "Attempt", "DirectoryAttempt", "CommitStrategy", "RenameCommit", "ManifestLastCommit", "strategy_for", "RENAME",
     "MANIFEST_LAST",
     "begin", "finish", "abort", "attempting", "collect_garbage", "collect_root_garbage", "collect_uncommitted",
-    "delete", "PendingFile", "PendingDirectory", "new_tag",
+    "delete", "make_directory", "PendingFile", "PendingDirectory", "new_tag",
     "is_committed", "uncommitted_reason", "read_manifest", "TMP_MARK", "OLD_MARK",
 ]
 

@@ -67,6 +67,11 @@ class CommitStrategy:
 
     kind = "abstract"
 
+    def make_directory(self, location: Location) -> None:
+        """Create the directory ``location`` (and its missing parents) so that it lasts: what is
+        committed inside it then survives a crash with it (see :class:`~ckpt.commit.posix.RenameCommit`)."""
+        location.storage.makedirs(location.path)
+
     # -- a checkpoint directory ------------------------------------------------------------------
     def begin(self, target: Location, *, overwrite: bool) -> Attempt:
         """Clean up after dead saves of ``target``, refuse to replace it unless ``overwrite``, and

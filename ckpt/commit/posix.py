@@ -8,6 +8,9 @@ and the directory renamed to ``<name>``, the parent fsync'd: the rename is the c
 already there (replaced only when asked) is moved aside to ``<name>.old-<id>`` first, deleted once the
 new one is in place; after a crash between the two renames the next writer moves the old copy back.
 A single file and an output directory take the same path: written under ``<name>.tmp-<id>``, renamed.
+A directory the commit needs and creates (the root, a target's parent) is made durable too: the parent
+of each directory created is fsync'd (:meth:`RenameCommit.make_directory`), else a crash could take a
+whole new root away with the steps committed in it.
 """
 
 from __future__ import annotations
@@ -24,9 +27,19 @@ class RenameCommit(CommitStrategy):
 
     kind = "rename"
 
+    def make_directory(self, location: Location) -> None:
+        """Create ``location`` and its missing parents, each one's entry fsync'd in its parent."""
+        missing, current = [], location
+        while not current.is_dir() and current.parent.path != current.path:
+            missing.append(current)
+            current = current.parent
+        location.storage.makedirs(location.path)
+        for created in reversed(missing):
+            location.storage.sync_dir(created.parent.path)
+
     # -- a checkpoint directory ------------------------------------------------------------------
     def begin(self, target: Location, *, overwrite: bool) -> Attempt:
-        target.storage.makedirs(target.parent.path)
+        self.make_directory(target.parent)
         self.collect_garbage(target)
         refuse_existing(target, overwrite=overwrite)
         tmp = target.parent / attempt_name(target.name, new_tag())
@@ -86,7 +99,7 @@ class RenameCommit(CommitStrategy):
 
     # -- one file --------------------------------------------------------------------------------
     def begin_file(self, target: Location, *, overwrite: bool) -> Location:
-        target.storage.makedirs(target.parent.path)
+        self.make_directory(target.parent)
         self.collect_garbage(target)
         refuse_existing(target, overwrite=overwrite)
         return target.parent / attempt_name(target.name, new_tag())
@@ -96,7 +109,7 @@ class RenameCommit(CommitStrategy):
 
     # -- a directory that is not a checkpoint ----------------------------------------------------
     def begin_directory(self, target: Location, *, overwrite: bool) -> DirectoryAttempt:
-        target.storage.makedirs(target.parent.path)
+        self.make_directory(target.parent)
         self.collect_garbage(target)  # leftovers of dead writes of the same target
         refuse_existing(target, overwrite=overwrite)
         tmp = target.parent / attempt_name(target.name, new_tag())

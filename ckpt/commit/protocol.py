@@ -26,6 +26,13 @@ def strategy_for(storage: Storage) -> CommitStrategy:
     return RENAME if storage.atomic_rename else MANIFEST_LAST
 
 
+def make_directory(location: Location | str | os.PathLike) -> None:
+    """Create the directory ``location`` (a root) so that it lasts as what is committed in it does (on
+    POSIX the parent of each directory created is fsync'd)."""
+    location = locate(location)
+    strategy_for(location.storage).make_directory(location)
+
+
 def begin(target: Location | str | os.PathLike, *, overwrite: bool) -> Attempt:
     """Clean up after earlier dead saves of ``target``, refuse to replace it unless asked, and start
     a fresh attempt: write the data files under ``attempt.directory``, named with ``attempt.tag``."""

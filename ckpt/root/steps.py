@@ -103,7 +103,7 @@ class CheckpointRoot:
         """Become the root's one writer: create it, take ``.lock`` (refused with the holder's host
         and pid while another writer has it) and :meth:`clean_up`."""
         storage = self.path.storage
-        storage.makedirs(self.path.path)
+        commit.make_directory(self.path)  # durable: a crash must not take the root with its steps
         self._lock = storage.lock((self.path / LOCK_NAME).path, holder=holder_text())
         self._directory_id = storage.directory_id(self.path.path)
         try:

@@ -30,6 +30,7 @@ missing fails 1. :class:`SweepResult` counts boundaries, crash states and distin
 from __future__ import annotations
 
 import itertools
+import posixpath
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,19 +52,20 @@ class Mount:
     name: str
     model: PosixModel | ObjectModel
     path: str = ""  # what to record: a local path, or ``bucket/prefix``
+    root: str = ""  # the checkpoint root below it ("" : the same), which may not exist yet
     recording: object = None
 
     @classmethod
-    def local(cls, path: Path, name: str = "primary") -> "Mount":
+    def local(cls, path: Path, name: str = "primary", root: str = "") -> "Mount":
         path.mkdir(parents=True, exist_ok=True)
-        return cls(name, PosixModel.of(path), str(path))
+        return cls(name, PosixModel.of(path), str(path), root)
 
     @classmethod
-    def s3(cls, bucket, prefix: str, name: str = "primary") -> "Mount":
+    def s3(cls, bucket, prefix: str, name: str = "primary", root: str = "") -> "Mount":
         from tests.support.s3server import bucket_fs
 
-        root = f"{bucket.name}/{prefix}"
-        return cls(name, ObjectModel.of(bucket_fs(bucket), root), root)
+        path = f"{bucket.name}/{prefix}"
+        return cls(name, ObjectModel.of(bucket_fs(bucket), path), path, root)
 
     @property
     def object_store(self) -> bool:
@@ -125,9 +127,9 @@ def _check_mount(location: Location, expected: dict[int, list[dict]]) -> tuple[l
     return problems, set(listed)
 
 
-def _deleting(ops, step: int) -> bool:
+def _deleting(ops, step: int, root: str) -> bool:
     """Whether the deletion of ``step`` (its manifest, or its whole directory) began in ``ops``."""
-    name = step_name(step)
+    name = posixpath.join(root, step_name(step))
     return any((op.kind == "remove" and op.path == f"{name}/manifest.json") or
                (op.kind == "remove_tree" and op.path == name) for op in ops)
 
@@ -155,7 +157,7 @@ def sweep(mounts: list[Mount], expected: dict[str, dict[int, list[dict]]], workd
             problems, listed = verdicts[combined]
             result.violations.extend(f"{where}: {p}" for p in problems)
             for i, mount in enumerate(mounts):
-                lost = {s for s in durable[i] - listed[i] if not _deleting(done[i], s)}
+                lost = {s for s in durable[i] - listed[i] if not _deleting(done[i], s, mount.root)}
                 if lost:
                     result.violations.append(f"{where}: {mount.name} lost committed step(s) {sorted(lost)}")
                 if last:
@@ -190,9 +192,9 @@ def _check(mounts, combined, expected, directory: Path) -> tuple[list[str], list
     problems, listed = [], []
     try:
         for mount, state in zip(mounts, combined):
-            path = materialize(state, directory / mount.name)
+            path = materialize(state, directory / mount.name) / mount.root
             storage = LocalObjectStore() if mount.object_store else LocalStorage()
-            found, steps = _check_mount(Location(storage, str(path)), expected.get(mount.name, {}))
+            found, steps = _check_mount(Location(storage, str(path).rstrip("/")), expected.get(mount.name, {}))
             problems.extend(f"{mount.name}: {p}" for p in found)
             listed.append(steps)
     finally:

@@ -28,6 +28,8 @@ from ckpt.format import MANIFEST_NAME, step_name
 from tests.support.crash_sweep import Mount
 from tests.support.recording import recording
 
+ROOT = "run"  # the checkpoint root, below the directory (prefix) a scenario records
+
 
 def content(seed: int) -> dict:
     gen = torch.Generator().manual_seed(seed)
@@ -41,13 +43,14 @@ class Where:
     bucket: object = None
 
     def root(self, name: str) -> tuple[str, str]:
-        """(what the engine is given, what the recording watches) for a new root ``name``."""
+        """(the root the engine is given, what the recording watches: the directory or prefix above
+        it) for a new root under ``name``; the root itself does not exist yet (the engine creates it)."""
         if self.kind == "posix":
             path = self.tmp / name
             path.mkdir(parents=True, exist_ok=True)
-            return str(path), str(path)
+            return str(path / ROOT), str(path)
         prefix = f"{name}-{uuid.uuid4().hex[:8]}"
-        return f"{self.bucket.url}/{prefix}", f"{self.bucket.name}/{prefix}"
+        return f"{self.bucket.url}/{prefix}/{ROOT}", f"{self.bucket.name}/{prefix}"
 
     @property
     def options(self) -> dict | None:
@@ -55,8 +58,8 @@ class Where:
 
     def mount(self, watched: str, name: str = "primary") -> Mount:
         if self.kind == "posix":
-            return Mount.local(Path(watched), name)
-        return Mount.s3(self.bucket, watched.split("/", 1)[1], name)
+            return Mount.local(Path(watched), name, root=ROOT)
+        return Mount.s3(self.bucket, watched.split("/", 1)[1], name, root=ROOT)
 
     def recording(self, watched: str):
         return recording(watched, scheme="file" if self.kind == "posix" else "s3")
@@ -117,11 +120,11 @@ def retention(where: Where) -> Run:
 
 def replication(where: Where) -> Run:
     """A local primary replicated to a replica on ``where``."""
-    primary_root = where.tmp / "replicated-primary"
-    primary = Mount.local(primary_root)
+    primary_root = where.tmp / "replicated-primary" / ROOT
+    primary = Mount.local(primary_root.parent, root=ROOT)
     replica_root, watched = where.root("replica")
     replica = where.mount(watched, "replica")
-    with recording(primary_root) as on_primary, where.recording(watched) as on_replica, \
+    with recording(primary_root.parent) as on_primary, where.recording(watched) as on_replica, \
             _manager(str(primary_root), where, keep=10, replicas=[replica_root],
                      replica_retry_initial=0.05, replica_retry_max=0.2) as manager:
         for step in (1, 2):

@@ -2,7 +2,8 @@
 overwrite, a delta, a replication and a retention, on a local POSIX mount and on the loopback S3 server
 (:mod:`tests.support.recording`, the sequences of :mod:`tests.support.protocol_scenarios`).
 
-POSIX: every data file written, fsync'd, its directory fsync'd, then the manifest written and fsync'd,
+POSIX: a root the save creates fsync'd into its parent first (a crash cannot take a new root away with
+its steps: found by the sweep, fixed); every data file written, fsync'd, its directory fsync'd, then the manifest written and fsync'd,
 the attempt directory fsync'd, the rename (the commit point), the parent fsync'd; an overwrite moves
 the old copy aside only once the new manifest is durable, and deletes it only after the rename is.
 Object store: every data object completed before the manifest PUT (the commit point); an overwrite's
@@ -17,7 +18,7 @@ from __future__ import annotations
 import pytest
 
 from ckpt.format import MANIFEST_NAME, step_name
-from tests.support.protocol_scenarios import MUTANTS, SCENARIOS, Where
+from tests.support.protocol_scenarios import MUTANTS, ROOT, SCENARIOS, Where
 
 KINDS = ("posix", "s3")
 
@@ -35,17 +36,22 @@ def _seq(ops, kind, path=None, *, prefix=None, last=False, after=-1):
     return hits[-1] if last else hits[0]
 
 
+def at(step: int) -> str:
+    """A step's directory as recorded (relative to the directory above the root)."""
+    return f"{ROOT}/{step_name(step)}"
+
+
 def commit_point(mount, step: int) -> int:
     """The seq of the operation that committed ``step`` on ``mount``: the rename on POSIX, the
     manifest PUT on an object store."""
-    ops, name = mount.recording.ops, step_name(step)
+    ops, name = mount.recording.ops, at(step)
     if mount.object_store:
         return _seq(ops, "write_bytes", f"{name}/{MANIFEST_NAME}")
     return next(op.seq for op in ops if op.kind == "rename" and op.dst == name and ".tmp-" in op.path)
 
 
 def assert_commit_order(mount, step: int) -> None:
-    ops, name = mount.recording.ops, step_name(step)
+    ops, name = mount.recording.ops, at(step)
     point = commit_point(mount, step)
     if mount.object_store:
         uploads = [op for op in ops if op.kind == "close" and op.path.startswith(f"{name}/data/") and op.seq < point]
@@ -68,7 +74,7 @@ def assert_commit_order(mount, step: int) -> None:
     manifest_synced = _seq(ops, "fsync", f"{tmp}/{MANIFEST_NAME}", after=manifest)
     tmp_synced = _seq(ops, "fsync_dir", tmp, after=manifest_synced)
     assert synced_data < manifest < manifest_synced < tmp_synced < point
-    parent_synced = _seq(ops, "fsync_dir", ".", after=point)
+    parent_synced = _seq(ops, "fsync_dir", ROOT, after=point)
     aside = [op for op in ops if op.kind == "rename" and op.path == name and op.seq < point]
     if aside:  # an overwrite: the old copy moved aside once the new one is durable, deleted after the commit
         assert tmp_synced < aside[-1].seq < point
@@ -79,7 +85,7 @@ def assert_commit_order(mount, step: int) -> None:
 
 
 def assert_deleted_manifest_first(mount, step: int, *, after: int) -> None:
-    ops, name = mount.recording.ops, step_name(step)
+    ops, name = mount.recording.ops, at(step)
     manifest = _seq(ops, "remove", f"{name}/{MANIFEST_NAME}")
     assert manifest > after, f"{name} deleted before the step that replaces it committed"
     rest = _seq(ops, "remove_tree", name, after=manifest)
@@ -91,6 +97,9 @@ def assert_deleted_manifest_first(mount, step: int, *, after: int) -> None:
 def test_a_save_writes_its_data_durably_then_the_manifest_then_commits(where):
     (mount,) = SCENARIOS["save"](where).mounts
     assert_commit_order(mount, 1)
+    if not mount.object_store:  # the root it created lasts: its entry fsync'd before the commit
+        ops = mount.recording.ops
+        assert _seq(ops, "makedirs", prefix=ROOT) < _seq(ops, "fsync_dir", ".") < commit_point(mount, 1)
     assert mount.recording.verbs()[-1][0] == ("put" if mount.object_store else "fsync_dir")
 
 
@@ -101,10 +110,10 @@ def test_an_overwrite_replaces_the_old_copy_only_after_the_new_one_is_committed(
     ops = mount.recording.ops
     point = commit_point(mount, 1)
     if mount.object_store:  # the old objects go after the PUT of the new manifest, never before
-        old = [op for op in ops if op.kind == "remove" and op.path.startswith(f"{step_name(1)}/data/")]
+        old = [op for op in ops if op.kind == "remove" and op.path.startswith(f"{at(1)}/data/")]
         assert old and all(op.seq > point for op in old)
     else:
-        assert any(op.kind == "rename" and op.path == step_name(1) for op in ops)  # moved aside, not deleted
+        assert any(op.kind == "rename" and op.path == at(1) for op in ops)  # moved aside, not deleted
 
 
 @pytest.mark.parametrize("where", KINDS, indirect=True)
@@ -132,7 +141,7 @@ def test_retention_deletes_the_manifest_first_and_only_after_a_newer_commit(wher
         assert_commit_order(mount, step)
     for step in (1, 2):
         assert_deleted_manifest_first(mount, step, after=commit_point(mount, step + 1))
-    assert not any(op.kind in ("remove", "remove_tree") and op.path.startswith(step_name(3))
+    assert not any(op.kind in ("remove", "remove_tree") and op.path.startswith(at(3))
                    for op in mount.recording.ops)
 
 
