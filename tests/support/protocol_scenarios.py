@@ -101,6 +101,7 @@ def delta(where: Where) -> Run:
     with where.recording(watched) as rec, _manager(root, where, keep=10, full_every=2,
                                                                  async_mode="double_buffer") as manager:
         manager.save(1, live)
+        manager.before_step()  # step 1's snapshot is complete before the state changes (double buffer)
         live["w"][0] += 1.0  # one row changes: step 2 is a delta on step 1
         live["step"] = 2
         manager.save(2, live)
