@@ -38,7 +38,7 @@ from ckpt.inspection import (
     verify_one,
 )
 from ckpt.storage import Location, locate
-from .cli import EXPECTED_FAILURES, fail, progress
+from .cli import EXPECTED_FAILURES, command, fail, progress
 
 PROG = "ckpt-inspect"
 MAX_HEADER = 24  # a mount URL longer than this is shown as "mount N" with a legend
@@ -201,6 +201,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+@command(PROG)
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)

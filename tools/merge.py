@@ -30,7 +30,7 @@ import sys
 from ckpt import CheckpointError, read_manifest
 from ckpt.convert import merge, select_keys, tensor_specs
 from ckpt.root import resolve_checkpoint
-from .cli import DTYPES, EXPECTED_FAILURES, fail, implied_format, parse_size, progress
+from .cli import DTYPES, EXPECTED_FAILURES, command, fail, implied_format, parse_size, progress
 
 PROG = "ckpt-merge"
 EPILOG = """examples:
@@ -77,6 +77,7 @@ def output_format(p: argparse.ArgumentParser, args) -> tuple[str, int | None]:
     return args.format or "safetensors", args.max_shard_size or sys.maxsize
 
 
+@command(PROG)
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
