@@ -18,12 +18,15 @@ fsync of a file: on POSIX it happens inside :meth:`WriteHandle.close` and ``writ
 and on a directory as ``fsync_dir`` (the path from ``/proc/self/fd``). Nothing in the engine changes;
 a mutant that drops an fsync shows as a missing ``fsync`` record.
 
-Each record is an :class:`Op` (``kind``, ``path`` relative to its root, ``data``, ``dst``), appended
-before the operation runs (an fsync done inside ``write_bytes`` therefore follows its ``write_bytes``).
+Each record is an :class:`Op` (``kind``, ``path`` relative to its root, ``data``, ``dst``, ``seq``),
+appended before the operation runs (an fsync done inside ``write_bytes`` therefore follows its ``write_bytes``).
 The root's lock (``.lock``, renewed by a heartbeat thread on object stores) and the catalog
 (``.catalog``) are not recorded: they are no part of the commit protocol. On an object store the
 verbs read ``put`` (``write_bytes``, or the ``close`` that completes an upload), ``delete``
 (``remove``), ``delete_tree`` and ``list``.
+
+Several blocks may be open at once, on one scheme or several (a replication records two mounts): each
+gets what falls under its roots, and ``seq`` orders the operations of all of them.
 
 :mod:`tests.support.crashsim` replays a recording to build the states a crash after each operation
 can leave.
@@ -70,7 +73,6 @@ class Recording:
         self.object_store = object_store
         self.ops: list[Op] = []
         self.lock = threading.Lock()
-        self.paused = False
 
     def relative(self, path: str) -> str | None:
         path = _norm(path, self.object_store)
@@ -88,7 +90,7 @@ class Recording:
 
     def add(self, kind: str, path: str, data=None, dst: str | None = None) -> None:
         rel = self.relative(path)
-        if rel is None or self.paused:
+        if rel is None:
             return
         with self.lock:
             self.ops.append(Op(kind, rel, None if data is None else bytes(data),
@@ -105,13 +107,6 @@ class Recording:
                 continue
             out.append((verb, op.path if op.dst is None else f"{op.path} -> {op.dst}"))
         return out
-
-    def index(self, verb: str, predicate=lambda path: True, *, last: bool = False) -> int:
-        """The position in :meth:`verbs` of the first (``last``: the last) ``verb`` whose path matches."""
-        hits = [i for i, (v, p) in enumerate(self.verbs()) if v == verb and predicate(p)]
-        if not hits:
-            raise AssertionError(f"no {verb} matching in {self.verbs()}")
-        return hits[-1] if last else hits[0]
 
 
 _OBJECT_VERBS = {"write_bytes": "put", "close": "put", "remove": "delete", "remove_tree": "delete_tree",

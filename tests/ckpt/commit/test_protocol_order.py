@@ -3,8 +3,8 @@ overwrite, a delta, a replication and a retention, on a local POSIX mount and on
 (:mod:`tests.support.recording`, the sequences of :mod:`tests.support.protocol_scenarios`).
 
 POSIX: a root the save creates fsync'd into its parent first (a crash cannot take a new root away with
-its steps: found by the sweep, fixed); every data file written, fsync'd, its directory fsync'd, then the manifest written and fsync'd,
-the attempt directory fsync'd, the rename (the commit point), the parent fsync'd; an overwrite moves
+its steps: found by the sweep, fixed); every data file written, fsync'd, its directory fsync'd, then
+the manifest written and fsync'd, the attempt directory fsync'd, the rename (the commit point), the parent fsync'd; an overwrite moves
 the old copy aside only once the new manifest is durable, and deletes it only after the rename is.
 Object store: every data object completed before the manifest PUT (the commit point); an overwrite's
 old objects deleted only after it. A replica's copy of a step commits after the primary's and in the
