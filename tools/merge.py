@@ -38,7 +38,7 @@ PROG = "ckpt-merge"
 EPILOG = """examples:
   ckpt-merge ckpts/run1 model.safetensors --only model            newest step's weights, one file
   ckpt-merge ckpts/run1 --step 1200 weights.pt --dtype bf16        step 1200 as a torch.save dict, floats in bf16
-  ckpt-merge ckpts/run1/step-00001200 hf-out --max-shard-size 5GB  Hugging Face sharded layout + index
+  ckpt-merge ckpts/run1/step-00001200 shards --max-shard-size 5GB  Hugging Face sharded layout + index
   ckpt-merge s3://bucket/run1 model.safetensors --only model.layers.0.   one prefix, read from S3
   ckpt-merge ckpts/run1 all.safetensors --force --quiet            model + optimizer state, replace all.safetensors
 
