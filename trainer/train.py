@@ -18,7 +18,10 @@ Exit codes (an expected failure prints exactly one ``error: ...`` line on stderr
     2  refused before training, nothing written: a config that cannot work (keys, values, model shapes,
        vocab_size below the tokenizer's, dataset or tokenizer missing/empty/unreadable, layout vs world
        size), a checkpoint folder another run holds or that cannot be created, a load_step not committed,
-       a checkpoint.initial_load_path holding no checkpoint or model weights that do not fit the model
+       a checkpoint.initial_load_path holding no checkpoint or model weights that do not fit the model,
+       a load_step older than the newest committed step without checkpoint.branch
+  143  stopped by SIGTERM (130: SIGINT) after a step every rank agreed on: the in-flight save finished,
+       with checkpoint.save_on_signal that step was saved, the last line names the newest committed step
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import contextlib
 import gc
 import json
 import math
+import signal
 import sys
 import time
 from pathlib import Path
@@ -44,6 +48,7 @@ from .config import Config, help_text, load_config
 from .device import device_name, init_distributed, peak_memory_gib, resolve_device_type, synchronize
 from .metrics import MetricsLogger, peak_flops
 from .scaler import ShardedGradScaler
+from .signals import Stopped, StopSignals
 from . import pipeline as pipeline_mod
 from .parallel import (
     COMPUTE_DTYPES,
@@ -227,10 +232,10 @@ class Trainer:
             self.checkpoints.write_seed(self.state)
             return []
         last = t.steps if stop_at is None else min(stop_at, t.steps)
-        with scheduled_garbage_collection(t.gc_freq) as collect_garbage:
-            return self._train_until(last, collect_garbage)
+        with scheduled_garbage_collection(t.gc_freq) as collect_garbage, StopSignals() as signals:
+            return self._train_until(last, collect_garbage, signals)
 
-    def _train_until(self, last: int, collect_garbage) -> list[float]:
+    def _train_until(self, last: int, collect_garbage, signals: StopSignals) -> list[float]:
         cfg, t = self.cfg, self.cfg.training
         losses = []
         tokens_per_step = t.batch_size * t.seq_len
@@ -244,12 +249,16 @@ class Trainer:
             loss = self.train_step()
             self.train_state.tokens_seen += tokens_per_step
             failure = self.checkpoints.save(step, self.state, force=step == t.steps)
-            # The mean loss and "did a save fail on any rank?" in one all-reduce: every rank stops at
-            # the same step, also when the failure of a background write reached one rank first.
-            mean_loss, any_failed = all_reduce_mean(torch.stack([loss, loss.new_tensor(float(failure is not None))]))
+            # The mean loss, "did a save fail on any rank?" and "did a rank get SIGTERM/SIGINT?" in one
+            # all-reduce: every rank stops at the same step, also when the failure of a background
+            # write (or the signal) reached one rank first.
+            mean_loss, any_failed, any_signal = all_reduce_mean(torch.stack(
+                [loss, loss.new_tensor(float(failure is not None)), loss.new_tensor(float(signals.received))]))
             if any_failed:
                 raise exits.save_failed(self.manager, failure)
             losses.append(mean_loss)
+            if any_signal:
+                self._stop_after(step, signals.signum or signal.SIGTERM)
             window_steps += 1
             stall += self.checkpoints.stall_s - before
             if step % cfg.metrics.log_freq == 0 or step == t.steps:
@@ -270,6 +279,15 @@ class Trainer:
                 window_start, window_steps, stall = time.perf_counter(), 0, 0.0
             collect_garbage(step)
         return losses
+
+    def _stop_after(self, step: int, signum: int) -> None:
+        """A rank got SIGTERM/SIGINT: with checkpoint.save_on_signal, save this step (unless it was
+        just saved); then stop (the in-flight saves finish when the run closes)."""
+        if self.cfg.checkpoint.save_on_signal and self.checkpoints.last_saved != step:
+            failure = self.checkpoints.save(step, self.state, force=True)
+            if failure is not None:
+                raise exits.save_failed(self.manager, failure)
+        raise Stopped(signum, f"stopped by {StopSignals.name(signum)} after step {step}")
 
     def close(self, *, quiet: bool = False) -> None:
         """Release everything. ``quiet``: already failing, so a further checkpoint error is dropped
@@ -304,6 +322,12 @@ def _train(argv: list[str]) -> None:
                     f"on {trainer.world} x {trainer.device_type}, dp={trainer.dims.dp}, "
                     f"micro_batch={trainer.micro_batch}, accumulation={trainer.accumulation}")
         losses = trainer.fit()
+    except Stopped as stop:  # preempted: the saves in flight finish, then the newest step is named
+        trainer.close()
+        newest = trainer.checkpoints.newest() if trainer.manager is not None else None
+        trainer.log(f"{stop}; " + (f"newest committed step {newest} (a restart resumes from it)" if newest is not None
+                                   else "no checkpoint committed"))
+        raise
     except BaseException:
         trainer.close(quiet=True)
         raise
