@@ -2,9 +2,9 @@
 
     python -m trainer.plot outputs/debug/metrics.jsonl [-o outputs/debug/metrics.png] [--last-run]
 
-Each logged step (a record with ``step`` and ``loss``) is a point; a record of another kind (a run's
-start, a failure) is skipped, and a run that resumed at an earlier step starts a new line, so a
-resumed or restarted run shows as its own segment instead of a zig-zag. Needs matplotlib (the
+Each logged step (a record with ``step`` and ``loss``) is a point; each start of the trainer (its
+``run_start`` record, :mod:`trainer.run_record`) begins a new line, and so does a step that goes
+back, so a resumed or restarted run shows as its own segment instead of a zig-zag. Needs matplotlib (the
 ``plot`` extra). Exit codes: 0 written, 1 the file is unreadable or holds no logged step, 2 bad
 arguments.
 """
@@ -22,6 +22,7 @@ PANELS = (("loss", "loss"), ("tokens_per_sec", "tokens / s"), ("ckpt_stall_ms", 
 def read_segments(path: Path) -> list[list[dict]]:
     """The logged steps of ``path``, split wherever the step goes back (a resume or a new run)."""
     segments: list[list[dict]] = []
+    starting = False
     with open(path, encoding="utf-8") as lines:
         for number, line in enumerate(lines, 1):
             if not line.strip():
@@ -30,10 +31,14 @@ def read_segments(path: Path) -> list[list[dict]]:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{number}: not a JSON line ({exc.msg})") from None
+            if isinstance(record, dict) and record.get("event") == "run_start":
+                starting = True  # the next step opens a segment: another run, or a resume
+                continue
             if not isinstance(record, dict) or not isinstance(record.get("step"), int) or "loss" not in record:
                 continue
-            if not segments or record["step"] <= segments[-1][-1]["step"]:
+            if not segments or starting or record["step"] <= segments[-1][-1]["step"]:
                 segments.append([])
+            starting = False
             segments[-1].append(record)
     return segments
 

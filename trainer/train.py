@@ -48,6 +48,7 @@ from .config import Config, help_text, load_config
 from .device import device_name, init_distributed, peak_memory_gib, resolve_device_type, synchronize
 from .metrics import MetricsLogger, peak_flops
 from .scaler import ShardedGradScaler
+from .run_record import new_run_id, run_start, write_config
 from .signals import Stopped, StopSignals
 from . import pipeline as pipeline_mod
 from .parallel import (
@@ -116,6 +117,7 @@ class Trainer:
         self.cfg = cfg
         self.checkpoints, self.manager, self.metrics, self._owns_process_group = None, None, None, False
         self.started = time.perf_counter()
+        self.run_id = new_run_id()  # this start of the trainer (trainer.run_record)
         try:
             self._start()
         except BaseException:
@@ -167,7 +169,9 @@ class Trainer:
         with exits.refusing(f"job.dump_folder={cfg.job.dump_folder!r}"):
             self.metrics = MetricsLogger(cfg.job.dump_folder, enabled=self.rank == 0, tensorboard=cfg.metrics.tensorboard)
             if self.rank == 0:
-                (Path(cfg.job.dump_folder) / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+                write_config(cfg.job.dump_folder, cfg.to_dict(), self.log)
+        self.metrics.record(run_start(self.run_id, cfg.to_dict(), resumed_step=self.checkpoints.resumed_step,
+                                      world_size=self.world))
 
     def _parallelize(self, model: torch.nn.Module) -> torch.nn.Module:
         o = self.cfg.optimization

@@ -14,7 +14,7 @@ def test_a_resumed_runs_metrics_plot_as_two_segments(tmp_path, capsys):
     from trainer.plot import main, read_segments
 
     run_trainer(trainer_args(str(tmp_path), steps=20))
-    run_trainer(trainer_args(str(tmp_path), steps=20, checkpoint__load_step=10))  # goes back to step 10
+    run_trainer(trainer_args(str(tmp_path), steps=20, checkpoint__load_step=10, checkpoint__branch="true"))
     metrics = tmp_path / "metrics.jsonl"
     with open(metrics, "a") as extra:  # a record of another kind, and a blank line: skipped
         extra.write(json.dumps({"event": "something else"}) + "\n\n")

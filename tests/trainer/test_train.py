@@ -31,7 +31,9 @@ def test_resume_is_bitwise_on_two_fsdp_ranks(tmp_path):
     models.assert_same(resumed_state, straight_state)  # final weights and AdamW state, bitwise
     assert loader["position"] == 20 * 8
     assert sum(straight[-5:]) < sum(straight[:5])  # it learns
-    lines = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["event"] == "run_start" and records[0]["resumed_step"] is None
+    lines = records[1:]
     assert [r["step"] for r in lines] == [5, 10, 15, 20]
     assert json.loads((tmp_path / "straight" / "config.json").read_text())["training"]["steps"] == 20
     assert all({"step", "loss", "tokens_per_sec", "ckpt_stall_ms"} <= r.keys() for r in lines)
