@@ -218,6 +218,31 @@ class CheckpointManager:
             return resume.load_step(self._mounts, state, step, load)
         return resume.load_latest(self._mounts, state, load)
 
+    def discard_after(self, step: int) -> list[int]:
+        """Delete every committed step after ``step`` on every mount (rank 0; collective), so that
+        training on from ``step`` leaves one history, not two interleaved. Returns the steps deleted
+        on the primary; a replica that cannot be reached is warned about (its later steps stay)."""
+        self._check_open()
+        self.wait()
+        deleted: list[int] = []
+        error = None
+        if self.rank == 0:
+            for mount in reversed(self._mounts):  # replicas first: a catch-up never copies them back
+                try:
+                    gone = retention.discard_after(mount, step, deleted=lambda old, m=mount: self._catalog_call(
+                        "forget", m.path, old))
+                except (CheckpointError, OSError) as exc:
+                    if mount is self._root:
+                        error = exc
+                        break
+                    log.warning("replica %s: steps after %d not deleted (%s)", mount.path, step, exc)
+                    continue
+                if mount is self._root:
+                    deleted = gone
+        if self._agree_any(error is not None)[0]:
+            raise error if error is not None else CheckpointError(f"deleting the steps after {step} failed on rank 0")
+        return deleted
+
     def replication_status(self) -> dict[int, dict[str, str]]:
         """``{step: {replica url: state}}``: pending, copying, committed, failed or dropped (see
         :mod:`ckpt.root.replicate`); empty without replicas."""

@@ -59,6 +59,7 @@ class RunCheckpoints:
         self.manager: ckpt.CheckpointManager | None = None
         self.written = 0  # checkpoints committed by this run
         self.resumed_step: int | None = None
+        self.last_saved: int | None = None  # the last step this run started a save of
         c = cfg.checkpoint
         if not (c.enable or c.create_seed_checkpoint):
             return
@@ -95,6 +96,23 @@ class RunCheckpoints:
         if step is not None:
             self.resumed_step = step
             self.log(f"resumed from checkpoint step {step} ({self.manager.root})")
+            self._branch_if_asked(step)
+
+    def _branch_if_asked(self, step: int) -> None:
+        """A load_step older than the newest committed step: refused unless checkpoint.branch, which
+        deletes the later steps (on every mount) so that the run leaves one history."""
+        later = [s for s in self.manager.steps() if s > step]
+        if not later:
+            return
+        shown = ", ".join(map(str, later[:8])) + (f" and {len(later) - 8} more" if len(later) > 8 else "")
+        if not self.cfg.checkpoint.branch:
+            raise exits.Refused(
+                f"checkpoint.load_step={step}: the committed steps {shown} are newer; training on from step {step} "
+                f"would replace them one by one and mix two histories. Pass --checkpoint.branch true to delete them "
+                f"and branch from step {step}, or drop load_step to resume from step {later[-1]}")
+        with exits.refusing(f"checkpoint.branch: deleting the steps after {step}"):
+            deleted = self.manager.discard_after(step)
+        self.log(f"branching from step {step}: deleted the later steps {', '.join(map(str, deleted)) or shown}")
 
     def load_initial_weights(self, model: torch.nn.Module, source: str) -> None:
         """checkpoint.initial_load_path: the model's weights only, from a checkpoint directory or the
@@ -137,7 +155,8 @@ class RunCheckpoints:
         if self.manager is None:
             return None
         try:
-            self.manager.save(step, state, force=force)
+            if self.manager.save(step, state, force=force):
+                self.last_saved = step
         except ckpt.CheckpointError as exc:
             return exc
         return None
@@ -160,6 +179,11 @@ class RunCheckpoints:
             steps = self.manager.steps()
             self.log(f"{failures} checkpoint save{'s' if failures > 1 else ''} failed (checkpoint.on_error=continue); "
                      f"newest committed step: {steps[-1] if steps else 'none'}")
+
+    def newest(self) -> int | None:
+        """The newest committed step, or None."""
+        steps = self.manager.steps()
+        return steps[-1] if steps else None
 
     def summary(self) -> str:
         """The run's last line's checkpoint part: checkpoints written, the newest step and where."""

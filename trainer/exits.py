@@ -6,7 +6,9 @@ The codes (the table is also in :mod:`trainer.train`'s docstring, i.e. ``--help`
 * :data:`FAILED` 1: the run started, then a checkpoint could not be loaded or (``checkpoint.on_error
   = stop``) saved: :class:`Failed`, or any :class:`~ckpt.errors.CheckpointError` from training;
 * :data:`REFUSED` 2: refused before training, nothing written: :class:`Refused`,
-  :class:`~trainer.config.ConfigError`, :class:`~trainer.parallel.ParallelismError`.
+  :class:`~trainer.config.ConfigError`, :class:`~trainer.parallel.ParallelismError`;
+* 128 + the signal's number (143 SIGTERM, 130 SIGINT): stopped early by that signal at a step
+  boundary (:mod:`trainer.signals`), the in-flight save finished, the newest committed step named.
 
 Anything else is a bug or an accident (out of memory, a lost peer) and keeps its traceback (exit 1,
 Python's). The line is this process's: under torchrun each rank that fails prints its own.
@@ -23,6 +25,7 @@ from ckpt.errors import CheckpointError
 from ckpt.manager import CheckpointManager
 from .config import ConfigError
 from .parallel import ParallelismError
+from .signals import Stopped
 
 DONE, FAILED, REFUSED = 0, 1, 2
 
@@ -79,6 +82,8 @@ def run(body: Callable[[], None]) -> int:
     warnings.formatwarning = lambda message, *_args, **_kwargs: f"warning: {_one_line(str(message))}\n"
     try:
         body()
+    except Stopped as stop:  # preempted at a step boundary: the run already said where it stopped
+        return stop.exit_code
     except _REFUSALS + _FAILURES as exc:
         print(f"error: {_one_line(str(exc)) or type(exc).__name__}", file=sys.stderr, flush=True)
         return REFUSED if isinstance(exc, _REFUSALS) else FAILED

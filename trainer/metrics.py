@@ -35,7 +35,8 @@ def peak_flops(device_name: str) -> float | None:
 
 
 class MetricsLogger:
-    """Writes one JSON object per logged step to ``<dump_folder>/metrics.jsonl`` (rank 0 only)."""
+    """Writes one JSON object per logged step to ``<dump_folder>/metrics.jsonl`` (rank 0 only), and
+    event records (``{"event": "run_start", ...}``: :mod:`trainer.run_record`) between them."""
 
     def __init__(self, dump_folder: str, *, enabled: bool, tensorboard: bool = False):
         self.enabled = enabled
@@ -53,6 +54,11 @@ class MetricsLogger:
                 self._tb = SummaryWriter(str(folder / "tb"))
             except ImportError:
                 print("tensorboard is not installed; metrics go to metrics.jsonl only", flush=True)
+
+    def record(self, event: dict) -> None:
+        """A record that is not a step (``{"event": ...}``): to metrics.jsonl only."""
+        if self.enabled:
+            self._file.write(json.dumps({"time": round(time.time(), 3), **event}) + "\n")
 
     def log(self, record: dict) -> None:
         if not self.enabled:

@@ -18,7 +18,10 @@ Exit codes (an expected failure prints exactly one ``error: ...`` line on stderr
     2  refused before training, nothing written: a config that cannot work (keys, values, model shapes,
        vocab_size below the tokenizer's, dataset or tokenizer missing/empty/unreadable, layout vs world
        size), a checkpoint folder another run holds or that cannot be created, a load_step not committed,
-       a checkpoint.initial_load_path holding no checkpoint or model weights that do not fit the model
+       a checkpoint.initial_load_path holding no checkpoint or model weights that do not fit the model,
+       a load_step older than the newest committed step without checkpoint.branch
+  143  stopped by SIGTERM (130: SIGINT) after a step every rank agreed on: the in-flight save finished,
+       with checkpoint.save_on_signal that step was saved, the last line names the newest committed step
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import contextlib
 import gc
 import json
 import math
+import signal
 import sys
 import time
 from pathlib import Path
@@ -44,6 +48,8 @@ from .config import Config, help_text, load_config
 from .device import device_name, init_distributed, peak_memory_gib, resolve_device_type, synchronize
 from .metrics import MetricsLogger, peak_flops
 from .scaler import ShardedGradScaler
+from .run_record import new_run_id, run_start, write_config
+from .signals import Stopped, StopSignals
 from . import pipeline as pipeline_mod
 from .parallel import (
     COMPUTE_DTYPES,
@@ -111,6 +117,7 @@ class Trainer:
         self.cfg = cfg
         self.checkpoints, self.manager, self.metrics, self._owns_process_group = None, None, None, False
         self.started = time.perf_counter()
+        self.run_id = new_run_id()  # this start of the trainer (trainer.run_record)
         try:
             self._start()
         except BaseException:
@@ -162,7 +169,9 @@ class Trainer:
         with exits.refusing(f"job.dump_folder={cfg.job.dump_folder!r}"):
             self.metrics = MetricsLogger(cfg.job.dump_folder, enabled=self.rank == 0, tensorboard=cfg.metrics.tensorboard)
             if self.rank == 0:
-                (Path(cfg.job.dump_folder) / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+                write_config(cfg.job.dump_folder, cfg.to_dict(), self.log)
+        self.metrics.record(run_start(self.run_id, cfg.to_dict(), resumed_step=self.checkpoints.resumed_step,
+                                      world_size=self.world))
 
     def _parallelize(self, model: torch.nn.Module) -> torch.nn.Module:
         o = self.cfg.optimization
@@ -227,10 +236,10 @@ class Trainer:
             self.checkpoints.write_seed(self.state)
             return []
         last = t.steps if stop_at is None else min(stop_at, t.steps)
-        with scheduled_garbage_collection(t.gc_freq) as collect_garbage:
-            return self._train_until(last, collect_garbage)
+        with scheduled_garbage_collection(t.gc_freq) as collect_garbage, StopSignals() as signals:
+            return self._train_until(last, collect_garbage, signals)
 
-    def _train_until(self, last: int, collect_garbage) -> list[float]:
+    def _train_until(self, last: int, collect_garbage, signals: StopSignals) -> list[float]:
         cfg, t = self.cfg, self.cfg.training
         losses = []
         tokens_per_step = t.batch_size * t.seq_len
@@ -244,12 +253,16 @@ class Trainer:
             loss = self.train_step()
             self.train_state.tokens_seen += tokens_per_step
             failure = self.checkpoints.save(step, self.state, force=step == t.steps)
-            # The mean loss and "did a save fail on any rank?" in one all-reduce: every rank stops at
-            # the same step, also when the failure of a background write reached one rank first.
-            mean_loss, any_failed = all_reduce_mean(torch.stack([loss, loss.new_tensor(float(failure is not None))]))
+            # The mean loss, "did a save fail on any rank?" and "did a rank get SIGTERM/SIGINT?" in one
+            # all-reduce: every rank stops at the same step, also when the failure of a background
+            # write (or the signal) reached one rank first.
+            mean_loss, any_failed, any_signal = all_reduce_mean(torch.stack(
+                [loss, loss.new_tensor(float(failure is not None)), loss.new_tensor(float(signals.received))]))
             if any_failed:
                 raise exits.save_failed(self.manager, failure)
             losses.append(mean_loss)
+            if any_signal:
+                self._stop_after(step, signals.signum or signal.SIGTERM)
             window_steps += 1
             stall += self.checkpoints.stall_s - before
             if step % cfg.metrics.log_freq == 0 or step == t.steps:
@@ -271,6 +284,15 @@ class Trainer:
             collect_garbage(step)
         return losses
 
+    def _stop_after(self, step: int, signum: int) -> None:
+        """A rank got SIGTERM/SIGINT: with checkpoint.save_on_signal, save this step (unless it was
+        just saved); then stop (the in-flight saves finish when the run closes)."""
+        if self.cfg.checkpoint.save_on_signal and self.checkpoints.last_saved != step:
+            failure = self.checkpoints.save(step, self.state, force=True)
+            if failure is not None:
+                raise exits.save_failed(self.manager, failure)
+        raise Stopped(signum, f"stopped by {StopSignals.name(signum)} after step {step}")
+
     def close(self, *, quiet: bool = False) -> None:
         """Release everything. ``quiet``: already failing, so a further checkpoint error is dropped
         (the first one is reported) instead of raised."""
@@ -287,13 +309,29 @@ class Trainer:
                 dist.destroy_process_group()
 
 
+def _params_line(trainer: Trainer) -> str:
+    """The model's parameter count (global, whatever the sharding) and, under a pipeline, the
+    share of this rank's stage(s) — FSDP/TP shards are counted at their global size (DTensor)."""
+    with torch.device("meta"):
+        total = model_mod.num_params(model_mod.Transformer(trainer.model_args))
+    if trainer.dims.pp == 1:
+        return f"{total:,} params"
+    return f"{total:,} params, {model_mod.num_params(trainer.model):,} in this rank's pipeline stage(s)"
+
+
 def _train(argv: list[str]) -> None:
     trainer = Trainer(load_config(argv))
     try:
-        trainer.log(f"training {trainer.cfg.model.name}/{trainer.cfg.model.flavor} ({model_mod.num_params(trainer.model):,} "
-                    f"params on this rank) on {trainer.world} x {trainer.device_type}, dp={trainer.dims.dp}, "
+        trainer.log(f"training {trainer.cfg.model.name}/{trainer.cfg.model.flavor} ({_params_line(trainer)}) "
+                    f"on {trainer.world} x {trainer.device_type}, dp={trainer.dims.dp}, "
                     f"micro_batch={trainer.micro_batch}, accumulation={trainer.accumulation}")
         losses = trainer.fit()
+    except Stopped as stop:  # preempted: the saves in flight finish, then the newest step is named
+        trainer.close()
+        newest = trainer.checkpoints.newest() if trainer.manager is not None else None
+        trainer.log(f"{stop}; " + (f"newest committed step {newest} (a restart resumes from it)" if newest is not None
+                                   else "no checkpoint committed"))
+        raise
     except BaseException:
         trainer.close(quiet=True)
         raise

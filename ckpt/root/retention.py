@@ -61,3 +61,15 @@ def apply(root: CheckpointRoot, *, keep: int, keep_every: int | None = None, pro
         if deleted is not None:
             deleted(step)
     return doomed
+
+
+def discard_after(root: CheckpointRoot, step: int, *, deleted: Callable[[int], None] | None = None) -> list[int]:
+    """Delete every committed step of ``root`` after ``step``, newest first (a branch from ``step``:
+    the later steps belong to the history it leaves). Returns them, ascending."""
+    later = [s for s in root.committed() if s > step]
+    for old in sorted(later, reverse=True):
+        log.info("branching from step %d on %s: deleting step %d", step, root.path, old)
+        root.delete(old)
+        if deleted is not None:
+            deleted(old)
+    return later

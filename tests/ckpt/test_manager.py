@@ -402,3 +402,18 @@ def test_a_model_without_persistent_buffers_gets_no_forward_hook(tmp_path):
     with CheckpointManager(tmp_path, interval=1) as manager:
         manager.attach(model=model)
         assert not manager._hooks
+
+
+def test_discard_after_leaves_one_history_on_every_mount(tmp_path):
+    """A branch from step 1: steps 2 and 3 go on the primary and on the replica (replicated by an
+    earlier manager), newest first; the catalog forgets them."""
+    primary, replica = tmp_path / "primary", tmp_path / "replica"
+    with CheckpointManager(primary, interval=1, keep=5, replicas=[str(replica)]) as manager:
+        for step in (1, 2, 3):
+            manager.save(step, {"w": torch.full((4,), float(step))})
+    assert ckpt.CheckpointRoot(replica).steps() == [1, 2, 3]  # close() waited for the copies
+    with CheckpointManager(primary, interval=1, keep=5, replicas=[str(replica)]) as manager:
+        assert manager.discard_after(1) == [2, 3]
+        assert manager.steps() == [1]
+        assert manager.discard_after(1) == []
+    assert ckpt.CheckpointRoot(primary).steps() == [1] and ckpt.CheckpointRoot(replica).steps() == [1]

@@ -130,7 +130,7 @@ def _two_nodes(dump_folder: Path, steps: int, logs: Path) -> tuple[list[str], fl
 
 def _metrics(dump_folder: Path) -> dict[int, dict]:
     lines = (dump_folder / "metrics.jsonl").read_text().splitlines()
-    return {record["step"]: record for record in map(json.loads, lines)}
+    return {record["step"]: record for record in map(json.loads, lines) if "event" not in record}
 
 
 def _rendezvous_seconds(outputs: list[str]) -> str:

@@ -31,7 +31,9 @@ def test_resume_is_bitwise_on_two_fsdp_ranks(tmp_path):
     models.assert_same(resumed_state, straight_state)  # final weights and AdamW state, bitwise
     assert loader["position"] == 20 * 8
     assert sum(straight[-5:]) < sum(straight[:5])  # it learns
-    lines = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["event"] == "run_start" and records[0]["resumed_step"] is None
+    lines = records[1:]
     assert [r["step"] for r in lines] == [5, 10, 15, 20]
     assert json.loads((tmp_path / "straight" / "config.json").read_text())["training"]["steps"] == 20
     assert all({"step", "loss", "tokens_per_sec", "ckpt_stall_ms"} <= r.keys() for r in lines)
@@ -190,6 +192,11 @@ def test_a_person_sees_one_line_per_commit_and_a_summary(tmp_path, capsys):
 
     assert main(trainer_args(str(tmp_path), steps=4, checkpoint__enable="true", checkpoint__interval=2)) == 0
     out = capsys.readouterr().out.splitlines()
+    from trainer.model import Transformer, model_args, num_params
+
+    with torch.device("meta"):
+        debug = num_params(Transformer(model_args("debug", vocab_size=258)))
+    assert any(line.startswith(f"training llama/debug ({debug:,} params) on 1 x cpu") for line in out)
     commits = [line for line in out if line.startswith("checkpoint step ")]
     assert [line.split()[2] for line in commits] == ["2", "4"]
     assert all(" committed: full, " in line and str(tmp_path / "checkpoints") in line for line in commits)

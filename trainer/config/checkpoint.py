@@ -7,8 +7,8 @@ of strings), except where :data:`TRAINER_DEFAULTS` says otherwise, and
 :meth:`CheckpointConfig.save_options` hands exactly these keys to the engine, which validates them.
 :data:`CHOICES` lists the enum-valued ones with their values. The trainer's own keys (where the
 checkpoints live, what to load, the seed checkpoint) are ordinary fields with attribute docstrings.
-The keys, in order: ``enable``, ``folder``, the engine options, ``load_step``,
-``create_seed_checkpoint``, ``initial_load_path``.
+The keys, in order: ``enable``, ``folder``, the engine options, ``load_step``, ``branch``,
+``save_on_signal``, ``create_seed_checkpoint``, ``initial_load_path``.
 """
 
 from __future__ import annotations
@@ -100,6 +100,13 @@ class CheckpointConfig(_Engine):
     load_step: int | None = None
     """Step to resume from (needs enable); none: the latest committed step, if any. A step that
     is not committed is refused, naming the committed ones."""
+    branch: bool = False
+    """With load_step older than the newest committed step: delete the committed steps after it (on
+    every mount) and train on from it. Without it such a load_step is refused, naming those steps:
+    training on would replace them one by one and leave two histories interleaved."""
+    save_on_signal: bool = False
+    """On SIGTERM/SIGINT (preemption, Ctrl-C) write a checkpoint of the step the run stopped after
+    (every rank stops after the same step; the in-flight save finishes either way)."""
     create_seed_checkpoint: bool = False
     """Initialise the model, save it as step 0 and exit (run with a single process)."""
     initial_load_path: str | None = None
