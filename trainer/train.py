@@ -2,6 +2,8 @@
 
     torchrun --nproc_per_node 2 -m trainer.train --config configs/debug.toml [--section.key value ...]
     python -m trainer.train --config configs/debug.toml          # one process
+    python -m trainer.train --config FILE --dry-run [--measure]  # the memory plan (trainer.plan), and
+                                                                 # one step measured (trainer.measure)
 
 Each step: ``gradient_accumulation_steps`` micro-batches forward/backward (gradient sync on the
 last), clip, AdamW, warmup+cosine LR, then ``CheckpointManager.save`` (asynchronous: the training
@@ -272,9 +274,14 @@ def main(argv: list[str] | None = None) -> int:
     """The command line; returns the exit code (see the module docstring)."""
     argv = sys.argv[1:] if argv is None else argv
     if "--dry-run" in argv:  # the memory and checkpoint plan of this config, no process group (trainer.plan)
+        rest = [arg for arg in argv if arg not in ("--dry-run", "--measure")]
+        if "--measure" in argv:  # and one step of it measured on a fake process group (trainer.measure)
+            from trainer.measure.cli import main as measured_dry_run
+
+            return measured_dry_run(rest)
         from trainer.plan.cli import main as dry_run
 
-        return dry_run([arg for arg in argv if arg != "--dry-run"])
+        return dry_run(rest)
     if "-h" in argv or "--help" in argv:
         print(__doc__)
         print(help_text())

@@ -71,10 +71,15 @@ from trainer.plan.activations import (
 )
 from trainer.plan.checkpoint import rank_checkpoint
 from trainer.plan.layout import Layout
+from trainer.parallel import accumulates_unsharded
 from trainer.plan.result import ITEMS, StagePlan
 
-PERSISTENT = ("params", "grads", "optimizer", "ddp_buckets")
-STEP = ("optimizer_step",)
+LEAN_STEP_BYTES = {(4, 2): 24, (2, 4): 24, (2, 2): 32}
+"""Bytes per element of the largest local tensor that trainer.optim.LeanAdamW's per-tensor step
+holds at once, by (master, moment) bytes: fp32 copies of the moments it upcasts, of the gradient
+and parameter it upcasts, sqrt and denominator, and the two int32 buffers of stochastic rounding."""
+PERSISTENT = ("params", "optimizer", "ddp_buckets")
+STEP = ("step_grads", "optimizer_step")
 
 
 @dataclass(frozen=True)
@@ -91,16 +96,19 @@ class Microbatch:
     ids: int
 
 
-def microbatch(args: ModelArgs, num: Numerics, tp: int, batch: dict[str, Any], *, op_level: bool) -> Microbatch:
+def microbatch(args: ModelArgs, num: Numerics, tp: int, batch: dict[str, Any], *, op_level: bool,
+               loss_parallel: bool = False, chunk_len: int = 0) -> Microbatch:
     """The :class:`Microbatch` of the plan's ``batch`` section."""
     b, s = batch.get("pipeline_microbatch_size", batch["micro_batch_size"]), batch["seq_len"]
     kept = (layer_op_level_bytes if op_level else layer_input_bytes)(args, num, tp, b, s)
+    head = head_activation_bytes(args, num, tp, b, s, loss_parallel=loss_parallel, chunk_len=chunk_len)
     return Microbatch(b, s, batch.get("pipeline_microbatches", 1), layer_activation_bytes(args, num, tp, b, s),
-                      kept, head_activation_bytes(args, num, tp, b, s), 8 * b * s)
+                      kept, head, 8 * b * s)
 
 
 def peak_bytes(memory: dict[str, int]) -> int:
-    """A rank's peak: what persists, plus the larger of backward's transients and the optimizer step's."""
+    """A rank's peak: what persists, plus the larger of what backward holds at its start and what
+    the optimizer step holds (the gradients and its temporaries)."""
     persistent = sum(memory[k] for k in PERSISTENT)
     transient = sum(v for k, v in memory.items() if k not in PERSISTENT and k not in STEP)
     return persistent + max(transient, sum(memory[k] for k in STEP))
@@ -124,6 +132,11 @@ def stage_plans(cfg: Config, lay: Layout, num: Numerics, mb: Microbatch, batch: 
     ac_every = max(1, int(getattr(o, "ac_every", 1) or 1))
     offload = bool(getattr(o, "cpu_offload", False))
     accumulations = mb.count if lay.pp > 1 else batch["gradient_accumulation_steps"]
+    unsharded = accumulates_unsharded(o.zero_stage, getattr(o, "accumulate_unsharded", None))
+    e_master = 2 if getattr(o, "master_dtype", "fp32") == "bf16" else 4
+    e_moment = 2 if getattr(o, "optimizer_state_dtype", "fp32") == "bf16" else 4
+    lean = e_master == 2 or e_moment == 2  # trainer.optim.LeanAdamW: one tensor at a time
+    lean_step = LEAN_STEP_BYTES[(e_master, e_moment)] if lean else 0
     stages = []
     for rank in range(lay.pp):
         d = per[rank]
@@ -132,24 +145,30 @@ def stage_plans(cfg: Config, lay: Layout, num: Numerics, mb: Microbatch, batch: 
         in_flight = _in_flight(schedule, lay.pp, rank, mb.count)
         P, P_l = d["stored"], d["local"]
         mem = dict.fromkeys(ITEMS, 0)
-        mem["params"], mem["grads"], mem["optimizer"] = 4 * P, 4 * P, 8 * P
-        mem["optimizer_step"] = 4 * P
+        fsdp = lay.wrap == "fsdp"
+        mem["params"], mem["optimizer"] = e_master * P, 2 * e_moment * P
+        mem["step_grads"] = e_master * P  # FSDP2's sharded gradients are in the parameters' dtype
+        mem["optimizer_step"] = lean_step * d["largest"] if lean else 4 * P
+        if fsdp and unsharded and accumulations > 1:
+            mem["grad_accumulation"] = 4 * P_l  # and no sharded gradient until the last reduce-scatter
+        elif accumulations > 1:
+            mem["grads"] = e_master * P  # sharded (FSDP2) or whole (DDP, unwrapped) from earlier micro-steps
+        if last and (fsdp or accumulations == 1):  # FSDP2 reduces the root's gradients at the end of backward
+            mem["head_grads"] = (num.e_param if fsdp else e_master) * d["head"]
         host = 0
         if offload:  # FSDP2 CPUOffloadPolicy: sharded state and the optimizer step live on the host
-            host = sum(mem[k] for k in ("params", "grads", "optimizer"))
-            for k in ("params", "grads", "optimizer", "optimizer_step"):
+            host = mem["params"] + mem["optimizer"] + mem["step_grads"]
+            for k in ("params", "grads", "optimizer", "step_grads", "optimizer_step"):
                 mem[k] = 0
         if lay.wrap == "ddp":
             mem["ddp_buckets"] = 4 * P_l
-        if lay.wrap == "fsdp":
+        if fsdp:
             if o.zero_stage in (1, 2) or lay.pp > 1:
                 mem["compute_params"] = num.e_param * P_l
             else:
                 mem["compute_params"] = num.e_param * (d["root"] + min(2, len(layers)) * layer_local)
-            if accumulations > 1:
-                mem["grad_accumulation"] = 4 * P_l
             mem["reduce_scatter"] = (num.e_param + 4) * max(layer_local if layers else 0, d["root"])
-        elif o.precision != "fp32":
+        elif o.precision != "fp32" and e_master == 4:
             mem["compute_params"] = 2 * d["linear"]
 
         def activations(ckpt_on: bool, every: int) -> tuple[int, int]:

@@ -67,6 +67,12 @@ def format_plan(p: Plan) -> str:
              if lay["cpu_offload"] else "optimizer state on the device"
              + ("" if lay["offload_option"] else " (no offload option)"))
     lines.append(f"           {lay['numerics']}; activation checkpointing {ac}; {where}")
+    grads = f"; FSDP2 gradients {lay['accumulation']}" if lay.get("accumulation") else ""
+    loss = ("loss parallel over tp" if lay.get("loss_parallel") else "whole logits per rank") + (
+        f", chunks of {lay['loss_chunk_len']} positions" if 0 < lay.get("loss_chunk_len", 0) < bt["seq_len"]
+        else ", one chunk")
+    lines.append(f"           masters {lay.get('master_dtype', 'fp32')}, AdamW moments "
+                 f"{lay.get('optimizer_state_dtype', 'fp32')}{grads}; loss: {loss}")
     lines.append(f"Batch      global {bt['global_batch']} = micro {bt['micro_batch_size']} x accumulation "
                  f"{bt['gradient_accumulation_steps']} x dp {bt['dp']}"
                  + ("" if bt["micro_batch_size"] * bt["gradient_accumulation_steps"] * bt["dp"] == bt["global_batch"]

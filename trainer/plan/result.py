@@ -11,17 +11,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ITEMS: dict[str, str] = {
-    "params": "fp32 parameters (masters)",
-    "grads": "fp32 gradients",
-    "optimizer": "AdamW exp_avg + exp_avg_sq (fp32)",
+    "params": "parameters (master weights)",
+    "optimizer": "AdamW exp_avg + exp_avg_sq",
     "ddp_buckets": "DDP gradient buckets (fp32)",
-    "compute_params": "compute copies of parameters",
+    "grads": "gradients of earlier micro-steps (held)",
     "grad_accumulation": "unsharded fp32 gradients (no-sync accumulation)",
+    "head_grads": "norm + output gradients (first in backward)",
+    "compute_params": "compute copies of parameters",
     "reduce_scatter": "reduce-scatter working set (one FSDP unit)",
     "activations": "saved activations (all in-flight microbatches)",
     "recompute": "recomputed layer (activation checkpointing)",
     "loss": "final norm + logits + loss (last stage)",
-    "optimizer_step": "optimizer step temporaries (foreach AdamW)",
+    "step_grads": "gradients at the optimizer step",
+    "optimizer_step": "optimizer step temporaries",
 }
 """Every memory figure of a stage, in display order, with its label."""
 

@@ -89,7 +89,10 @@ def test_fsdp2_two_ranks_by_hand():
     assert st.params == n // 2  # every dim 0 is even: 258, 128, 64, 384
     m = st.memory
     half = n // 2
-    assert (m["params"], m["grads"], m["optimizer"], m["optimizer_step"]) == (4 * half, 4 * half, 8 * half, 4 * half)
+    assert (m["params"], m["step_grads"], m["optimizer"], m["optimizer_step"]) == (4 * half, 4 * half, 8 * half, 4 * half)
+    # One micro-step: no gradient is held from an earlier one; backward starts with the root's
+    # (FSDP2 reduces it at the end) norm and output gradients, in the compute dtype (fp32 here).
+    assert m["grads"] == 0 and m["head_grads"] == 4 * (c["norm"] + c["output"])
     root = c["embedding"] + c["norm"] + c["output"]
     assert m["compute_params"] == 4 * (root + 2 * layer(c))  # zero 3: root unsharded + current and next layer
     assert m["reduce_scatter"] == (4 + 4) * layer(c)  # the largest FSDP unit: a layer (196864 > 66176)
@@ -99,8 +102,9 @@ def test_fsdp2_two_ranks_by_hand():
     h, f, heads = a.dim, swiglu(a), a.n_heads
     per_layer = b * s * (40 * h + 16 * f + 8 + 4 * heads)  # fp32, tp 1
     assert m["activations"] == a.n_layers * per_layer + 8 * b * s and m["recompute"] == 0
-    persistent = 16 * (n // 2)
-    transient = sum(v for k, v in m.items() if k not in ("params", "grads", "optimizer", "optimizer_step"))
+    persistent = 12 * (n // 2)  # fp32 masters and AdamW's moments; the gradients are not there all step
+    transient = sum(v for k, v in m.items() if k not in ("params", "optimizer", "step_grads", "optimizer_step"))
+    assert transient > m["step_grads"] + m["optimizer_step"]
     assert st.peak == persistent + transient
     # The checkpoint: 12 bytes per parameter + 4 per AdamW step counter + the small state, split in two.
     tensors = 2 + 9 * a.n_layers + 1
@@ -153,7 +157,15 @@ def test_fsdp_mixed_precision_zero2_and_accumulation():
     m = p.stages[0].memory
     assert m["params"] == 4 * n // 2  # fp32 masters also in bf16
     assert m["compute_params"] == 2 * n  # zero 2: every layer's bf16 copy stays until its backward
-    assert m["grad_accumulation"] == 4 * n  # no-sync micro-steps keep unsharded fp32 gradients
+    # zero 2 reduce-scatters every micro-step: the first micro-step's sharded fp32 gradients are held
+    assert m["grads"] == 4 * n // 2 and m["grad_accumulation"] == 0
+    assert "reduce-scattered every micro-step" in p.layout["accumulation"]
+    unsharded = plan(cfg("--optimization.precision=bf16", "--optimization.zero_stage=2",
+                         "--training.gradient_accumulation_steps=2", "--optimization.accumulate_unsharded=true"), 2)
+    m = unsharded.stages[0].memory
+    assert m["grad_accumulation"] == 4 * n  # no-sync micro-steps keep unsharded fp32 gradients ...
+    assert m["grads"] == 0  # ... and no sharded ones beside them until the last reduce-scatter
+    assert m["step_grads"] == 4 * n // 2
 
 
 def test_ddp_replicates_and_buckets():
@@ -350,6 +362,7 @@ def test_cpu_offload_moves_the_sharded_state_to_the_host():
     c.optimization.cpu_offload = True
     st = plan(c, 2).stages[0]
     assert st.memory["params"] == st.memory["grads"] == st.memory["optimizer"] == st.memory["optimizer_step"] == 0
+    assert st.memory["step_grads"] == 0
     assert st.host_offload == 16 * (n // 2)
     assert st.memory["compute_params"] > 0  # the all-gathered copies are on the device
     with pytest.raises(plan_mod.ParallelismError, match="cpu_offload needs FSDP2"):

@@ -1,0 +1,3 @@
+from trainer.measure.cli import main
+
+raise SystemExit(main())
