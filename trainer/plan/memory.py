@@ -48,8 +48,11 @@ but before data-parallel sharding, e = 2 for bf16/fp16 compute, 4 for fp32):
   output features, wo and w2 by input features, embedding and output by vocabulary, norms replicated.
 * optimizer step: foreach AdamW makes one fp32 temporary of 4·P while the activations are gone.
 
-  peak = parameters + gradients + optimizer (+ DDP buckets)
-         + max(compute copies + accumulation + reduce-scatter + activations + loss, optimizer step)
+  peak = parameters + optimizer (+ DDP buckets) + the largest of three moments (:func:`phases`):
+         backward start (held gradients + norm/output gradients + compute copies + unsharded
+         accumulation + reduce-scatter + activations + recomputed layer + loss), backward end (this
+         step's gradients + the same but the activations down to one layer's and no loss), and the
+         optimizer step (the gradients + its temporaries)
 
 Not counted: the runtime (CUDA/CANN context, NCCL/HCCL buffers, allocator fragmentation: a few
 GiB), pipeline send/receive buffers, backward's transient gradient buffers, torch.compile workspaces.
@@ -106,12 +109,28 @@ def microbatch(args: ModelArgs, num: Numerics, tp: int, batch: dict[str, Any], *
                       kept, head, 8 * b * s)
 
 
-def peak_bytes(memory: dict[str, int]) -> int:
-    """A rank's peak: what persists, plus the larger of what backward holds at its start and what
-    the optimizer step holds (the gradients and its temporaries)."""
+def phases(memory: dict[str, int], end_activations: int = 0) -> dict[str, int]:
+    """A rank's memory at the three moments one of which is its peak (all with what persists:
+    parameters, optimizer state, DDP buckets):
+
+    * backward start: every saved activation and the loss, the gradients held from earlier
+      micro-steps, the norm/output gradients, compute copies, one reduce-scatter, a recomputed layer;
+    * backward end (the first layer's backward): this step's gradients all there (sharded, or the
+      unsharded no-sync buffer), the activations down to ``end_activations`` (one layer's), the rest
+      as at the start but the loss;
+    * optimizer step: the gradients and the step's temporaries.
+    """
     persistent = sum(memory[k] for k in PERSISTENT)
-    transient = sum(v for k, v in memory.items() if k not in PERSISTENT and k not in STEP)
-    return persistent + max(transient, sum(memory[k] for k in STEP))
+    start = sum(v for k, v in memory.items() if k not in PERSISTENT and k not in STEP)
+    grads = memory["grad_accumulation"] or memory["step_grads"]
+    end = grads + sum(memory[k] for k in ("head_grads", "compute_params", "reduce_scatter", "recompute")) + end_activations
+    return {"backward start": persistent + start, "backward end": persistent + end,
+            "optimizer step": persistent + sum(memory[k] for k in STEP)}
+
+
+def peak_bytes(memory: dict[str, int], end_activations: int = 0) -> int:
+    """A rank's peak: the fullest of its :func:`phases`."""
+    return max(phases(memory, end_activations).values())
 
 
 def _in_flight(schedule: str, pp: int, stage: int, microbatches: int) -> int:
@@ -171,22 +190,25 @@ def stage_plans(cfg: Config, lay: Layout, num: Numerics, mb: Microbatch, batch: 
         elif o.precision != "fp32" and e_master == 4:
             mem["compute_params"] = 2 * d["linear"]
 
-        def activations(ckpt_on: bool, every: int) -> tuple[int, int]:
+        def activations(ckpt_on: bool, every: int) -> tuple[int, int, int]:
+            """(saved, recomputed, what the stage's first layer saves: all that is left at the end)."""
             kept = sum(1 for i in layers if i % every == 0) if ckpt_on else 0  # by global index
             per_mb = kept * mb.kept_layer + (len(layers) - kept) * mb.layer + (mb.ids if first else 0)
-            return in_flight * per_mb, (mb.layer if kept else 0)
+            last_left = (mb.kept_layer if ckpt_on and layers and layers[0] % every == 0 else mb.layer if layers else 0)
+            return in_flight * per_mb, (mb.layer if kept else 0), last_left + (mb.ids if first else 0)
 
-        mem["activations"], mem["recompute"] = activations(checkpointing, ac_every)
+        mem["activations"], mem["recompute"], end = activations(checkpointing, ac_every)
         mem["loss"] = mb.head if last else 0
 
         other = dict(mem)
-        other["activations"], other["recompute"] = activations(not checkpointing, 1)
+        other["activations"], other["recompute"], other_end = activations(not checkpointing, 1)
         write, staging = rank_checkpoint(P, d["tensors"], first=first, replicas=lay.replicas,
                                          async_mode=c.async_mode)
         holds = (["embedding"] if first else []) + (["norm + output"] if last else [])
         stages.append(StagePlan(
             stage=rank, layers=layers, holds=holds, params_local=P_l, params=P, in_flight=in_flight,
-            memory=mem, peak=peak_bytes(mem), peak_other_checkpointing=peak_bytes(other),
+            memory=mem, peak=peak_bytes(mem, end), peak_other_checkpointing=peak_bytes(other, other_end),
+            phases=phases(mem, end),
             checkpoint_write=write, staging_host=staging, host_offload=host))
     return stages
 

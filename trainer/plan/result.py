@@ -45,6 +45,7 @@ class StagePlan:
     checkpoint_write: int  # bytes this rank writes for a full checkpoint
     staging_host: int  # host bytes for double-buffered staging
     host_offload: int = 0  # host bytes of parameters, gradients and AdamW state under cpu_offload
+    phases: dict[str, int] = field(default_factory=dict)  # bytes at backward start / end / optimizer step
 
 
 @dataclass
