@@ -118,9 +118,10 @@ def plan(cfg: Config, world_size: int, *, device_memory_gib: float | None = None
         f"b*{'chunk' if 0 < chunk < s else 's'}*({num.e}+8)*V{'/tp' if lay.tp > 1 and loss_par else ''}"
         f" = {mib(mb.head)}" + (f" (chunked loss: {chunk} positions at a time)" if 0 < chunk < s else "")
         + (" (loss parallel: the logits stay split by vocabulary over tp)" if lay.tp > 1 and loss_par else ""),
-        "peak = params + optimizer (+ DDP buckets) + max(held gradients + norm/output gradients + compute "
-        "copies + unsharded accumulation + reduce-scatter + activations + recomputed layer + loss, "
-        "gradients at the step + optimizer step temporaries)",
+        "peak = params + optimizer (+ DDP buckets) + the fullest of: backward start (held gradients + "
+        "norm/output gradients + compute copies + unsharded accumulation + reduce-scatter + activations + "
+        "recomputed layer + loss), backward end (this step's gradients, activations down to one layer's, no "
+        "loss) and the optimizer step (gradients at the step + its temporaries)",
     ]
     return Plan(source=source, model=model_info, layout=layout, batch=batch, stages=stages,
                 roles=memory.roles(stages), device=dev, verdict=verdict(stages, dev), checkpoint=ckpt_info,

@@ -1,20 +1,26 @@
 """What one rank holds (bytes; P = parameters this rank stores, P_l = its parameters after TP and PP
 but before data-parallel sharding, e = 2 for bf16/fp16 compute, 4 for fp32):
 
-* parameters 4·P (fp32 masters, also with precision bf16/fp16), gradients 4·P, AdamW exp_avg and
-  exp_avg_sq 8·P. FSDP2 (zero_stage >= 1, dp > 1) shards every parameter's dim 0 over dp_shard
-  (ceil: the fullest rank); DDP (zero_stage 0) and one data-parallel rank hold P = P_l. With
-  optimization.cpu_offload (where the configuration has it) FSDP2 keeps these 16·P bytes and the
-  optimizer step on the host; otherwise they are on the device. DDP adds gradient buckets 4·P_l.
+* parameters e_m·P (master weights: fp32, e_m = 4, also with precision bf16/fp16; or bf16, e_m = 2,
+  with optimization.master_dtype = bf16), AdamW exp_avg and exp_avg_sq 2·e_s·P (e_s = 4, or 2 with
+  optimization.optimizer_state_dtype = bf16). FSDP2 (zero_stage >= 1, dp > 1) shards every
+  parameter's dim 0 over dp_shard (ceil: the fullest rank); DDP (zero_stage 0) and one
+  data-parallel rank hold P = P_l. With optimization.cpu_offload FSDP2 keeps parameters,
+  gradients and optimizer state and the optimizer step on the host. DDP adds gradient buckets 4·P_l.
+* gradients, in the parameters' dtype (e_m), counted where they are held and never twice: at the
+  optimizer step e_m·P; during backward, what earlier micro-steps (or pipeline microbatches) left:
+  FSDP2 reduce-scatters every micro-step into the sharded gradients (zero_stage 2/3, the default:
+  e_m·P), or with optimization.accumulate_unsharded (default for zero_stage 1) keeps each
+  parameter's whole gradient in fp32 until the last micro-step (4·P_l, and no sharded gradient
+  beside it); without FSDP2 the accumulated e_m·P_l. The root's norm and output gradients appear
+  first in backward and stay until FSDP2 reduces the root at its end: e·(norm + output P_l).
 * compute copies. FSDP2 all-gathers parameters in the compute dtype: zero_stage 1/2 keep every
   layer's unsharded copy from its forward to its backward (e·P_l at the start of backward); zero_stage
   3 holds the root's (embedding, norm, output: never resharded after forward) plus two layers (the
   current and the prefetched one). Under a pipeline, torch.distributed.pipelining keeps parameters
   unsharded between microbatches (reshard_after_backward off), so e·P_l whatever the stage. Without
   FSDP2, bf16/fp16 run under autocast, whose cache holds a copy of every Linear weight: 2·(Linear P_l).
-* gradient accumulation. FSDP2 with gradient sync off (every micro-step but the last, and every
-  pipeline microbatch but the last) keeps each parameter's unsharded gradient in fp32: 4·P_l. The
-  reduce-scatter itself needs (e + 4)·(largest FSDP unit) for one unit at a time.
+  The reduce-scatter needs (e + 4)·(largest FSDP unit) for one unit at a time.
 * activations per microbatch of b sequences of s tokens (h dim, f SwiGLU width, a heads, V vocab;
   under TP + sequence parallelism s_t = ceil(s/tp), and heads, kv heads, f split by tp). Counted
   from what autograd saves in this model's block (fused SDPA attention: q, k, v, output and the
@@ -27,26 +33,23 @@ but before data-parallel sharding, e = 2 for bf16/fp16 compute, 4 for fp32):
   the projections (q/k/v and w1/w3 share one: n_in = 2; autocast casts it for each: n_in = 5, e_n =
   4); q, k, v, attention output, log-sum-exp and w1, silu, w3, product (k and v are repeated to
   every head by a copy, except where a rank holds one kv head: then 2·e·h becomes 2·e·head_dim
-  for k and v). bf16 (FSDP2 mixed precision):
-  24h + 8f + 8 + 4a bytes per token and layer at tp = 1; fp32: 40h + 16f + 8 + 4a; autocast:
-  34h + 8f + 8 + 4a. For comparison Korthikanti et al. (2022) give s·b·h·(34 + 5·a·s/h) for a GPT
-  block in half precision storing the attention scores; this model's SwiGLU (f ~ 2.7h) and fp32 norm
-  inputs cost more per token, and the fused attention stores no scores.
-  With activation checkpointing (full recomputation of every block) a layer keeps only its input,
-  b·s_t·e_in·h (e_in = 2 in bf16 FSDP2, else 4: the residual stream is fp32), and backward
-  recomputes one layer at a time (its full figure once). optimization.ac_every = n checkpoints the
-  layers whose global index is a multiple of n (the others keep everything); optimization.ac_op_level
-  keeps, besides the input, every matmul's and attention's output: b·s·(e·(2·a·hd + 2·kv·hd + 2f)/tp
-  + 4a/tp + 2·e·h) (wo's and w2's outputs are whole-sequence partial sums before their
-  reduce-scatter). The first stage also keeps the token ids
-  (8·b·s); the last keeps the final norm, the output's gathered input and the loss: logits, their
-  log-softmax and its gradient, b·s·(e + 8)·V (the output projection gathers whole logits: not /tp).
+  for k and v). With activation checkpointing (full recomputation of every block) a layer keeps
+  only its input, b·s_t·e_in·h (e_in = 2 in bf16 FSDP2, else 4), and backward recomputes one layer
+  at a time (its full figure once). optimization.ac_every = n checkpoints the layers whose global
+  index is a multiple of n; optimization.ac_op_level keeps, besides the input, every matmul's and
+  attention's output: b·s·(e·(2·a·hd + 2·kv·hd + 2f)/tp + 4a/tp + 2·e·h). The first stage also
+  keeps the token ids (8·b·s); the last keeps the final norm, the output's gathered input and the
+  loss: logits, their log-softmax and its gradient, b·c·(e + 8)·V_l, where V_l = ceil(V/tp) under
+  loss parallel (TP with optimization.loss_parallel) and V otherwise, and c the positions of one
+  chunk of the chunked loss (optimization.loss_chunk_len; the whole sequence s when off or longer).
 * pipeline: layers cut into consecutive runs per stage (the first stages take one more when pp does
   not divide n_layers), the embedding on stage 0, norm and output on the last. With 1F1B stage r
   holds the activations of min(pp - r, microbatches) microbatches (GPipe: all of them).
 * tensor parallelism (torchtitan's plan, trainer.parallel.apply_tp): wq/wk/wv and w1/w3 split by
   output features, wo and w2 by input features, embedding and output by vocabulary, norms replicated.
-* optimizer step: foreach AdamW makes one fp32 temporary of 4·P while the activations are gone.
+* optimizer step: foreach AdamW makes one fp32 temporary of 4·P while the activations are gone;
+  trainer.optim's per-tensor AdamW (bf16 masters or moments) a few fp32 copies of its largest
+  tensor (LEAN_STEP_BYTES per element).
 
   peak = parameters + optimizer (+ DDP buckets) + the largest of three moments (:func:`phases`):
          backward start (held gradients + norm/output gradients + compute copies + unsharded
@@ -54,8 +57,10 @@ but before data-parallel sharding, e = 2 for bf16/fp16 compute, 4 for fp32):
          step's gradients + the same but the activations down to one layer's and no loss), and the
          optimizer step (the gradients + its temporaries)
 
-Not counted: the runtime (CUDA/CANN context, NCCL/HCCL buffers, allocator fragmentation: a few
-GiB), pipeline send/receive buffers, backward's transient gradient buffers, torch.compile workspaces.
+Checked against one real step measured at the full world size (trainer.measure, --dry-run
+--measure): within 10 % in tests/trainer/test_measure.py. Not counted: the runtime (CUDA/CANN
+context, NCCL/HCCL buffers, allocator caching and fragmentation: a few GiB), pipeline
+send/receive buffers, torch.compile workspaces.
 """
 
 from __future__ import annotations

@@ -103,6 +103,8 @@ def format_plan(p: Plan) -> str:
         if any(values):
             lines.append(row("  " + label, [_gib(v) for v in values]))
     lines.append(row("peak", [_gib(st.peak) for _, st in cols]))
+    if all(st.phases for _, st in cols):
+        lines.append(row("  reached at", [max(st.phases, key=st.phases.get) for _, st in cols]))
     if any(st.host_offload for _, st in cols):
         lines.append(row("host: offloaded params + grads + AdamW", [_gib(st.host_offload) for _, st in cols]))
     flip = "off" if lay["activation_checkpointing"] else "on"
