@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from trainer import model as model_mod
-from trainer import pipeline as pipeline_mod
-from trainer.parallel import COMPUTE_DTYPES, ParallelDims, accumulates_unsharded, parallelize, uses_autocast
+from . import model as model_mod
+from . import pipeline as pipeline_mod
+from .parallel import COMPUTE_DTYPES, ParallelDims, accumulates_unsharded, parallelize, uses_autocast
 
 
 @dataclass

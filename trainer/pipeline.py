@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
-from trainer.parallel import ParallelismError
+from .parallel import ParallelismError
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
 

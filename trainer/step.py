@@ -17,9 +17,9 @@ import contextlib
 
 import torch
 
-from trainer import pipeline as pipeline_mod
-from trainer.loss import loss_context
-from trainer.parallel import set_gradient_sync
+from . import pipeline as pipeline_mod
+from .loss import loss_context
+from .parallel import set_gradient_sync
 
 
 def forward_backward(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor, *,

@@ -37,18 +37,18 @@ import torch
 import torch.distributed as dist
 
 import ckpt
-from trainer import data as data_mod
-from trainer import exits
-from trainer import model as model_mod
-from trainer.checkpointing import RunCheckpoints
-from trainer.config import Config, help_text, load_config
-from trainer.device import device_name, init_distributed, peak_memory_gib, resolve_device_type, synchronize
-from trainer.metrics import MetricsLogger, peak_flops
-from trainer.scaler import ShardedGradScaler
-from trainer import optim as optim_mod
-from trainer import step as step_mod
-from trainer.assembly import assemble
-from trainer.parallel import ParallelDims, all_reduce_mean, dp_rank
+from . import data as data_mod
+from . import exits
+from . import model as model_mod
+from .checkpointing import RunCheckpoints
+from .config import Config, help_text, load_config
+from .device import device_name, init_distributed, peak_memory_gib, resolve_device_type, synchronize
+from .metrics import MetricsLogger, peak_flops
+from .scaler import ShardedGradScaler
+from . import optim as optim_mod
+from . import step as step_mod
+from .assembly import assemble
+from .parallel import ParallelDims, all_reduce_mean, dp_rank
 
 
 def lr_lambda(warmup_steps: int, total_steps: int, min_ratio: float):
@@ -276,10 +276,10 @@ def main(argv: list[str] | None = None) -> int:
     if "--dry-run" in argv:  # the memory and checkpoint plan of this config, no process group (trainer.plan)
         rest = [arg for arg in argv if arg not in ("--dry-run", "--measure")]
         if "--measure" in argv:  # and one step of it measured on a fake process group (trainer.measure)
-            from trainer.measure.cli import main as measured_dry_run
+            from .measure.cli import main as measured_dry_run
 
             return measured_dry_run(rest)
-        from trainer.plan.cli import main as dry_run
+        from .plan.cli import main as dry_run
 
         return dry_run(rest)
     if "-h" in argv or "--help" in argv:

@@ -11,6 +11,6 @@ The rooms (each imports only rooms listed before it, and :mod:`trainer.plan`, ne
 
 from __future__ import annotations
 
-from trainer.measure.run import Measured, measure
+from .run import Measured, measure
 
 __all__ = ["Measured", "measure"]

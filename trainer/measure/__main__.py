@@ -1,3 +1,3 @@
-from trainer.measure.cli import main
+from .cli import main
 
 raise SystemExit(main())

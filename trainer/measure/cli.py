@@ -22,12 +22,12 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
-from trainer import exits
-from trainer.config import load_config
-from trainer.measure.run import Measured, measure
-from trainer.plan.build import plan
-from trainer.plan.cli import plan_options, source_of, split_flags, world_size
-from trainer.plan.report import format_plan
+from .. import exits
+from ..config import load_config
+from .run import Measured, measure
+from ..plan.build import plan
+from ..plan.cli import plan_options, source_of, split_flags, world_size
+from ..plan.report import format_plan
 
 GIB = 2**30
 

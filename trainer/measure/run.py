@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from trainer import model as model_mod
-from trainer import optim as optim_mod
-from trainer import step as step_mod
-from trainer.assembly import assemble
-from trainer.measure.tracker import StepTracker, peak, untracked_propagation
-from trainer.parallel import ParallelDims
-from trainer.plan.layout import resolve_layout
-from trainer.plan.params import model_args_for
+from .. import model as model_mod
+from .. import optim as optim_mod
+from .. import step as step_mod
+from ..assembly import assemble
+from .tracker import StepTracker, peak, untracked_propagation
+from ..parallel import ParallelDims
+from ..plan.layout import resolve_layout
+from ..plan.params import model_args_for
 
 
 @dataclass
