@@ -282,6 +282,27 @@ def test_seed_70b_plans_on_64_ranks_on_the_meta_device(monkeypatch):
     assert p.verdict["fits"] is None and set(p.verdict["by_device"]) == set(KNOWN_DEVICES)
 
 
+def test_seed_70b_at_the_seeds_sequence_length_plans_what_zero_2_promises():
+    # The file leaves seq_len at the default 128: the plan says what the seeds use instead.
+    assert any("--training.seq_len 2048" in note for note in plan(cfg(config=SEED_70B), 64).notes)
+    p = plan(cfg("--training.seq_len=2048", config=SEED_70B), 64)
+    assert not any("seq_len" in note for note in p.notes)
+    st = p.stages[0]
+    m, P, P_l = st.memory, st.params, st.params_local
+    # zero_stage 2 reduce-scatters every pipeline microbatch: the held gradients are the sharded fp32
+    # ones, never the unsharded no-sync buffer, and they are not counted twice.
+    assert m["grad_accumulation"] == 0 and m["grads"] == m["step_grads"] == 4 * P
+    assert "reduce-scattered every micro-step" in p.layout["accumulation"]
+    # ZeRO-2 (Rajbhandari et al.): 2 bytes of half-precision parameters per (TP/PP-local) parameter
+    # plus (2 + 12) / dp sharded: fp16 gradients, fp32 masters and Adam's moments. This trainer's
+    # sharded gradients are fp32 (FSDP2 keeps them in the masters' dtype): 2 bytes / dp more.
+    zero2 = 2 * P_l + 14 * P_l / 4
+    held = m["params"] + m["optimizer"] + m["grads"] + m["compute_params"]
+    assert held == pytest.approx(zero2 + 2 * P_l / 4, rel=1e-5)
+    assert 1.0 < st.peak / zero2 < 1.2  # the rest: activations, one reduce-scatter, a recomputed layer
+    assert st.phases["backward start"] == st.peak
+
+
 def test_70b_on_too_few_devices_does_not_fit(capsys):
     code = main(["--config", SEED_70B, "--distributed.tp_size=1", "--distributed.pp_size=1",
                  "--distributed.dp_size=8", "--world-size=8", "--device-memory", "H100"])
