@@ -77,7 +77,7 @@ from .activations import (
     layer_input_bytes,
     layer_op_level_bytes,
 )
-from .checkpoint import rank_checkpoint
+from .checkpoint import rank_checkpoint, state_bytes_per_param
 from .layout import Layout
 from ..parallel import accumulates_unsharded
 from .result import ITEMS, StagePlan
@@ -208,7 +208,7 @@ def stage_plans(cfg: Config, lay: Layout, num: Numerics, mb: Microbatch, batch: 
         other = dict(mem)
         other["activations"], other["recompute"], other_end = activations(not checkpointing, 1)
         write, staging = rank_checkpoint(P, d["tensors"], first=first, replicas=lay.replicas,
-                                         async_mode=c.async_mode)
+                                         async_mode=c.async_mode, per_param=state_bytes_per_param(cfg))
         holds = (["embedding"] if first else []) + (["norm + output"] if last else [])
         stages.append(StagePlan(
             stage=rank, layers=layers, holds=holds, params_local=P_l, params=P, in_flight=in_flight,

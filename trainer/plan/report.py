@@ -125,7 +125,10 @@ def format_plan(p: Plan) -> str:
 
     off = "" if ck["enabled"] else " (checkpoint.enable = false: nothing is written; if it were)"
     lines.append(f"Checkpoint{off}")
-    lines.append(f"           unique state {_size(ck['unique_bytes'])} (fp32 params + AdamW, 12 B/param, + small "
+    stored = (f"{lay.get('master_dtype', 'fp32')} params + AdamW ({lay.get('optimizer_state_dtype', 'fp32')} moments)"
+              if (lay.get("master_dtype"), lay.get("optimizer_state_dtype")) not in ((None, None), ("fp32", "fp32"))
+              else "fp32 params + AdamW")
+    lines.append(f"           unique state {_size(ck['unique_bytes'])} ({stored}, {ck.get('bytes_per_param', 12)} B/param, + small "
                  f"state); DCP writes each piece once over {ck['writers']} ranks "
                  f"({ck['replicas_per_piece']} holder{'s' if ck['replicas_per_piece'] > 1 else ''} per piece)")
     full = f"full {_size(ck['full_bytes'])}" + (f" (zstd x{ck['full_ratio']})" if ck["compress"] == "zstd" else "")

@@ -16,6 +16,7 @@ from trainer.config import load_config
 from trainer.model import FLAVORS, ModelArgs, TransformerBlock, model_args, rope_tables
 from trainer.plan import GIB, KNOWN_DEVICES, format_plan, main, plan
 from tests.support import REPO as ROOT
+from trainer.plan import memory as plan_memory
 from trainer.plan import params as plan_params
 
 DEBUG = str(ROOT / "configs" / "debug.toml")
@@ -388,6 +389,25 @@ def test_cpu_offload_moves_the_sharded_state_to_the_host():
     assert st.memory["compute_params"] > 0  # the all-gathered copies are on the device
     with pytest.raises(plan_mod.ParallelismError, match="cpu_offload needs FSDP2"):
         plan(c, 1)
+
+
+def test_bf16_moments_and_masters_halve_what_they_store():
+    a = debug_args()
+    n, c = total(a), counts(a)
+    largest = max(c[k] for k in ("embedding", "wq", "w1", "w2", "output")) // 2  # a w1/w2/w3 shard (dim 0 even)
+    bf16 = ["--optimization.precision=bf16"]
+    for extra, (master, moment) in (([], (4, 4)), (["--optimization.optimizer_state_dtype=bf16"], (4, 2)),
+                                    (["--optimization.master_dtype=bf16", "--optimization.optimizer_state_dtype=bf16"],
+                                     (2, 2))):
+        p = plan(cfg(*bf16, *extra), 2)
+        m = p.stages[0].memory
+        assert (m["params"], m["optimizer"], m["step_grads"]) == (master * n // 2, 2 * moment * n // 2, master * n // 2)
+        lean = (master, moment) != (4, 4)
+        # foreach AdamW: an fp32 temporary of every parameter; LeanAdamW: of its largest tensor only
+        assert m["optimizer_step"] == (plan_memory.LEAN_STEP_BYTES[(master, moment)] * largest if lean else 4 * n // 2)
+        tensors = 2 + 9 * a.n_layers + 1
+        assert p.checkpoint["unique_bytes"] == (master + 2 * moment) * n + 4 * tensors + plan_mod.SMALL_STATE_BYTES
+        assert f"{master + 2 * moment} B/param" in format_plan(p)
 
 
 def test_fp16_plans_like_bf16():
