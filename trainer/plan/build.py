@@ -118,9 +118,9 @@ def plan(cfg: Config, world_size: int, *, device_memory_gib: float | None = None
         f"b*{'chunk' if 0 < chunk < s else 's'}*({num.e}+8)*V{'/tp' if lay.tp > 1 and loss_par else ''}"
         f" = {mib(mb.head)}" + (f" (chunked loss: {chunk} positions at a time)" if 0 < chunk < s else "")
         + (" (loss parallel: the logits stay split by vocabulary over tp)" if lay.tp > 1 and loss_par else ""),
-        "peak = params + optimizer (+ DDP buckets) + the fullest of: backward start (held gradients + "
+        "peak = params + optimizer (+ DDP buckets) + buffers + the fullest of: backward start (held gradients + "
         "norm/output gradients + compute copies + unsharded accumulation + reduce-scatter + activations + "
-        "recomputed layer + loss), backward end (this step's gradients, activations down to one layer's, no "
+        "recomputed layer + loss + pipeline stage outputs), backward end (this step's gradients, activations down to one layer's, no "
         "loss) and the optimizer step (gradients at the step + its temporaries)",
     ]
     return Plan(source=source, model=model_info, layout=layout, batch=batch, stages=stages,

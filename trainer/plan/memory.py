@@ -44,23 +44,25 @@ but before data-parallel sharding, e = 2 for bf16/fp16 compute, 4 for fp32):
   chunk of the chunked loss (optimization.loss_chunk_len; the whole sequence s when off or longer).
 * pipeline: layers cut into consecutive runs per stage (the first stages take one more when pp does
   not divide n_layers), the embedding on stage 0, norm and output on the last. With 1F1B stage r
-  holds the activations of min(pp - r, microbatches) microbatches (GPipe: all of them).
+  holds the activations of min(pp - r, microbatches) microbatches (GPipe: all of them), and every
+  stage but the last the outputs it sent for them, b·s_t·e_in·h each, until their backward.
+* buffers: RoPE's cos and sin tables on every rank, fp32, 4·max_seq_len·head_dim.
 * tensor parallelism (torchtitan's plan, trainer.parallel.apply_tp): wq/wk/wv and w1/w3 split by
   output features, wo and w2 by input features, embedding and output by vocabulary, norms replicated.
 * optimizer step: foreach AdamW makes one fp32 temporary of 4·P while the activations are gone;
   trainer.optim's per-tensor AdamW (bf16 masters or moments) a few fp32 copies of its largest
   tensor (LEAN_STEP_BYTES per element).
 
-  peak = parameters + optimizer (+ DDP buckets) + the largest of three moments (:func:`phases`):
+  peak = parameters + optimizer (+ DDP buckets) + buffers + the largest of three moments (:func:`phases`):
          backward start (held gradients + norm/output gradients + compute copies + unsharded
-         accumulation + reduce-scatter + activations + recomputed layer + loss), backward end (this
+         accumulation + reduce-scatter + activations + recomputed layer + loss + stage outputs), backward end (this
          step's gradients + the same but the activations down to one layer's and no loss), and the
          optimizer step (the gradients + its temporaries)
 
 Checked against one real step measured at the full world size (trainer.measure, --dry-run
 --measure): within 10 % in tests/trainer/test_measure.py. Not counted: the runtime (CUDA/CANN
 context, NCCL/HCCL buffers, allocator caching and fragmentation: a few GiB), pipeline
-send/receive buffers, torch.compile workspaces.
+receive buffers, backward's transient gradients of activations, torch.compile workspaces.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ LEAN_STEP_BYTES = {(4, 2): 24, (2, 4): 24, (2, 2): 32}
 """Bytes per element of the largest local tensor that trainer.optim.LeanAdamW's per-tensor step
 holds at once, by (master, moment) bytes: fp32 copies of the moments it upcasts, of the gradient
 and parameter it upcasts, sqrt and denominator, and the two int32 buffers of stochastic rounding."""
-PERSISTENT = ("params", "optimizer", "ddp_buckets")
+PERSISTENT = ("params", "optimizer", "ddp_buckets", "buffers")
 STEP = ("step_grads", "optimizer_step")
 
 
@@ -102,6 +104,8 @@ class Microbatch:
     kept_layer: int
     head: int
     ids: int
+    output: int = 0  # one stage output (the hidden states sent to the next stage)
+    buffers: int = 0  # the model's buffers: RoPE's cos and sin tables, fp32
 
 
 def microbatch(args: ModelArgs, num: Numerics, tp: int, batch: dict[str, Any], *, op_level: bool,
@@ -111,7 +115,8 @@ def microbatch(args: ModelArgs, num: Numerics, tp: int, batch: dict[str, Any], *
     kept = (layer_op_level_bytes if op_level else layer_input_bytes)(args, num, tp, b, s)
     head = head_activation_bytes(args, num, tp, b, s, loss_parallel=loss_parallel, chunk_len=chunk_len)
     return Microbatch(b, s, batch.get("pipeline_microbatches", 1), layer_activation_bytes(args, num, tp, b, s),
-                      kept, head, 8 * b * s)
+                      kept, head, 8 * b * s, output=b * -(-s // tp) * args.dim * num.e_input,
+                      buffers=4 * args.max_seq_len * args.head_dim)
 
 
 def phases(memory: dict[str, int], end_activations: int = 0) -> dict[str, int]:
@@ -204,6 +209,10 @@ def stage_plans(cfg: Config, lay: Layout, num: Numerics, mb: Microbatch, batch: 
 
         mem["activations"], mem["recompute"], end = activations(checkpointing, ac_every)
         mem["loss"] = mb.head if last else 0
+        mem["buffers"] = mb.buffers
+        # The schedule keeps each in-flight microbatch's output until its backward (not saved by
+        # autograd: a block's last op, the residual add, saves nothing).
+        mem["stage_outputs"] = in_flight * mb.output if lay.pp > 1 and not last else 0
 
         other = dict(mem)
         other["activations"], other["recompute"], other_end = activations(not checkpointing, 1)

@@ -14,6 +14,7 @@ ITEMS: dict[str, str] = {
     "params": "parameters (master weights)",
     "optimizer": "AdamW exp_avg + exp_avg_sq",
     "ddp_buckets": "DDP gradient buckets (fp32)",
+    "buffers": "buffers (RoPE cos/sin tables, fp32)",
     "grads": "gradients of earlier micro-steps (held)",
     "grad_accumulation": "unsharded fp32 gradients (no-sync accumulation)",
     "head_grads": "norm + output gradients (first in backward)",
@@ -22,6 +23,7 @@ ITEMS: dict[str, str] = {
     "activations": "saved activations (all in-flight microbatches)",
     "recompute": "recomputed layer (activation checkpointing)",
     "loss": "final norm + logits + loss (last stage)",
+    "stage_outputs": "stage outputs kept for backward (pipeline)",
     "step_grads": "gradients at the optimizer step",
     "optimizer_step": "optimizer step temporaries",
 }

@@ -98,13 +98,15 @@ def test_fsdp2_two_ranks_by_hand():
     assert m["compute_params"] == 4 * (root + 2 * layer(c))  # zero 3: root unsharded + current and next layer
     assert m["reduce_scatter"] == (4 + 4) * layer(c)  # the largest FSDP unit: a layer (196864 > 66176)
     assert m["grad_accumulation"] == 0 and m["ddp_buckets"] == 0  # one micro-step per step
+    assert m["buffers"] == 2 * 4 * a.max_seq_len * (a.dim // a.n_heads) // 2  # RoPE cos + sin, fp32
+    assert m["stage_outputs"] == 0  # no pipeline
     b, s = 4, 128  # batch 8 over dp 2, one micro-step
     assert p.batch["micro_batch_size"] == b and p.batch["gradient_accumulation_steps"] == 1
     h, f, heads = a.dim, swiglu(a), a.n_heads
     per_layer = b * s * (40 * h + 16 * f + 8 + 4 * heads)  # fp32, tp 1
     assert m["activations"] == a.n_layers * per_layer + 8 * b * s and m["recompute"] == 0
-    persistent = 12 * (n // 2)  # fp32 masters and AdamW's moments; the gradients are not there all step
-    transient = sum(v for k, v in m.items() if k not in ("params", "optimizer", "step_grads", "optimizer_step"))
+    persistent = 12 * (n // 2) + m["buffers"]  # fp32 masters, AdamW's moments; the gradients are not there all step
+    transient = sum(v for k, v in m.items() if k not in ("params", "optimizer", "buffers", "step_grads", "optimizer_step"))
     assert transient > m["step_grads"] + m["optimizer_step"]
     assert st.peak == persistent + transient
     # The checkpoint: 12 bytes per parameter + 4 per AdamW step counter + the small state, split in two.
@@ -148,6 +150,8 @@ def test_pipeline_two_stages_by_hand():
     assert first.memory["activations"] == 2 * (2 * per_layer + 8 * b * s)
     assert last.memory["activations"] == 1 * (2 * per_layer)
     assert last.memory["loss"] > 0 == first.memory["loss"]
+    # Stage 0 keeps what it sent for each in-flight microbatch (fp32 hidden states) until its backward.
+    assert first.memory["stage_outputs"] == 2 * b * s * a.dim * 4 and last.memory["stage_outputs"] == 0
     assert [r["name"] for r in p.roles] == ["first stage (0)", "last stage (1)"]
 
 
