@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .loss import lm_loss
+
 BYTE_VOCAB_SIZE = 258  # trainer.data.ByteTokenizer: 256 bytes + BOS + EOS
 
 
@@ -242,10 +244,13 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.loss_chunk_len = 0  # positions per chunk of the chunked loss (trainer.loss); 0: one shot
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``tokens [b, s]`` → ``logits [b, s, vocab]``; a pipeline stage without embedding takes
-        hidden states ``[b, s, dim]``, and one without ``output`` returns hidden states."""
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """``tokens [b, s]`` → ``logits [b, s, vocab]``, or with ``labels [b, s]`` the mean loss
+        (:func:`trainer.loss.lm_loss`: chunked by ``loss_chunk_len``; the logits never leave the
+        model); a pipeline stage without embedding takes hidden states ``[b, s, dim]``, and one
+        without ``output`` returns hidden states (and ignores ``labels``)."""
         if tokens.shape[1] > self.args.max_seq_len:
             raise ValueError(f"sequence length {tokens.shape[1]} exceeds max_seq_len {self.args.max_seq_len}")
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
@@ -253,7 +258,9 @@ class Transformer(nn.Module):
             h = layer(h, self.rope_cos, self.rope_sin)
         if self.norm is not None:
             h = self.norm(h)
-        return self.output(h) if self.output is not None else h
+        if self.output is None:
+            return h
+        return self.output(h) if labels is None else lm_loss(h, self.output, labels, self.loss_chunk_len)
 
     @torch.no_grad()
     def init_weights(self, buffer_device: torch.device | str | None = None) -> None:
@@ -287,6 +294,14 @@ def build(args: ModelArgs) -> Transformer:
     if device.type != "meta":
         model.to_empty(device=device)
     model.init_weights()
+    return model
+
+
+def cast_parameters(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Store ``model``'s parameters in ``dtype`` (bf16 master weights), its buffers (the fp32 rotary
+    tables) untouched; before any parallel wrapping."""
+    for param in model.parameters():
+        param.data = param.data.to(dtype)
     return model
 
 

@@ -96,12 +96,14 @@ def check_tp_heads(args, tp: int) -> None:
             raise ParallelismError(f"{what} = {count} is not divisible by parallelism.tp = {tp}")
 
 
-def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, loss_parallel: bool = True) -> None:
     """Megatron-style tensor parallelism with sequence parallelism (torchtitan's plan, the tables
     :data:`TP_TOP` and :data:`TP_BLOCK`): q/k/v and w1/w3 split by output features, wo and w2 by
     input features, so each block needs one all-gather in and one reduce-scatter out; norms and
     the residual stream are sharded along the sequence between blocks; the embedding is split by
-    vocabulary and the output projection gathers its logits (plain tensors for the loss)."""
+    vocabulary. The output projection's logits stay split by vocabulary (DTensors, ``Shard(-1)``)
+    for the loss (:mod:`trainer.loss`, loss parallel), or with ``loss_parallel`` off are gathered
+    whole on every rank (plain tensors)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -118,7 +120,8 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     if model.norm is not None:
         top["norm"] = SequenceParallel()
     if model.output is not None:
-        top["output"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
+        top["output"] = (ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)
+                         if loss_parallel else ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()))
     parallelize_module(model, tp_mesh, top)
     for block in model.layers.values():  # fresh styles per block, as parallelize_module is given them
         block_plan = {
@@ -197,14 +200,14 @@ def apply_ddp(model: nn.Module, mesh: DeviceMesh, device: torch.device) -> nn.Mo
 
 def parallelize(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, *, zero_stage: int, precision: str,
                 activation_checkpointing: bool, compile: bool, device: torch.device, ac_every: int = 1,
-                ac_op_level: bool = False, cpu_offload: bool = False) -> nn.Module:
+                ac_op_level: bool = False, cpu_offload: bool = False, loss_parallel: bool = True) -> nn.Module:
     if cpu_offload and (dims.dp == 1 or zero_stage == 0):
         raise ParallelismError("optimization.cpu_offload needs FSDP2: zero_stage >= 1 and more than one "
                                "data-parallel rank")
     if dims.tp > 1:
         if zero_stage == 0 and dims.dp > 1:
             raise ParallelismError("zero_stage 0 (DDP) cannot wrap a tensor-parallel model; use zero_stage >= 1")
-        apply_tp(model, mesh["tp"])
+        apply_tp(model, mesh["tp"], loss_parallel=loss_parallel)
     if activation_checkpointing:
         apply_activation_checkpointing(model, every=ac_every, op_level=ac_op_level)
     if compile:
@@ -225,8 +228,17 @@ def uses_autocast(model: nn.Module) -> bool:
     return not isinstance(model, FSDPModule)
 
 
+def accumulates_unsharded(zero_stage: int, option: bool | None) -> bool:
+    """Whether FSDP2 keeps whole (unsharded) gradients between micro-steps (``optimization.accumulate_unsharded``;
+    none: only for zero_stage 1, which shards the optimizer state but not the gradients, as ZeRO-1
+    does); otherwise every micro-step (and pipeline microbatch) reduce-scatters its gradients into
+    the sharded ones (FSDP2's default), so only a 1/dp_shard share is held during accumulation."""
+    return zero_stage == 1 if option is None else bool(option)
+
+
 def set_gradient_sync(model: nn.Module, enabled: bool):
-    """Context for one micro-step: skip the gradient reduction on all but the last micro-step."""
+    """Context for one micro-step: with ``enabled`` off, DDP skips its all-reduce and FSDP2 its
+    reduce-scatter (accumulating whole gradients until a micro-step with it on)."""
     import contextlib
 
     if hasattr(model, "set_requires_gradient_sync"):  # FSDP2

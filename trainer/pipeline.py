@@ -11,7 +11,17 @@ Schedules (``parallelism.pp_schedule``): ``gpipe``, ``1f1b`` (one stage per rank
 ``interleaved1f1b`` (``pp_virtual_stages`` ≥ 2 stages per rank); the batch of a step is split into
 ``pp_microbatches`` (≥ pp for 1F1B to fill the pipeline). Gradients are averaged over microbatches
 by the schedule, so a step's gradient is the batch mean, as without a pipeline. The last stage owns
-the loss; :meth:`Pipeline.step` sums it over the pipeline group so every rank reports the same value.
+the loss: it is given the labels (a keyword argument of the schedule, split into microbatches like
+the inputs) and returns the loss itself (:func:`trainer.loss.lm_loss`: loss parallel, chunked), so
+no logits cross a stage boundary; :meth:`Pipeline.step` sums it over the pipeline group so every
+rank reports the same value.
+
+Every stage is given its input and output shapes (:func:`stage_io`: the token ids, the hidden
+states ``[microbatch, s/tp, dim]`` in the activations' dtype, the scalar loss), so the schedule
+needs no shape inference (which would run an extra forward and backward through the pipeline on
+the first step). With FSDP2, :class:`Stage` reduce-scatters every microbatch's gradients (FSDP2's
+default) unless ``accumulate_unsharded`` (:func:`trainer.parallel.accumulates_unsharded`) asks for
+torch's own choice, whole gradients kept until the last microbatch.
 
 :class:`ModelParts` is one module over the parts this rank holds, with the whole model's attribute
 names (``layers.<global index>``, ``tok_embeddings``, ``norm``, ``output``). The optimizer runs over its
@@ -26,8 +36,8 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
+from torch.distributed.pipelining import PipelineStage
 
 from .parallel import ParallelismError
 
@@ -90,22 +100,59 @@ class ModelParts(nn.Module):
         raise RuntimeError("a pipelined model runs through Pipeline.step, not forward()")
 
 
-def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+class Stage(PipelineStage):
+    """A ``PipelineStage`` whose FSDP2 module reduce-scatters its gradients after every microbatch
+    (``sharded_accumulation``) instead of torch's no-sync accumulation of whole gradients; the
+    schedule's final reduce step then only finishes the root's (embedding/norm/output) reduction."""
+
+    def __init__(self, *args, sharded_accumulation: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sharded_accumulation = sharded_accumulation
+
+    def backward_maybe_with_nosync(self, backward_type, bwd_kwargs: dict, last_backward: bool = False):
+        from torch.distributed.fsdp import FSDPModule
+
+        if not (self.sharded_accumulation and backward_type == "full" and isinstance(self.submod, FSDPModule)):
+            return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+        from torch.distributed.pipelining._backward import stage_backward
+
+        self.submod.set_is_last_backward(False)  # as torch does: the schedule's reduce step ends the step
+        self.submod.set_reshard_after_backward(False)
+        self.submod.set_requires_gradient_sync(True)
+        grads = stage_backward(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"], bwd_kwargs["input_values"])
+        return grads, None
+
+
+def stage_io(stage: int, n_stages: int, *, microbatch: int, seq_len: int, dim: int, tp: int, tp_rank: int,
+             dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input, output) examples of a stage on the meta device: the first takes token ids
+    ``[microbatch, seq_len]``, the others hidden states ``[microbatch, s_local, dim]`` in ``dtype``
+    (``s_local``: this TP rank's share of the sequence, as DTensor's Shard(1) cuts it); the last
+    returns the scalar fp32 loss, the others hidden states (all but the ids with gradients: the
+    schedule sends a gradient back only for an output that requires one)."""
+    chunk = -(-seq_len // tp)
+    local = max(0, min(chunk, seq_len - tp_rank * chunk))
+    hidden = torch.empty(microbatch, local, dim, dtype=dtype, device="meta", requires_grad=True)
+    inputs = torch.empty(microbatch, seq_len, dtype=torch.long, device="meta") if stage == 0 else hidden
+    outputs = torch.empty((), dtype=torch.float32, device="meta", requires_grad=True) if stage == n_stages - 1 else hidden
+    return inputs, outputs
 
 
 class Pipeline:
     """This rank's stages and the schedule that runs them."""
 
     def __init__(self, parts: list[nn.Module], stages: list[int], n_stages: int, *, schedule: str,
-                 microbatches: int, device: torch.device, group: dist.ProcessGroup):
-        from torch.distributed.pipelining import PipelineStage
+                 microbatches: int, device: torch.device, group: dist.ProcessGroup, io: Callable,
+                 sharded_accumulation: bool = False):
         from torch.distributed.pipelining.schedules import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
         self.group, self.device, self.loss_scale = group, device, 1.0
         self.is_first, self.is_last = 0 in stages, n_stages - 1 in stages
-        pipeline_stages = [PipelineStage(part, index, n_stages, device, group=group)
-                           for part, index in zip(parts, stages)]
+        pipeline_stages = []
+        for part, index in zip(parts, stages):
+            inputs, outputs = io(index)
+            pipeline_stages.append(Stage(part, index, n_stages, device, input_args=inputs, output_args=outputs,
+                                         group=group, sharded_accumulation=sharded_accumulation))
         if schedule == "interleaved1f1b":
             if len(stages) < 2:
                 raise ParallelismError("parallelism.pp_schedule = interleaved1f1b needs pp_virtual_stages >= 2")
@@ -117,8 +164,8 @@ class Pipeline:
             single = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
             self.schedule = single(pipeline_stages[0], microbatches, loss_fn=self._scaled_loss)
 
-    def _scaled_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return _loss(logits, labels) * self.loss_scale
+    def _scaled_loss(self, loss: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return loss * self.loss_scale  # the last stage's output is already its microbatch's loss
 
     def step(self, inputs: torch.Tensor, labels: torch.Tensor, *, loss_scale: float = 1.0) -> torch.Tensor:
         """Forward and backward of one batch through the pipeline, the gradients being those of the
@@ -127,7 +174,8 @@ class Pipeline:
         self.loss_scale = loss_scale
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.is_first else ()
-        self.schedule.step(*args, target=labels if self.is_last else None, losses=losses)
+        extra = {"labels": labels} if self.is_last else {}
+        self.schedule.step(*args, target=labels if self.is_last else None, losses=losses, return_outputs=False, **extra)
         loss = (torch.stack(losses).mean().detach() / loss_scale if self.is_last
                 else torch.zeros((), device=self.device))
         dist.all_reduce(loss, group=self.group)  # only the last stage's is non-zero
@@ -150,12 +198,14 @@ def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float, pp_group: di
 
 def build(model: nn.Module, parallelize: Callable[[nn.Module], nn.Module], mesh, *, pp: int, virtual_stages: int,
           schedule: str, pp_microbatches: int | None, micro_batch: int, accumulation: int, dp: int, zero_stage: int,
-          device: torch.device) -> tuple[Pipeline, ModelParts]:
+          device: torch.device, seq_len: int, activation_dtype: torch.dtype,
+          sharded_accumulation: bool = False) -> tuple[Pipeline, ModelParts]:
     """This rank's stages of ``model`` (its index in ``mesh``'s ``pp`` dimension), each part
     parallelized by ``parallelize`` like a whole model, as a :class:`Pipeline` and the
     :class:`ModelParts` over them. A step's whole per-rank batch (``micro_batch x accumulation``
-    sequences) runs in one schedule, in :func:`microbatch_count` microbatches; ParallelismError when
-    they do not divide it, or for DDP (``zero_stage`` 0 with ``dp`` > 1), which cannot wrap stages."""
+    sequences of ``seq_len`` tokens) runs in one schedule, in :func:`microbatch_count` microbatches,
+    the hidden states between stages in ``activation_dtype``; ParallelismError when they do not
+    divide it, or for DDP (``zero_stage`` 0 with ``dp`` > 1), which cannot wrap stages."""
     if zero_stage == 0 and dp > 1:
         raise ParallelismError("zero_stage 0 (DDP) cannot wrap pipeline stages; use zero_stage >= 1")
     per_rank = micro_batch * accumulation
@@ -167,6 +217,9 @@ def build(model: nn.Module, parallelize: Callable[[nn.Module], nn.Module], mesh,
     n_stages = pp * virtual_stages
     stages = stage_ids(mesh.get_local_rank("pp"), pp, virtual_stages)
     parts = [parallelize(split_model(model, stage, n_stages)) for stage in stages]
+    tp = mesh["tp"].size()
+    io = lambda stage: stage_io(stage, n_stages, microbatch=per_rank // microbatches, seq_len=seq_len,  # noqa: E731
+                                dim=model.args.dim, tp=tp, tp_rank=mesh.get_local_rank("tp"), dtype=activation_dtype)
     pipe = Pipeline(parts, stages, n_stages, schedule=schedule, microbatches=microbatches, device=device,
-                    group=mesh["pp"].get_group())
+                    group=mesh["pp"].get_group(), io=io, sharded_accumulation=sharded_accumulation)
     return pipe, ModelParts(parts)

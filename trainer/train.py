@@ -2,6 +2,8 @@
 
     torchrun --nproc_per_node 2 -m trainer.train --config configs/debug.toml [--section.key value ...]
     python -m trainer.train --config configs/debug.toml          # one process
+    python -m trainer.train --config FILE --dry-run [--measure]  # the memory plan (trainer.plan), and
+                                                                 # one step measured (trainer.measure)
 
 Each step: ``gradient_accumulation_steps`` micro-batches forward/backward (gradient sync on the
 last), clip, AdamW, warmup+cosine LR, then ``CheckpointManager.save`` (asynchronous: the training
@@ -37,7 +39,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 import ckpt
 from . import data as data_mod
@@ -48,18 +49,12 @@ from .config import Config, help_text, load_config
 from .device import device_name, init_distributed, peak_memory_gib, resolve_device_type, synchronize
 from .metrics import MetricsLogger, peak_flops
 from .scaler import ShardedGradScaler
+from . import optim as optim_mod
+from . import step as step_mod
+from .assembly import assemble
+from .parallel import ParallelDims, all_reduce_mean, dp_rank
 from .run_record import new_run_id, run_start, write_config
 from .signals import Stopped, StopSignals
-from . import pipeline as pipeline_mod
-from .parallel import (
-    COMPUTE_DTYPES,
-    ParallelDims,
-    all_reduce_mean,
-    dp_rank,
-    parallelize,
-    set_gradient_sync,
-    uses_autocast,
-)
 
 
 def lr_lambda(warmup_steps: int, total_steps: int, min_ratio: float):
@@ -138,19 +133,16 @@ class Trainer:
         self.micro_batch, self.accumulation = cfg.resolve_batch(self.dims.dp)
         torch.manual_seed(cfg.job.seed)
 
-        model = model_mod.build(self.model_args)
-        self.low_dtype = COMPUTE_DTYPES[cfg.optimization.precision]  # None for fp32
-        model = model.to(self.device)
-        self.pipeline = None
-        if self.dims.pp > 1:
-            self.pipeline, self.model = self._pipeline(model)
-            self.autocast = self.low_dtype is not None and uses_autocast(self.model.parts[0])
-        else:
-            self.model = self._parallelize(model)
-            self.autocast = self.low_dtype is not None and uses_autocast(self.model)
+        o = cfg.optimization
+        model = model_mod.build(self.model_args).to(self.device)
+        run = assemble(cfg, model, self.dims, self.mesh, self.device, micro_batch=self.micro_batch,
+                       accumulation=self.accumulation)
+        self.model, self.pipeline, self.run = run.model, run.pipeline, run
+        self.low_dtype, self.autocast = run.low_dtype, run.autocast
         self.scaler = ShardedGradScaler() if cfg.optimization.precision == "fp16" else None
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=(0.9, 0.95),
-                                           weight_decay=t.weight_decay)
+        self.optimizer = optim_mod.build(self.model.parameters(), lr=t.lr, weight_decay=t.weight_decay,
+                                         state_dtype=o.optimizer_state_dtype, param_dtype=run.param_dtype,
+                                         seed=cfg.job.seed, rank=self.rank)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(t.warmup_steps, t.steps, t.min_lr_ratio))
         self.loader = data_mod.DataLoader(tokens, t.seq_len, t.batch_size, self.dp_rank, self.dims.dp, cfg.job.seed)
@@ -173,60 +165,24 @@ class Trainer:
         self.metrics.record(run_start(self.run_id, cfg.to_dict(), resumed_step=self.checkpoints.resumed_step,
                                       world_size=self.world))
 
-    def _parallelize(self, model: torch.nn.Module) -> torch.nn.Module:
-        o = self.cfg.optimization
-        return parallelize(model, self.dims, self.mesh, zero_stage=o.zero_stage, precision=o.precision,
-                           activation_checkpointing=o.gradient_checkpointing, compile=o.compile, device=self.device,
-                           ac_every=o.ac_every, ac_op_level=o.ac_op_level, cpu_offload=o.cpu_offload)
-
-    def _pipeline(self, model: torch.nn.Module) -> tuple[pipeline_mod.Pipeline, pipeline_mod.ModelParts]:
-        """This rank's pipeline stages, each parallelized like a whole model (trainer.pipeline)."""
-        p = self.cfg.parallelism
-        return pipeline_mod.build(model, self._parallelize, self.mesh, pp=p.pp, virtual_stages=p.pp_virtual_stages,
-                                  schedule=p.pp_schedule, pp_microbatches=p.pp_microbatches,
-                                  micro_batch=self.micro_batch, accumulation=self.accumulation, dp=self.dims.dp,
-                                  zero_stage=self.cfg.optimization.zero_stage, device=self.device)
-
     def log(self, message: str) -> None:
         if self.rank == 0:
             print(message, flush=True)
 
     def train_step(self) -> torch.Tensor:
+        """One step (:mod:`trainer.step`): the micro-steps' forward/backward, clip, AdamW; the mean loss."""
         inputs, labels = self.loader.next_batch()
         inputs, labels = inputs.to(self.device), labels.to(self.device)
-        total = torch.zeros((), device=self.device)
         autocast = torch.autocast(self.device_type, dtype=self.low_dtype or torch.bfloat16, enabled=self.autocast)
-        scale = 1.0 if self.scaler is None else self.scaler.scale
-        if self.pipeline is not None:  # the whole per-rank batch, in the schedule's microbatches
-            with autocast:
-                total = self.pipeline.step(inputs, labels, loss_scale=scale)
-        else:
-            for micro in range(self.accumulation):
-                chunk = slice(micro * self.micro_batch, (micro + 1) * self.micro_batch)
-                with set_gradient_sync(self.model, micro == self.accumulation - 1), autocast:
-                    logits = self.model(inputs[chunk])
-                    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels[chunk].flatten())
-                    (loss * (scale / self.accumulation)).backward()
-                total += loss.detach() / self.accumulation
-        self._optimizer_step()
+        total = step_mod.forward_backward(
+            self.model, inputs, labels, pipeline=self.pipeline, micro_batch=self.micro_batch,
+            accumulation=self.accumulation, sync_every_micro_step=self.run.sync_every_micro_step,
+            loss_parallel=self.run.loss_parallel, autocast=autocast,
+            scale=1.0 if self.scaler is None else self.scaler.scale)
+        step_mod.optimizer_step(list(self.model.parameters()), self.optimizer, self.scheduler,
+                                max_norm=self.cfg.training.max_norm, scaler=self.scaler,
+                                pp_group=self.mesh["pp"].get_group() if self.pipeline is not None else None)
         return total
-
-    def _optimizer_step(self) -> None:
-        """Unscale (fp16), clip over the whole model, step — or skip the step on an fp16 overflow."""
-        parameters = list(self.model.parameters())
-        overflow = self.scaler is not None and self.scaler.unscale_(parameters)
-        max_norm = self.cfg.training.max_norm
-        if max_norm > 0 and not overflow:
-            if self.pipeline is not None:
-                pipeline_mod.clip_grad_norm(parameters, max_norm, self.mesh["pp"].get_group())
-            else:
-                torch.nn.utils.clip_grad_norm_(parameters, max_norm, foreach=True)
-        if not overflow:
-            self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.scaler is not None:
-            self.scaler.update(overflow)
 
     def fit(self, stop_at: int | None = None) -> list[float]:
         """Train to ``training.steps`` (or stop after step ``stop_at``, as if interrupted); returns
@@ -356,9 +312,14 @@ def main(argv: list[str] | None = None) -> int:
     """The command line; returns the exit code (see the module docstring)."""
     argv = sys.argv[1:] if argv is None else argv
     if "--dry-run" in argv:  # the memory and checkpoint plan of this config, no process group (trainer.plan)
+        rest = [arg for arg in argv if arg not in ("--dry-run", "--measure")]
+        if "--measure" in argv:  # and one step of it measured on a fake process group (trainer.measure)
+            from .measure.cli import main as measured_dry_run
+
+            return measured_dry_run(rest)
         from .plan.cli import main as dry_run
 
-        return dry_run([arg for arg in argv if arg != "--dry-run"])
+        return dry_run(rest)
     if "-h" in argv or "--help" in argv:
         print(__doc__)
         print(help_text())

@@ -42,9 +42,12 @@ def model_args(cfg: Any, tokenizer_vocab_size: int | None) -> ModelArgs:
 def resolve_batch(cfg: Any, dp_degree: int) -> tuple[int, int]:
     """(micro_batch_size, gradient_accumulation_steps) for a data-parallel degree.
 
-    They satisfy ``batch_size == micro_batch_size * gradient_accumulation_steps * dp_degree``.
-    Missing values are derived (accumulation defaults to 1); inconsistent or non-divisible
-    combinations raise ConfigError with the arithmetic spelled out.
+    They satisfy ``batch_size == micro_batch_size * gradient_accumulation_steps * dp_degree``:
+    ``batch_size`` is the GLOBAL batch, as the seeds' own files mean it (``batch_size: 256  #
+    全局总Batch``, "global total batch"). Missing values are derived (accumulation defaults to 1);
+    inconsistent or non-divisible combinations raise ConfigError with the arithmetic spelled out
+    and the fix named (the accumulation that keeps the global batch, or the batch the other keys
+    give): three explicit keys that disagree are not guessed between.
     """
     if isinstance(dp_degree, bool) or not isinstance(dp_degree, int) or dp_degree < 1:
         raise ConfigError(f"data-parallel degree must be a positive integer, not {dp_degree!r}")
@@ -52,9 +55,12 @@ def resolve_batch(cfg: Any, dp_degree: int) -> tuple[int, int]:
     b, m, g, dp = t.batch_size, t.micro_batch_size, t.gradient_accumulation_steps, dp_degree
     if m is not None and g is not None:
         if m * g * dp != b:
+            keep = (f"to keep the global batch of {b} set training.gradient_accumulation_steps={b // (m * dp)} "
+                    "(or leave it out: it is derived), or " if b % (m * dp) == 0 else "")
             raise ConfigError(
                 f"training.batch_size={b} must equal training.micro_batch_size={m} x "
-                f"training.gradient_accumulation_steps={g} x data-parallel degree {dp} = {m * g * dp}"
+                f"training.gradient_accumulation_steps={g} x data-parallel degree {dp} = {m * g * dp}; "
+                f"{keep}set training.batch_size={m * g * dp} for {g} micro-steps of {m}"
             )
         return m, g
     if m is not None:

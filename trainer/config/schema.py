@@ -128,7 +128,15 @@ class OptimizationConfig:
 
     precision: str = "fp32"
     """Compute precision: fp32; bf16 or fp16 (mixed precision: fp32 master weights, optimizer state
-    and gradient reduction; fp16 adds a dynamic loss scaler whose state is checkpointed)."""
+    and gradient reduction unless master_dtype / optimizer_state_dtype say otherwise; fp16 adds a
+    dynamic loss scaler whose state is checkpointed)."""
+    master_dtype: str = "fp32"
+    """Dtype of the stored parameters (master weights) and their gradients: fp32, or bf16 (needs
+    precision = bf16): 2 bytes each instead of 4; AdamW computes its update in fp32 and writes it
+    back with stochastic rounding (unbiased, so updates below bf16's resolution are not lost)."""
+    optimizer_state_dtype: str = "fp32"
+    """Dtype of AdamW's exp_avg and exp_avg_sq: fp32, or bf16 (4 bytes per parameter instead of 8;
+    the update is computed in fp32 one tensor at a time, the moments rounded to nearest)."""
     gradient_checkpointing: bool = False
     """Recompute transformer blocks' activations in backward (saves memory; see ac_every, ac_op_level)."""
     ac_every: int = 1
@@ -145,6 +153,19 @@ class OptimizationConfig:
     wrapped (nothing to shard or replicate)."""
     compile: bool = False
     """Apply torch.compile to the model (per transformer block)."""
+    accumulate_unsharded: bool | None = None
+    """FSDP2 gradient accumulation (micro-steps and pipeline microbatches): true keeps every
+    parameter's whole fp32 gradient between micro-steps and reduce-scatters once at the end (least
+    communication, 4 bytes per unsharded parameter held); false reduce-scatters every micro-step
+    into the sharded gradients (1/dp_shard of that held). none: true for zero_stage 1 (ZeRO-1
+    shards only the optimizer state), false for 2 and 3."""
+    loss_parallel: bool = True
+    """With tensor parallelism: keep the output projection's logits split by vocabulary into the
+    cross-entropy (torch's loss_parallel) instead of gathering every token's whole vocabulary on
+    every rank."""
+    loss_chunk_len: int = 1024
+    """Chunked loss: the logits are computed, used and freed this many sequence positions at a time
+    (recomputed per chunk in backward); 0, or a sequence no longer than this, computes them all at once."""
 
 
 @dataclass
@@ -172,6 +193,8 @@ CHOICES: dict[tuple[str, str], tuple[Any, ...]] = {
     ("training", "device"): ("auto", "npu", "cuda", "cpu"),
     ("optimization", "precision"): ("fp32", "bf16", "fp16"),
     ("optimization", "zero_stage"): (0, 1, 2, 3),
+    ("optimization", "master_dtype"): ("fp32", "bf16"),
+    ("optimization", "optimizer_state_dtype"): ("fp32", "bf16"),
     ("parallelism", "pp_schedule"): ("gpipe", "1f1b", "interleaved1f1b"),
     **{("checkpoint", key): values for key, values in CHECKPOINT_CHOICES.items()},
 }

@@ -87,8 +87,13 @@ def validate(cfg: Any) -> None:
     for key in ("dp_replicate", "tp", "pp"):
         if getattr(p, key) < 1:
             _fail("parallelism", key, getattr(p, key), "must be >= 1")
-    if cfg.optimization.ac_every < 1:
-        _fail("optimization", "ac_every", cfg.optimization.ac_every, "must be >= 1")
+    o = cfg.optimization
+    if o.ac_every < 1:
+        _fail("optimization", "ac_every", o.ac_every, "must be >= 1")
+    if o.loss_chunk_len < 0:
+        _fail("optimization", "loss_chunk_len", o.loss_chunk_len, "must be >= 0 (0: the whole sequence at once)")
+    if o.master_dtype == "bf16" and o.precision != "bf16":
+        _fail("optimization", "master_dtype", o.master_dtype, f"needs optimization.precision = bf16 (not {o.precision})")
     if p.pp_virtual_stages < 1:
         _fail("parallelism", "pp_virtual_stages", p.pp_virtual_stages, "must be >= 1")
     if p.pp_microbatches is not None and p.pp_microbatches < 1:

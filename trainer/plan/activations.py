@@ -63,13 +63,18 @@ def layer_op_level_bytes(args: ModelArgs, num: Numerics, tp: int, b: int, s: int
     return layer_input_bytes(args, num, tp, b, s) + b * s * outputs
 
 
-def head_activation_bytes(args: ModelArgs, num: Numerics, tp: int, b: int, s: int) -> int:
+def head_activation_bytes(args: ModelArgs, num: Numerics, tp: int, b: int, s: int, *,
+                          loss_parallel: bool = False, chunk_len: int = 0) -> int:
     """The last stage's final norm, the output's gathered input and the loss (logits, log-softmax,
-    its gradient), for one microbatch."""
+    its gradient), for one microbatch: the logits of ``V/tp`` vocabulary entries per token under
+    loss parallel, else all ``V``; of one chunk of ``chunk_len`` positions under the chunked loss
+    (trainer.loss), else of the whole sequence."""
     h = args.dim
     norm = b * -(-s // tp) * (4 * h + num.e_norm * h + 4)
     output_input = b * s * num.e * h
-    loss = b * s * (num.e + 8) * args.vocab_size
+    vocab = -(-args.vocab_size // tp) if loss_parallel and tp > 1 else args.vocab_size
+    positions = min(s, chunk_len) if chunk_len > 0 else s
+    loss = b * positions * (num.e + 8) * vocab
     return norm + output_input + loss
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from .. import model as model_mod
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, TrainingConfig
+from ..parallel import accumulates_unsharded
 from ..pipeline import layer_ranges, microbatch_count
 from . import memory
 from . import params
@@ -25,6 +26,9 @@ from .devices import verdict
 from .layout import Layout, resolve_layout, schedule, virtual_stages
 from .report import mib
 from .result import Plan
+
+
+SEQ_LEN_DEFAULT = TrainingConfig.seq_len
 
 
 def _batch(cfg: Config, dp: int, pp: int, problems: list[str]) -> dict[str, Any]:
@@ -78,7 +82,9 @@ def plan(cfg: Config, world_size: int, *, device_memory_gib: float | None = None
     total = model_mod.num_params(model)
     ranges = layer_ranges(args.n_layers, lay.pp * virtual)
     per, layer_local = params.rank_params(model, lay, ranges)
-    mb = memory.microbatch(args, num, lay.tp, batch, op_level=op_level)
+    mb = memory.microbatch(args, num, lay.tp, batch, op_level=op_level,
+                           loss_parallel=bool(getattr(o, "loss_parallel", False)),
+                           chunk_len=int(getattr(o, "loss_chunk_len", 0) or 0))
     stages = memory.stage_plans(cfg, lay, num, mb, batch, per, layer_local, ranges, pp_schedule)
 
     model_info = params.model_info(cfg, args, model, total, notes)
@@ -89,8 +95,13 @@ def plan(cfg: Config, world_size: int, *, device_memory_gib: float | None = None
         notes.append("interleaved 1F1B: in-flight microbatches estimated as for 1F1B")
     if o.compile:
         notes.append("optimization.compile: compiled blocks may save less than eager (not modelled)")
+    if cfg.training.seq_len == SEQ_LEN_DEFAULT and cfg.model.flavor.lower() in params.LLAMA2_PARAMS:
+        notes.append(f"training.seq_len is the default {SEQ_LEN_DEFAULT}, which makes activations negligible for "
+                     f"a {cfg.model.flavor} model: the seeds train 7B-70B at 2048 tokens a sequence (their FSDP "
+                     "article: batch 1 per card, sequence 2048); plan with --training.seq_len 2048")
 
     b, s = mb.b, mb.s
+    chunk, loss_par = int(getattr(o, "loss_chunk_len", 0) or 0), bool(getattr(o, "loss_parallel", False))
     formulas = [
         f"activations per layer and microbatch ({b} x {s} tokens, {num.name}, tp {lay.tp}): "
         f"b*ceil(s/tp)*(8h + 2*{num.e_norm}h + 8) + b*s*{num.gathered_inputs}*{num.e}h + "
@@ -104,9 +115,13 @@ def plan(cfg: Config, world_size: int, *, device_memory_gib: float | None = None
         + f", plus one layer recomputed ({mib(mb.layer)})"
         + (f"; only layers with index % {ac_every} == 0 are checkpointed" if ac_every > 1 else ""),
         f"last stage: final norm + gathered output input + logits/log-softmax/gradient "
-        f"b*s*({num.e}+8)*V = {mib(mb.head)}",
-        "peak = params + grads + optimizer (+ DDP buckets) + max(compute copies + accumulation + "
-        "reduce-scatter + activations + loss, optimizer step)",
+        f"b*{'chunk' if 0 < chunk < s else 's'}*({num.e}+8)*V{'/tp' if lay.tp > 1 and loss_par else ''}"
+        f" = {mib(mb.head)}" + (f" (chunked loss: {chunk} positions at a time)" if 0 < chunk < s else "")
+        + (" (loss parallel: the logits stay split by vocabulary over tp)" if lay.tp > 1 and loss_par else ""),
+        "peak = params + optimizer (+ DDP buckets) + buffers + the fullest of: backward start (held gradients + "
+        "norm/output gradients + compute copies + unsharded accumulation + reduce-scatter + activations + "
+        "recomputed layer + loss + pipeline stage outputs), backward end (this step's gradients, activations down to one layer's, no "
+        "loss) and the optimizer step (gradients at the step + its temporaries)",
     ]
     return Plan(source=source, model=model_info, layout=layout, batch=batch, stages=stages,
                 roles=memory.roles(stages), device=dev, verdict=verdict(stages, dev), checkpoint=ckpt_info,
@@ -131,6 +146,12 @@ def _layout_info(cfg: Config, lay: Layout, num: Numerics, pp_schedule: str, virt
         "activation_checkpointing": bool(o.gradient_checkpointing),
         "ac_every": int(getattr(o, "ac_every", 1) or 1), "ac_op_level": bool(getattr(o, "ac_op_level", False)),
         "cpu_offload": bool(getattr(o, "cpu_offload", False)), "offload_option": hasattr(o, "cpu_offload"),
+        "master_dtype": getattr(o, "master_dtype", "fp32"), "optimizer_state_dtype": getattr(o, "optimizer_state_dtype", "fp32"),
+        "accumulation": ("whole fp32 gradients until the last micro-step (accumulate_unsharded)"
+                         if accumulates_unsharded(o.zero_stage, getattr(o, "accumulate_unsharded", None))
+                         else "reduce-scattered every micro-step (sharded)") if lay.wrap == "fsdp" else None,
+        "loss_parallel": lay.tp > 1 and bool(getattr(o, "loss_parallel", False)),
+        "loss_chunk_len": int(getattr(o, "loss_chunk_len", 0) or 0),
         "pipeline_schedule": pp_schedule if lay.pp > 1 else None, "pp_virtual_stages": virtual,
         "layers_per_stage": [len(r) for r in ranges],
     }

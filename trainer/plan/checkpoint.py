@@ -1,4 +1,5 @@
-"""The checkpoint: fp32 parameters + AdamW states (12 bytes per parameter) + small state (AdamW step
+"""The checkpoint: parameters + AdamW states as stored (12 bytes per parameter in fp32; 8 with bf16
+moments, 6 with bf16 masters and moments: :func:`state_bytes_per_param`) + small state (AdamW step
 counters, 4 bytes per tensor; scheduler, data loader and counters, a few KiB). DCP writes every
 tensor once: a piece held by several ranks (data-parallel replicas, DDP) is written by one of them,
 so the total is the unique state and each rank writes its local state / the replicas of it. Deltas
@@ -30,11 +31,22 @@ SMALL_STATE_BYTES = 4096
 """Scheduler, data loader position, train counters, optimizer param groups: an estimate."""
 
 
-def rank_checkpoint(params: int, tensors: int, *, first: bool, replicas: int, async_mode: str) -> tuple[int, int]:
+def state_bytes_per_param(cfg: Config) -> int:
+    """Bytes a checkpoint stores per parameter: the master weight and AdamW's two moments, in the
+    dtypes optimization.master_dtype and optimization.optimizer_state_dtype give them."""
+    o = cfg.optimization
+    master = 2 if getattr(o, "master_dtype", "fp32") == "bf16" else 4
+    moment = 2 if getattr(o, "optimizer_state_dtype", "fp32") == "bf16" else 4
+    return master + 2 * moment
+
+
+def rank_checkpoint(params: int, tensors: int, *, first: bool, replicas: int, async_mode: str,
+                    per_param: int = 12) -> tuple[int, int]:
     """(bytes one rank writes for a full checkpoint, host bytes it stages) for a rank storing
-    ``params`` parameters in ``tensors`` tensors, the first pipeline rank holding the small state,
-    each piece held by ``replicas`` ranks (DCP writes it once)."""
-    local_state = 12 * params + 4 * tensors + (SMALL_STATE_BYTES if first else 0)
+    ``params`` parameters in ``tensors`` tensors (``per_param`` bytes each: :func:`state_bytes_per_param`),
+    the first pipeline rank holding the small state, each piece held by ``replicas`` ranks (DCP
+    writes it once)."""
+    local_state = per_param * params + 4 * tensors + (SMALL_STATE_BYTES if first else 0)
     return -(-local_state // replicas), (2 * local_state if async_mode == "double_buffer" else 0)
 
 
@@ -52,7 +64,8 @@ def checkpoint_info(cfg: Config, total: int, tensors: int, stages: list[StagePla
     ``total`` parameters in ``tensors`` tensors, and the seconds to write them at ``gbps`` GB/s per
     rank (``shared``: through one link)."""
     c = cfg.checkpoint
-    tensor_bytes = 12 * total
+    per_param = state_bytes_per_param(cfg)
+    tensor_bytes = per_param * total
     unique = tensor_bytes + 4 * tensors + SMALL_STATE_BYTES
     full_ratio = ZSTD_FULL_RATIO if c.compress == "zstd" else 1.0
     full_total = int(tensor_bytes * full_ratio) + unique - tensor_bytes
@@ -61,7 +74,7 @@ def checkpoint_info(cfg: Config, total: int, tensors: int, stages: list[StagePla
     delta_total = int(tensor_bytes * ratio) + unique - tensor_bytes
     rate = gbps * 1e9
     out: dict[str, Any] = {
-        "enabled": c.enable, "unique_bytes": unique, "full_bytes": full_total,
+        "enabled": c.enable, "unique_bytes": unique, "bytes_per_param": per_param, "full_bytes": full_total,
         "full_ratio": full_ratio, "writers": lay.world_size, "replicas_per_piece": lay.replicas,
         "per_rank_bytes": {str(st.stage): st.checkpoint_write for st in stages},
         "per_rank_max_bytes": per_rank_max,

@@ -90,25 +90,39 @@ def _default_world(cfg: Config, notes: list[str]) -> int:
     return others
 
 
-def _run(argv: list[str]) -> None:
-    own, rest = split_flags(argv)
+def world_size(cfg: Config, own: dict[str, Any], notes: list[str]) -> int:
+    """``--world-size``, else the default (a note in ``notes`` says where it came from)."""
+    return own["--world-size"] if "--world-size" in own else _default_world(cfg, notes)
+
+
+def source_of(rest: list[str]) -> str | None:
+    """The ``--config`` file named in the configuration arguments."""
     source = None
     for i, arg in enumerate(rest):
         if arg == "--config" and i + 1 < len(rest):
             source = rest[i + 1]
         elif arg.startswith("--config="):
             source = arg.partition("=")[2]
-    cfg = load_config(rest)
-    notes: list[str] = []
-    world = own["--world-size"] if "--world-size" in own else _default_world(cfg, notes)
+    return source
+
+
+def plan_options(own: dict[str, Any]) -> dict[str, Any]:
+    """:func:`trainer.plan.plan`'s keyword arguments from this module's flags."""
     memory, device = own.get("--device-memory"), None
     if memory is not None:
         try:
             memory = float(memory)
         except ValueError:
             memory, device = None, own["--device-memory"]
-    result = plan(cfg, world, device_memory_gib=memory, device=device, storage_gbps=own.get("--storage-gbps", 2.0),
-                  storage_shared=own.get("--storage-shared", False), source=source)
+    return {"device_memory_gib": memory, "device": device, "storage_gbps": own.get("--storage-gbps", 2.0),
+            "storage_shared": own.get("--storage-shared", False)}
+
+
+def _run(argv: list[str]) -> None:
+    own, rest = split_flags(argv)
+    cfg = load_config(rest)
+    notes: list[str] = []
+    result = plan(cfg, world_size(cfg, own, notes), **plan_options(own), source=source_of(rest))
     result.notes[:0] = notes
     print(json.dumps(result.to_dict(), indent=2) if own.get("--json") else format_plan(result), flush=True)
 

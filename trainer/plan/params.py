@@ -74,9 +74,10 @@ def _owner_stage(name: str, ranges: list[range]) -> int:
 
 def rank_params(model: torch.nn.Module, lay: Layout, ranges: list[range]) -> tuple[list[dict[str, int]], int]:
     """Per pipeline rank: ``local`` (P_l, after TP/PP), ``stored`` (P, after FSDP), ``linear``
-    (the Linear weights' P_l), ``root`` (P_l outside the blocks) and ``tensors``; and the P_l of
-    one layer (layer 0)."""
-    per = [dict(local=0, stored=0, linear=0, root=0, tensors=0) for _ in range(lay.pp)]
+    (the Linear weights' P_l), ``root`` (P_l outside the blocks), ``head`` (P_l of the final norm
+    and output), ``largest`` (the largest stored tensor) and ``tensors``; and the P_l of one layer
+    (layer 0)."""
+    per = [dict(local=0, stored=0, linear=0, root=0, tensors=0, largest=0, head=0) for _ in range(lay.pp)]
     layer_local = 0
     for name, p in model.named_parameters():
         rank = _owner_stage(name, ranges) % lay.pp
@@ -84,8 +85,12 @@ def rank_params(model: torch.nn.Module, lay: Layout, ranges: list[range]) -> tup
         local = math.prod(shape)
         d = per[rank]
         d["local"] += local
-        d["stored"] += shard_numel(shape, lay.shard)
+        stored = shard_numel(shape, lay.shard)
+        d["stored"] += stored
+        d["largest"] = max(d["largest"], stored)
         d["tensors"] += 1
+        if name.startswith(("output.", "norm.")):
+            d["head"] += local
         if p.dim() == 2 and not name.startswith("tok_embeddings."):
             d["linear"] += local
         if not name.startswith("layers."):

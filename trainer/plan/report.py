@@ -67,6 +67,12 @@ def format_plan(p: Plan) -> str:
              if lay["cpu_offload"] else "optimizer state on the device"
              + ("" if lay["offload_option"] else " (no offload option)"))
     lines.append(f"           {lay['numerics']}; activation checkpointing {ac}; {where}")
+    grads = f"; FSDP2 gradients {lay['accumulation']}" if lay.get("accumulation") else ""
+    loss = ("loss parallel over tp" if lay.get("loss_parallel") else "whole logits per rank") + (
+        f", chunks of {lay['loss_chunk_len']} positions" if 0 < lay.get("loss_chunk_len", 0) < bt["seq_len"]
+        else ", one chunk")
+    lines.append(f"           masters {lay.get('master_dtype', 'fp32')}, AdamW moments "
+                 f"{lay.get('optimizer_state_dtype', 'fp32')}{grads}; loss: {loss}")
     lines.append(f"Batch      global {bt['global_batch']} = micro {bt['micro_batch_size']} x accumulation "
                  f"{bt['gradient_accumulation_steps']} x dp {bt['dp']}"
                  + ("" if bt["micro_batch_size"] * bt["gradient_accumulation_steps"] * bt["dp"] == bt["global_batch"]
@@ -97,6 +103,8 @@ def format_plan(p: Plan) -> str:
         if any(values):
             lines.append(row("  " + label, [_gib(v) for v in values]))
     lines.append(row("peak", [_gib(st.peak) for _, st in cols]))
+    if all(st.phases for _, st in cols):
+        lines.append(row("  reached at", [max(st.phases, key=st.phases.get) for _, st in cols]))
     if any(st.host_offload for _, st in cols):
         lines.append(row("host: offloaded params + grads + AdamW", [_gib(st.host_offload) for _, st in cols]))
     flip = "off" if lay["activation_checkpointing"] else "on"
@@ -117,7 +125,10 @@ def format_plan(p: Plan) -> str:
 
     off = "" if ck["enabled"] else " (checkpoint.enable = false: nothing is written; if it were)"
     lines.append(f"Checkpoint{off}")
-    lines.append(f"           unique state {_size(ck['unique_bytes'])} (fp32 params + AdamW, 12 B/param, + small "
+    stored = (f"{lay.get('master_dtype', 'fp32')} params + AdamW ({lay.get('optimizer_state_dtype', 'fp32')} moments)"
+              if (lay.get("master_dtype"), lay.get("optimizer_state_dtype")) not in ((None, None), ("fp32", "fp32"))
+              else "fp32 params + AdamW")
+    lines.append(f"           unique state {_size(ck['unique_bytes'])} ({stored}, {ck.get('bytes_per_param', 12)} B/param, + small "
                  f"state); DCP writes each piece once over {ck['writers']} ranks "
                  f"({ck['replicas_per_piece']} holder{'s' if ck['replicas_per_piece'] > 1 else ''} per piece)")
     full = f"full {_size(ck['full_bytes'])}" + (f" (zstd x{ck['full_ratio']})" if ck["compress"] == "zstd" else "")

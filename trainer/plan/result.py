@@ -11,17 +11,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ITEMS: dict[str, str] = {
-    "params": "fp32 parameters (masters)",
-    "grads": "fp32 gradients",
-    "optimizer": "AdamW exp_avg + exp_avg_sq (fp32)",
+    "params": "parameters (master weights)",
+    "optimizer": "AdamW exp_avg + exp_avg_sq",
     "ddp_buckets": "DDP gradient buckets (fp32)",
-    "compute_params": "compute copies of parameters",
+    "buffers": "buffers (RoPE cos/sin tables, fp32)",
+    "grads": "gradients of earlier micro-steps (held)",
     "grad_accumulation": "unsharded fp32 gradients (no-sync accumulation)",
+    "head_grads": "norm + output gradients (first in backward)",
+    "compute_params": "compute copies of parameters",
     "reduce_scatter": "reduce-scatter working set (one FSDP unit)",
     "activations": "saved activations (all in-flight microbatches)",
     "recompute": "recomputed layer (activation checkpointing)",
     "loss": "final norm + logits + loss (last stage)",
-    "optimizer_step": "optimizer step temporaries (foreach AdamW)",
+    "stage_outputs": "stage outputs kept for backward (pipeline)",
+    "step_grads": "gradients at the optimizer step",
+    "optimizer_step": "optimizer step temporaries",
 }
 """Every memory figure of a stage, in display order, with its label."""
 
@@ -43,6 +47,7 @@ class StagePlan:
     checkpoint_write: int  # bytes this rank writes for a full checkpoint
     staging_host: int  # host bytes for double-buffered staging
     host_offload: int = 0  # host bytes of parameters, gradients and AdamW state under cpu_offload
+    phases: dict[str, int] = field(default_factory=dict)  # bytes at backward start / end / optimizer step
 
 
 @dataclass

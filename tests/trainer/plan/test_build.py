@@ -16,6 +16,7 @@ from trainer.config import load_config
 from trainer.model import FLAVORS, ModelArgs, TransformerBlock, model_args, rope_tables
 from trainer.plan import GIB, KNOWN_DEVICES, format_plan, main, plan
 from tests.support import REPO as ROOT
+from trainer.plan import memory as plan_memory
 from trainer.plan import params as plan_params
 
 DEBUG = str(ROOT / "configs" / "debug.toml")
@@ -89,18 +90,24 @@ def test_fsdp2_two_ranks_by_hand():
     assert st.params == n // 2  # every dim 0 is even: 258, 128, 64, 384
     m = st.memory
     half = n // 2
-    assert (m["params"], m["grads"], m["optimizer"], m["optimizer_step"]) == (4 * half, 4 * half, 8 * half, 4 * half)
+    assert (m["params"], m["step_grads"], m["optimizer"], m["optimizer_step"]) == (4 * half, 4 * half, 8 * half, 4 * half)
+    # One micro-step: no gradient is held from an earlier one; backward starts with the root's
+    # (FSDP2 reduces it at the end) norm and output gradients, in the compute dtype (fp32 here).
+    assert m["grads"] == 0 and m["head_grads"] == 4 * (c["norm"] + c["output"])
     root = c["embedding"] + c["norm"] + c["output"]
     assert m["compute_params"] == 4 * (root + 2 * layer(c))  # zero 3: root unsharded + current and next layer
     assert m["reduce_scatter"] == (4 + 4) * layer(c)  # the largest FSDP unit: a layer (196864 > 66176)
     assert m["grad_accumulation"] == 0 and m["ddp_buckets"] == 0  # one micro-step per step
+    assert m["buffers"] == 2 * 4 * a.max_seq_len * (a.dim // a.n_heads) // 2  # RoPE cos + sin, fp32
+    assert m["stage_outputs"] == 0  # no pipeline
     b, s = 4, 128  # batch 8 over dp 2, one micro-step
     assert p.batch["micro_batch_size"] == b and p.batch["gradient_accumulation_steps"] == 1
     h, f, heads = a.dim, swiglu(a), a.n_heads
     per_layer = b * s * (40 * h + 16 * f + 8 + 4 * heads)  # fp32, tp 1
     assert m["activations"] == a.n_layers * per_layer + 8 * b * s and m["recompute"] == 0
-    persistent = 16 * (n // 2)
-    transient = sum(v for k, v in m.items() if k not in ("params", "grads", "optimizer", "optimizer_step"))
+    persistent = 12 * (n // 2) + m["buffers"]  # fp32 masters, AdamW's moments; the gradients are not there all step
+    transient = sum(v for k, v in m.items() if k not in ("params", "optimizer", "buffers", "step_grads", "optimizer_step"))
+    assert transient > m["step_grads"] + m["optimizer_step"]
     assert st.peak == persistent + transient
     # The checkpoint: 12 bytes per parameter + 4 per AdamW step counter + the small state, split in two.
     tensors = 2 + 9 * a.n_layers + 1
@@ -143,6 +150,8 @@ def test_pipeline_two_stages_by_hand():
     assert first.memory["activations"] == 2 * (2 * per_layer + 8 * b * s)
     assert last.memory["activations"] == 1 * (2 * per_layer)
     assert last.memory["loss"] > 0 == first.memory["loss"]
+    # Stage 0 keeps what it sent for each in-flight microbatch (fp32 hidden states) until its backward.
+    assert first.memory["stage_outputs"] == 2 * b * s * a.dim * 4 and last.memory["stage_outputs"] == 0
     assert [r["name"] for r in p.roles] == ["first stage (0)", "last stage (1)"]
 
 
@@ -153,7 +162,15 @@ def test_fsdp_mixed_precision_zero2_and_accumulation():
     m = p.stages[0].memory
     assert m["params"] == 4 * n // 2  # fp32 masters also in bf16
     assert m["compute_params"] == 2 * n  # zero 2: every layer's bf16 copy stays until its backward
-    assert m["grad_accumulation"] == 4 * n  # no-sync micro-steps keep unsharded fp32 gradients
+    # zero 2 reduce-scatters every micro-step: the first micro-step's sharded fp32 gradients are held
+    assert m["grads"] == 4 * n // 2 and m["grad_accumulation"] == 0
+    assert "reduce-scattered every micro-step" in p.layout["accumulation"]
+    unsharded = plan(cfg("--optimization.precision=bf16", "--optimization.zero_stage=2",
+                         "--training.gradient_accumulation_steps=2", "--optimization.accumulate_unsharded=true"), 2)
+    m = unsharded.stages[0].memory
+    assert m["grad_accumulation"] == 4 * n  # no-sync micro-steps keep unsharded fp32 gradients ...
+    assert m["grads"] == 0  # ... and no sharded ones beside them until the last reduce-scatter
+    assert m["step_grads"] == 4 * n // 2
 
 
 def test_ddp_replicates_and_buckets():
@@ -270,6 +287,27 @@ def test_seed_70b_plans_on_64_ranks_on_the_meta_device(monkeypatch):
     assert p.verdict["fits"] is None and set(p.verdict["by_device"]) == set(KNOWN_DEVICES)
 
 
+def test_seed_70b_at_the_seeds_sequence_length_plans_what_zero_2_promises():
+    # The file leaves seq_len at the default 128: the plan says what the seeds use instead.
+    assert any("--training.seq_len 2048" in note for note in plan(cfg(config=SEED_70B), 64).notes)
+    p = plan(cfg("--training.seq_len=2048", config=SEED_70B), 64)
+    assert not any("seq_len" in note for note in p.notes)
+    st = p.stages[0]
+    m, P, P_l = st.memory, st.params, st.params_local
+    # zero_stage 2 reduce-scatters every pipeline microbatch: the held gradients are the sharded fp32
+    # ones, never the unsharded no-sync buffer, and they are not counted twice.
+    assert m["grad_accumulation"] == 0 and m["grads"] == m["step_grads"] == 4 * P
+    assert "reduce-scattered every micro-step" in p.layout["accumulation"]
+    # ZeRO-2 (Rajbhandari et al.): 2 bytes of half-precision parameters per (TP/PP-local) parameter
+    # plus (2 + 12) / dp sharded: fp16 gradients, fp32 masters and Adam's moments. This trainer's
+    # sharded gradients are fp32 (FSDP2 keeps them in the masters' dtype): 2 bytes / dp more.
+    zero2 = 2 * P_l + 14 * P_l / 4
+    held = m["params"] + m["optimizer"] + m["grads"] + m["compute_params"]
+    assert held == pytest.approx(zero2 + 2 * P_l / 4, rel=1e-5)
+    assert 1.0 < st.peak / zero2 < 1.2  # the rest: activations, one reduce-scatter, a recomputed layer
+    assert st.phases["backward start"] == st.peak
+
+
 def test_70b_on_too_few_devices_does_not_fit(capsys):
     code = main(["--config", SEED_70B, "--distributed.tp_size=1", "--distributed.pp_size=1",
                  "--distributed.dp_size=8", "--world-size=8", "--device-memory", "H100"])
@@ -350,10 +388,30 @@ def test_cpu_offload_moves_the_sharded_state_to_the_host():
     c.optimization.cpu_offload = True
     st = plan(c, 2).stages[0]
     assert st.memory["params"] == st.memory["grads"] == st.memory["optimizer"] == st.memory["optimizer_step"] == 0
+    assert st.memory["step_grads"] == 0
     assert st.host_offload == 16 * (n // 2)
     assert st.memory["compute_params"] > 0  # the all-gathered copies are on the device
     with pytest.raises(plan_mod.ParallelismError, match="cpu_offload needs FSDP2"):
         plan(c, 1)
+
+
+def test_bf16_moments_and_masters_halve_what_they_store():
+    a = debug_args()
+    n, c = total(a), counts(a)
+    largest = max(c[k] for k in ("embedding", "wq", "w1", "w2", "output")) // 2  # a w1/w2/w3 shard (dim 0 even)
+    bf16 = ["--optimization.precision=bf16"]
+    for extra, (master, moment) in (([], (4, 4)), (["--optimization.optimizer_state_dtype=bf16"], (4, 2)),
+                                    (["--optimization.master_dtype=bf16", "--optimization.optimizer_state_dtype=bf16"],
+                                     (2, 2))):
+        p = plan(cfg(*bf16, *extra), 2)
+        m = p.stages[0].memory
+        assert (m["params"], m["optimizer"], m["step_grads"]) == (master * n // 2, 2 * moment * n // 2, master * n // 2)
+        lean = (master, moment) != (4, 4)
+        # foreach AdamW: an fp32 temporary of every parameter; LeanAdamW: of its largest tensor only
+        assert m["optimizer_step"] == (plan_memory.LEAN_STEP_BYTES[(master, moment)] * largest if lean else 4 * n // 2)
+        tensors = 2 + 9 * a.n_layers + 1
+        assert p.checkpoint["unique_bytes"] == (master + 2 * moment) * n + 4 * tensors + plan_mod.SMALL_STATE_BYTES
+        assert f"{master + 2 * moment} B/param" in format_plan(p)
 
 
 def test_fp16_plans_like_bf16():

@@ -1,0 +1,61 @@
+"""One training step: the micro-steps' forward and backward, then clipping and the optimizer step.
+
+Contract: :func:`forward_backward` runs a step's per-rank batch (``micro_batch x accumulation``
+sequences) through the model, or through the pipeline's schedule, and leaves the gradients of the
+mean loss (times ``scale``, the fp16 loss scale) in the parameters; it returns the mean loss. The
+loss is computed inside the model (:func:`trainer.loss.lm_loss`), under ``loss_parallel`` when the
+logits are vocabulary-sharded. ``sync_every_micro_step``: FSDP2 reduce-scatters every micro-step
+(sharded accumulation) instead of only the last one. :func:`optimizer_step` unscales (fp16),
+clips over the whole model (all pipeline stages) and steps, or skips the step on an overflow.
+The trainer (:mod:`trainer.train`) and the measured dry run (:mod:`trainer.measure`) both run these,
+so what is measured is what trains.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from . import pipeline as pipeline_mod
+from .loss import loss_context
+from .parallel import set_gradient_sync
+
+
+def forward_backward(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor, *,
+                     pipeline: pipeline_mod.Pipeline | None, micro_batch: int, accumulation: int,
+                     sync_every_micro_step: bool, loss_parallel: bool, autocast=None,
+                     scale: float = 1.0) -> torch.Tensor:
+    """Forward and backward of one step's per-rank batch (see the module docstring); the mean loss."""
+    autocast = autocast if autocast is not None else contextlib.nullcontext()
+    with loss_context(loss_parallel):
+        if pipeline is not None:  # the whole per-rank batch, in the schedule's microbatches
+            with autocast:
+                return pipeline.step(inputs, labels, loss_scale=scale)
+        total = torch.zeros((), device=inputs.device)
+        for micro in range(accumulation):
+            chunk = slice(micro * micro_batch, (micro + 1) * micro_batch)
+            last = micro == accumulation - 1
+            with set_gradient_sync(model, last or sync_every_micro_step), autocast:
+                loss = model(inputs[chunk], labels=labels[chunk])
+                (loss * (scale / accumulation)).backward()
+            total += loss.detach() / accumulation
+        return total
+
+
+def optimizer_step(parameters: list[torch.Tensor], optimizer: torch.optim.Optimizer, scheduler, *,
+                   max_norm: float, scaler=None, pp_group=None) -> None:
+    """Unscale (fp16), clip over the whole model, step — or skip the step on an fp16 overflow."""
+    overflow = scaler is not None and scaler.unscale_(parameters)
+    if max_norm > 0 and not overflow:
+        if pp_group is not None:
+            pipeline_mod.clip_grad_norm(parameters, max_norm, pp_group)
+        else:
+            torch.nn.utils.clip_grad_norm_(parameters, max_norm, foreach=True)
+    if not overflow:
+        optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    if scaler is not None:
+        scaler.update(overflow)
