@@ -148,6 +148,18 @@ class RunCheckpoints:
             return exc
         return None
 
+    def finish(self) -> ckpt.CheckpointError | None:
+        """Wait for every save in flight (after the final save, before its metrics record): a failure
+        is counted with a warning under on_error=continue, so the last record's ``ckpt_failures``
+        holds it, or returned under on_error=stop, to be agreed on by all ranks like a save's."""
+        if self.manager is None:
+            return None
+        try:
+            self.manager.wait()
+        except ckpt.CheckpointError as exc:
+            return exc
+        return None
+
     def write_seed(self, state: dict) -> None:
         """checkpoint.create_seed_checkpoint: ``state`` as step 0, waited for, the folder released."""
         self.manager.save(0, state, force=True)

@@ -244,6 +244,10 @@ class Trainer:
             loss = self.train_step()
             self.train_state.tokens_seen += tokens_per_step
             failure = self.checkpoints.save(step, self.state, force=step == t.steps)
+            waited = time.perf_counter()
+            if step == t.steps and failure is None:  # the final save counted in its own metrics record
+                failure = self.checkpoints.finish()
+            waited = time.perf_counter() - waited
             # The mean loss and "did a save fail on any rank?" in one all-reduce: every rank stops at
             # the same step, also when the failure of a background write reached one rank first.
             mean_loss, any_failed = all_reduce_mean(torch.stack([loss, loss.new_tensor(float(failure is not None))]))
@@ -254,7 +258,7 @@ class Trainer:
             stall += self.checkpoints.stall_s - before
             if step % cfg.metrics.log_freq == 0 or step == t.steps:
                 synchronize(self.device_type)
-                elapsed = time.perf_counter() - window_start
+                elapsed = time.perf_counter() - window_start - waited  # training's time, not the final drain
                 tps = window_steps * tokens_per_step / elapsed
                 self.metrics.log({
                     "step": step,
