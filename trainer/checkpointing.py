@@ -69,7 +69,7 @@ class RunCheckpoints:
         if not (c.enable or c.create_seed_checkpoint):
             return
         folder = checkpoint_folder(cfg)
-        options = c.save_options(device_type=device_type, user_metadata={"config": cfg.to_dict()})
+        options = c.save_options(device_type=device_type, user_metadata={"config": cfg.to_record()})
         if c.create_seed_checkpoint:  # the run exists to write it
             options = options.replace(on_error=ckpt.FailurePolicy.STOP)
         with exits.refusing(f"checkpoint.folder={str(folder)!r}"):

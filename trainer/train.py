@@ -162,7 +162,7 @@ class Trainer:
         with exits.refusing(f"job.dump_folder={cfg.job.dump_folder!r}"):
             self.metrics = MetricsLogger(cfg.job.dump_folder, enabled=self.rank == 0, tensorboard=cfg.metrics.tensorboard)
             if self.rank == 0:
-                (Path(cfg.job.dump_folder) / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+                (Path(cfg.job.dump_folder) / "config.json").write_text(json.dumps(cfg.to_record(), indent=2) + "\n")
 
     def _parallelize(self, model: torch.nn.Module) -> torch.nn.Module:
         o = self.cfg.optimization

@@ -11,10 +11,10 @@ import json
 import os
 import zlib
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import CorruptCheckpointError
 from ..format import Manifest
+from ..redact import redact
 from ..storage import Location
 
 SCHEMA_VERSION = 2  # 2: every value carries the CRC-32 of its key and body
@@ -56,9 +56,7 @@ def mount_id(mount: str | os.PathLike | Location) -> str:
         text = text[len("file://"):]
     if "://" not in text:
         return os.path.abspath(text)
-    parts = urlsplit(text)
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit(parts._replace(netloc=netloc)).rstrip("/")
+    return redact(text).rstrip("/")  # userinfo and query values out (ckpt.redact)
 
 
 def step_key(step: int) -> bytes:

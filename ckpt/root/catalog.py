@@ -51,6 +51,7 @@ import lmdb
 from ..committed import read_manifest
 from ..errors import CheckpointError, CorruptCheckpointError
 from ..format import Manifest
+from ..redact import redact
 from ..storage import Location
 from ._catalog_files import check_files, discard
 from ._catalog_records import (ACTIVE_STATES, DIR_NAME, MOUNTS_KEY, SCHEMA_KEY, SCHEMA_VERSION, STATES, UNREADABLE,
@@ -197,7 +198,7 @@ class Catalog:
             raise ValueError(f"catalog state {state!r} is not one of {', '.join(STATES)}")
         with self._write() as txn:
             _put(txn, mount_key(mount_id(mount), step),
-                 {"state": state, "when": time.time() if when is None else when, "detail": detail})
+                 {"state": state, "when": time.time() if when is None else when, "detail": redact(detail)})
 
     def forget(self, mount, step: int) -> None:
         """``step`` was deleted on ``mount``; when no mount still has it (or is copying it), the
