@@ -372,32 +372,41 @@ def probe_catalog(work: Path, expected: list, timeout: float = 60.0) -> tuple[st
         if not hasattr(os, "fork"):
             code = _catalog_child(copy, mounts, expected)
             return names[code // 3], names[code % 3]
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child
-            code = 99
-            faulthandler.disable()  # a crash here is the finding, reported by the parent: no dump
-            try:
-                code = 10 + _catalog_child(copy, mounts, expected)
-            finally:
-                os._exit(code)
-        deadline = time.monotonic() + timeout
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                return "hang", "hang"
-            time.sleep(0.005)
-    if os.WIFSIGNALED(status):
-        return f"crash: signal {os.WTERMSIG(status)}", "crash"
-    code = os.WEXITSTATUS(status) - 10
+        outcome = forked(lambda: 10 + _catalog_child(copy, mounts, expected), timeout)
+    if outcome == "hang":
+        return "hang", "hang"
+    if isinstance(outcome, str):
+        return f"crash: {outcome}", "crash"
+    code = outcome - 10
     if not 0 <= code < 9:
         return f"crash: exit {code + 10}", "crash"
     return names[code // 3], names[code % 3]
+
+
+def forked(child, timeout: float) -> int | str:
+    """``child()`` (returning an exit code) in a forked process: its exit code, ``"signal N"`` when a
+    signal killed it (a SIGBUS there is a finding, not the end of this process), or ``"hang"``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 99
+        faulthandler.disable()  # a crash here is the finding, reported by the parent: no dump
+        try:
+            code = child()
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return "hang"
+        time.sleep(0.005)
+    return f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
 # -- one trial -----------------------------------------------------------------------------------

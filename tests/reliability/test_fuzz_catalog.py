@@ -18,9 +18,7 @@ import io
 import logging
 import os
 import shutil
-import signal
 import sys
-import time
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -46,7 +44,7 @@ TIMEOUT = 60.0
 # the child's findings (exit codes); 0: all held
 FINDINGS = {1: "a plain read raised something else than CheckpointError", 2: "open_catalog raised",
             3: "open_catalog served a listing other than the truth", 4: "ckpt-inspect did not exit 0",
-            5: "the child failed to start its checks"}
+            99: "the child failed to run its checks"}
 
 
 @pytest.fixture(scope="module")
@@ -108,28 +106,10 @@ def _child(work: Path, copy: str, expected: list) -> int:
 
 def probe(work: Path, copy: str, expected: list) -> str:
     """The child's verdict: "held", a finding, "signal N" or "hang"."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 5
-        try:
-            code = _child(work, copy, expected)
-        finally:
-            os._exit(code)
-    deadline = time.monotonic() + TIMEOUT
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return "hang"
-        time.sleep(0.005)
-    if os.WIFSIGNALED(status):
-        return f"signal {os.WTERMSIG(status)}"
-    return "held" if os.WEXITSTATUS(status) == 0 else FINDINGS.get(os.WEXITSTATUS(status), "exit ?")
+    outcome = campaign.forked(lambda: _child(work, copy, expected), TIMEOUT)
+    if isinstance(outcome, str):
+        return outcome
+    return "held" if outcome == 0 else FINDINGS.get(outcome, f"exit {outcome}")
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the probe forks")
