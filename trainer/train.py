@@ -36,6 +36,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import ckpt
+from ckpt.redact import redact
 from . import data as data_mod
 from . import exits
 from . import model as model_mod
@@ -180,7 +181,7 @@ class Trainer:
 
     def log(self, message: str) -> None:
         if self.rank == 0:
-            print(message, flush=True)
+            print(redact(message), flush=True)  # a URL's credentials never in a line (issue 22, item 5)
 
     def train_step(self) -> torch.Tensor:
         inputs, labels = self.loader.next_batch()

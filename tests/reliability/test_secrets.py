@@ -66,6 +66,10 @@ def test_credentials_in_mount_urls_never_land_on_disk_or_in_a_line(s3_bucket, aw
             codes.append(inspect([str(a) for a in argv]))
         codes.append(replay([str(primary), "--step", "4", "--quiet", "--out",
                              f"s3://{URL_KEY}:{URL_SECRET}@{s3_bucket.name}/replayed/step-00000004"]))
+        # a working run whose primary (checkpoint.folder) carries the credentials
+        codes.append(train(trainer_args(str(tmp_path / "job2"), steps=2, checkpoint__enable="true",
+                                        checkpoint__interval=2,
+                                        checkpoint__folder=f"s3://{URL_KEY}:{URL_SECRET}@{s3_bucket.name}/job2")))
         out = capsys.readouterr()
         said += [out.out, out.err]
         # refusals: a bucket that does not exist, a query string in the folder's URL
@@ -76,8 +80,9 @@ def test_credentials_in_mount_urls_never_land_on_disk_or_in_a_line(s3_bucket, aw
             out = capsys.readouterr()
             said += [out.out, out.err]
             assert out.err.count("\n") == 1 and out.err.startswith("error: checkpoint.folder="), out.err
-    assert codes == [0, 0, 0, 0, 0, 0, 2, 2], said
+    assert codes == [0, 0, 0, 0, 0, 0, 0, 2, 2], said
     assert CheckpointRoot(f"{s3_bucket.url}/run", s3_bucket.storage_options).steps() == [2, 4]
+    assert CheckpointRoot(f"{s3_bucket.url}/job2", s3_bucket.storage_options).steps() == [2]
     assert f"{s3_bucket.url}/run" in said[0]  # the mount is named, redacted
     said += [record.getMessage() for record in caplog.records] + [str(w.message) for w in warned]
     assert [line for text in said for line in text.splitlines() if _leaks(line)] == []
