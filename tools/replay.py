@@ -3,9 +3,9 @@
     ckpt-replay ROOT --step N [--out DIR] [--force]
 
 Without --out, step N is replaced in place, atomically, by its full equivalent (later deltas that
-build on it stay valid), and the root's catalog records it. An --out named as a step must be step N's
-name (step 450 is never stored as step-00000400). Exit codes (tools/cli.py): 0 done, 1 the checkpoint could not be read or
-written (one line on stderr says why), 2 bad arguments.
+build on it stay valid), and the root's catalog records it. An --out named as a step must be step
+N's name (step 450 is never stored as step-00000400). Exit codes (tools/cli.py): 0 done, 1 the
+checkpoint could not be read or written (one line on stderr says why), 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from ckpt import CheckpointRoot, read_manifest
 from ckpt.convert import materialize
 from ckpt.root import record_replaced
 from ckpt.storage import locate
-from .cli import EXPECTED_FAILURES, fail, progress
+from .cli import EXPECTED_FAILURES, command, fail, progress
 
 
+@command("ckpt-replay")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ckpt-replay", description=__doc__.splitlines()[0])
     parser.add_argument("root", help="checkpoint root holding step-XXXXXXXX directories")
