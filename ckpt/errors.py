@@ -24,6 +24,8 @@ type with the same attributes.
 
 from __future__ import annotations
 
+from .redact import redact
+
 
 class CheckpointError(Exception):
     """Base class of every error raised by the checkpoint engine.
@@ -33,8 +35,8 @@ class CheckpointError(Exception):
 
     def __init__(self, message: str = "", *, path: str | None = None, file: str | None = None,
                  tensor: str | None = None):
-        super().__init__(message)
-        self.path = None if path is None else str(path)
+        super().__init__(redact(message))  # never a credential in a line (issue 22, item 5)
+        self.path = None if path is None else redact(path)
         self.file, self.tensor = file, tensor
 
 

@@ -2,7 +2,8 @@
 and the verification of every stored byte. Nothing here prints: what a caller should be told (a
 catalog ignored, a replica that cannot be listed) goes to its ``note`` callback.
 
-* steps x mounts: the mounts (:func:`mount_list`: the root, the catalog's, any others) and the
+* steps x mounts: the mounts (:func:`mount_list`: the root and those the caller names, never the
+  catalog's) and the
   steps committed on each (:func:`listings`; both: :func:`survey`), one row per step
   (:func:`step_rows`). The states come from
   the mounts themselves (committed, or missing), merged with what the catalog knows of steps in
@@ -57,10 +58,12 @@ def read_catalog(path: str | None, root: Location, *, note: Note, explicit: bool
         return [], {}
 
 
-def mount_list(root: Location, catalog_mounts: list[str], extra: list[str]) -> list[tuple[str, Location]]:
-    """ROOT first, then the catalog's mounts and further ones, each once: ``(url, location)``."""
+def mount_list(root: Location, extra: list[str]) -> list[tuple[str, Location]]:
+    """ROOT first, then the further mounts the caller names, each once: ``(url, location)``. Never
+    the catalog's mount list: the catalog is a cache anyone who can write the root can plant a mount
+    in (issue 22, item 9), so it never decides where this process reads or sends requests."""
     found = {mount_id(root): root}
-    for url in catalog_mounts + extra:
+    for url in extra:
         location = locate(url)
         found.setdefault(mount_id(location), location)
     return list(found.items())
@@ -85,7 +88,10 @@ def survey(root: Location, catalog_path: str | None, extra: list[str], *, note: 
     """The run at ``root`` across its mounts: ``(mounts, committed steps on each, the catalog's
     steps)`` (:func:`read_catalog`, :func:`mount_list`, :func:`listings`)."""
     catalog_mounts, catalog = read_catalog(catalog_path, root, note=note, explicit=explicit)
-    mounts = mount_list(root, catalog_mounts, extra)
+    mounts = mount_list(root, extra)
+    others = [url for url in catalog_mounts if url not in dict(mounts)]
+    if others:
+        note(f"the catalog also names {', '.join(others)}; not read (a mount is listed only with --mount)")
     return mounts, listings(mounts, note=note), catalog
 
 

@@ -52,8 +52,8 @@ What it does (docs/RELIABILITY.md, "Crashes", has the figures of the long campai
    reference's bit for bit; the final checkpoint's tensors (model and optimizer, through
    ``full_tensors``) and values equal the reference's final checkpoint byte for byte, on the
    primary and on the replica; and no step the primary lists has a replica directory without a
-   manifest (a killed replica deletion's leftover: every copy of that step is then refused, see
-   tests/reliability/test_crash.py's xfail).
+   manifest (a killed replica deletion's leftover, which the replica's worker collects: see
+   tests/reliability/test_crash.py's killed-deletion tests).
 
 Prints one line per kill and per completed run, and a summary; ``--out`` writes it all as JSON
 (kills, their aims, phases and delays, every check, failures, times). Exits 0 when every check

@@ -30,6 +30,7 @@ import torch
 from tqdm import tqdm
 
 from ckpt import CheckpointError, CheckpointExistsError
+from ckpt.redact import redact
 
 EXPECTED_FAILURES = (CheckpointError, OSError)
 
@@ -49,7 +50,7 @@ def error_line(prog: str, exc: BaseException) -> str:
         text = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
     else:
         text = str(exc)
-    return f"{prog}: error: {' '.join(text.split())}"
+    return f"{prog}: error: {' '.join(redact(text).split())}"  # never a credential (issue 22, item 5)
 
 
 def fail(prog: str, exc: BaseException) -> int:

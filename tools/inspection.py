@@ -5,10 +5,11 @@
     ckpt-inspect ROOT/step-N [--json]                               one manifest: totals, tensors, values
     ckpt-inspect ROOT --rebuild-catalog [--catalog DIR]             rebuild the catalog, then list
 
-Mounts are ROOT, the catalog's mounts (``ROOT/.catalog`` by default for a local ROOT) and every
-``--mount``. The listing's states come from the mounts themselves (committed, or missing), merged
-with what the catalog knows of steps in flight (pending, copying, failed): the mounts are the truth;
-the catalog is only read, except by --rebuild-catalog. URLs (``s3://bucket/run``) take their
+Mounts are ROOT and every ``--mount``; never the mounts the catalog (``ROOT/.catalog`` by default
+for a local ROOT) names, which are only mentioned in a note. The listing's states come from the
+mounts themselves (committed, or missing), merged with what the catalog knows of steps in flight
+(pending, copying, failed): the mounts are the truth; the catalog is only read, except by
+--rebuild-catalog, which rebuilds it from ROOT and --mount. URLs (``s3://bucket/run``) take their
 endpoint and credentials from the standard environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...).
 
 ``--json`` prints one JSON document on stdout in every mode (keys are stable). Exit codes
@@ -30,7 +31,6 @@ from ckpt.root import Catalog, mount_id, open_catalog, open_root
 from ckpt.inspection import (
     mount_list,
     open_manifests,
-    read_catalog,
     step_rows,
     stored_bytes,
     summarize,
@@ -45,7 +45,7 @@ PROG = "ckpt-inspect"
 MAX_HEADER = 24  # a mount URL longer than this is shown as "mount N" with a legend
 EPILOG = """examples:
   ckpt-inspect ckpts/run1                                  steps, kinds, sizes, state per mount
-  ckpt-inspect ckpts/run1 --mount s3://bucket/run1         ... with a replica not in the catalog
+  ckpt-inspect ckpts/run1 --mount s3://bucket/run1         ... and its replica
   ckpt-inspect ckpts/run1 --verify                         check every checksum on every mount
   ckpt-inspect s3://bucket/run1 --verify --step 1200       one step (AWS_ENDPOINT_URL etc. apply)
   ckpt-inspect ckpts/run1/step-00001200 --json             one checkpoint's manifest, for scripts
@@ -101,8 +101,7 @@ def listing(args, root: Location, *, rebuilt: bool = False) -> int:
 def rebuild(args, root: Location) -> int:
     open_root(root)
     path = args.catalog or Catalog.default_path(root)
-    catalog_mounts, _ = read_catalog(path, root, note=note, quiet=True)  # a damaged one is rebuilt from ROOT, --mount
-    mounts = mount_list(root, catalog_mounts, args.mount)
+    mounts = mount_list(root, args.mount)  # ROOT and --mount: never the catalog's own list
     open_catalog(path, [location for _url, location in mounts], rebuild=True).close()
     if not args.json:
         print(f"catalog {path} rebuilt from {len(mounts)} mount(s)")

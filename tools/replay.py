@@ -3,8 +3,9 @@
     ckpt-replay ROOT --step N [--out DIR] [--force]
 
 Without --out, step N is replaced in place, atomically, by its full equivalent (later deltas that
-build on it stay valid). Exit codes (tools/cli.py): 0 done, 1 the checkpoint could not be read or
-written (one line on stderr says why), 2 bad arguments.
+build on it stay valid), and the root's catalog records it. An --out named as a step must be step
+N's name (step 450 is never stored as step-00000400). Exit codes (tools/cli.py): 0 done, 1 the
+checkpoint could not be read or written (one line on stderr says why), 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import argparse
 
 from ckpt import CheckpointRoot, read_manifest
 from ckpt.convert import materialize
+from ckpt.root import record_replaced
+from ckpt.storage import locate
 from .cli import EXPECTED_FAILURES, command, fail, progress
 
 
@@ -25,16 +28,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="replace an existing --out")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
-    source = CheckpointRoot(args.root).step_path(args.step)
     try:
+        source = CheckpointRoot(args.root).step_path(args.step)
+        target = source if args.out is None else locate(args.out)
         manifest = read_manifest(source)
         total = sum(c.blob.decoded_length for e in manifest.tensors.values() for c in e.chunks)
         with progress(total, f"replay step {args.step}", quiet=args.quiet) as bar:
-            materialize(source, args.out, overwrite=args.force, progress=bar.update)
+            written = materialize(source, target, overwrite=args.force, progress=bar.update)
     except EXPECTED_FAILURES as exc:
         return fail("ckpt-replay", exc)
+    record_replaced(target, written)  # the catalog of the root written into stays true
     kind = "was already full" if manifest.kind == "full" else f"replayed from a {manifest.kind} chain"
-    print(f"step {args.step} ({kind}) written as a full checkpoint to {args.out or source}")
+    print(f"step {args.step} ({kind}) written as a full checkpoint to {target}")
     return 0
 
 

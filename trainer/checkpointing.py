@@ -64,7 +64,7 @@ class RunCheckpoints:
         if not (c.enable or c.create_seed_checkpoint):
             return
         folder = checkpoint_folder(cfg)
-        options = c.save_options(device_type=device_type, user_metadata={"config": cfg.to_dict()})
+        options = c.save_options(device_type=device_type, user_metadata={"config": cfg.to_record()})
         if c.create_seed_checkpoint:  # the run exists to write it
             options = options.replace(on_error=ckpt.FailurePolicy.STOP)
         with exits.refusing(f"checkpoint.folder={str(folder)!r}"):
@@ -157,6 +157,18 @@ class RunCheckpoints:
         try:
             if self.manager.save(step, state, force=force):
                 self.last_saved = step
+        except ckpt.CheckpointError as exc:
+            return exc
+        return None
+
+    def finish(self) -> ckpt.CheckpointError | None:
+        """Wait for every save in flight (after the final save, before its metrics record): a failure
+        is counted with a warning under on_error=continue, so the last record's ``ckpt_failures``
+        holds it, or returned under on_error=stop, to be agreed on by all ranks like a save's."""
+        if self.manager is None:
+            return None
+        try:
+            self.manager.wait()
         except ckpt.CheckpointError as exc:
             return exc
         return None

@@ -22,6 +22,7 @@ import warnings
 from typing import Callable, Iterator
 
 from ckpt.errors import CheckpointError
+from ckpt.redact import redact
 from ckpt.manager import CheckpointManager
 from .config import ConfigError
 from .parallel import ParallelismError
@@ -70,7 +71,7 @@ def save_failed(manager: CheckpointManager, failure: CheckpointError | None) -> 
 
 
 def _one_line(text: str) -> str:
-    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+    return " ".join(line.strip() for line in redact(text).splitlines() if line.strip())  # no credential
 
 
 def run(body: Callable[[], None]) -> int:

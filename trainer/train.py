@@ -30,17 +30,16 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import math
 import signal
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 import ckpt
+from ckpt.redact import redact
 from . import data as data_mod
 from . import exits
 from . import model as model_mod
@@ -161,13 +160,13 @@ class Trainer:
         with exits.refusing(f"job.dump_folder={cfg.job.dump_folder!r}"):
             self.metrics = MetricsLogger(cfg.job.dump_folder, enabled=self.rank == 0, tensorboard=cfg.metrics.tensorboard)
             if self.rank == 0:
-                write_config(cfg.job.dump_folder, cfg.to_dict(), self.log)
-        self.metrics.record(run_start(self.run_id, cfg.to_dict(), resumed_step=self.checkpoints.resumed_step,
+                write_config(cfg.job.dump_folder, cfg.to_record(), self.log)
+        self.metrics.record(run_start(self.run_id, cfg.to_record(), resumed_step=self.checkpoints.resumed_step,
                                       world_size=self.world))
 
     def log(self, message: str) -> None:
         if self.rank == 0:
-            print(message, flush=True)
+            print(redact(message), flush=True)  # a URL's credentials never in a line (issue 22, item 5)
 
     def train_step(self) -> torch.Tensor:
         """One step (:mod:`trainer.step`): the micro-steps' forward/backward, clip, AdamW; the mean loss."""
@@ -209,6 +208,10 @@ class Trainer:
             loss = self.train_step()
             self.train_state.tokens_seen += tokens_per_step
             failure = self.checkpoints.save(step, self.state, force=step == t.steps)
+            waited = time.perf_counter()
+            if step == t.steps and failure is None:  # the final save counted in its own metrics record
+                failure = self.checkpoints.finish()
+            waited = time.perf_counter() - waited
             # The mean loss, "did a save fail on any rank?" and "did a rank get SIGTERM/SIGINT?" in one
             # all-reduce: every rank stops at the same step, also when the failure of a background
             # write (or the signal) reached one rank first.
@@ -223,7 +226,7 @@ class Trainer:
             stall += self.checkpoints.stall_s - before
             if step % cfg.metrics.log_freq == 0 or step == t.steps:
                 synchronize(self.device_type)
-                elapsed = time.perf_counter() - window_start
+                elapsed = time.perf_counter() - window_start - waited  # training's time, not the final drain
                 tps = window_steps * tokens_per_step / elapsed
                 self.metrics.log({
                     "step": step,

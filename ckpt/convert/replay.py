@@ -4,7 +4,8 @@ Every chunk is decoded through its chain (all links verified) and stored raw in 
 same name as before, so the layout (ranks, chunks) is unchanged; values are copied. The result is
 committed with the usual protocol (:class:`ckpt.assemble.NewCheckpoint`), at a new path or in place
 of the source (atomically; deltas that use the source as their base stay valid because the raw
-bytes are identical).
+bytes are identical). An output named as a step (``step-00000400``) must be the source's step:
+step 450 is never stored under step 400's name (refused before anything is written).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from collections import defaultdict
 from typing import Callable
 
 from ..assemble import NewCheckpoint, new_manifest
-from ..format import Chunk, Manifest, numbered_file_name
+from ..errors import CheckpointError
+from ..format import Chunk, Manifest, numbered_file_name, parse_step_name, step_name
 from ..read import ChunkSource
 from ..storage import locate
 from ..write import Payload, Place
@@ -33,6 +35,11 @@ def materialize(source_path: str | os.PathLike, out: str | os.PathLike | None = 
         out.storage.identity(out.path) == source_path.storage.identity(source_path.path)
     with ChunkSource(source_path) as source:
         old = source.manifest
+        named = parse_step_name(out.name)
+        if named is not None and old.step is not None and named != old.step:  # before anything is replaced
+            raise CheckpointError(f"refusing to write step {old.step} as {out}: that name is step {named}'s; "
+                                  f"name the output {step_name(old.step)} or a directory that is not a step's",
+                                  path=str(out))
         manifest = new_manifest(((key, e.dtype, e.shape) for key, e in old.tensors.items()), step=old.step,
                                 world_size=old.world_size, created=old.created, dcp_version=old.dcp_version,
                                 user=old.user, paths=old.paths)

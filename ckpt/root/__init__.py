@@ -7,6 +7,7 @@
 | :mod:`~ckpt.root.retention` | which steps a policy deletes, applied the same way on the primary and every replica |
 | :mod:`~ckpt.root.resume` | which step to load, from which mount, falling back past damage |
 | :mod:`~ckpt.root.catalog` | the LMDB catalog: a cache of the mounts' manifests, never an authority |
+| :mod:`~ckpt.root.catalog_sync` | the catalog kept true when a tool rewrote a step (:func:`record_replaced`) |
 | :mod:`~ckpt.root.copy` | one step copied to another mount, verified as it streams (:func:`copy_step`) |
 | :mod:`~ckpt.root.replicate` | the background :class:`Replicator` (per-mount workers, backoff, catch-up, clean-up, retention) |
 
@@ -14,10 +15,12 @@ Below the manager, above the commit protocol and the read side; nothing here imp
 """
 
 from .catalog import Catalog, StepInfo, mount_id, open_catalog
+from .catalog_sync import record_replaced
 from .copy import SourceCorruptError, copy_step
 from .replicate import Replicator
 from .resolve import open_root, resolve_checkpoint
 from .steps import LOCK_NAME, CheckpointRoot, committed_steps, step_path
 
 __all__ = ["CheckpointRoot", "committed_steps", "step_path", "LOCK_NAME", "open_root", "resolve_checkpoint",
-           "Catalog", "StepInfo", "mount_id", "open_catalog", "copy_step", "SourceCorruptError", "Replicator"]
+           "Catalog", "StepInfo", "mount_id", "open_catalog", "record_replaced", "copy_step", "SourceCorruptError",
+           "Replicator"]

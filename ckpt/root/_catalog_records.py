@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import CorruptCheckpointError
 from ..format import Manifest
+from ..redact import redact
 from ..storage import Location
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: every value carries the CRC-32 of its key and body
 STATES = ("pending", "copying", "committed", "failed", "dropped", "deleted")
 ACTIVE_STATES = ("pending", "copying", "committed")  # a step is kept while some mount is in one
 UNREADABLE = "unreadable manifest: "  # detail prefix of a "failed" state: listed, manifest unreadable
@@ -55,9 +56,7 @@ def mount_id(mount: str | os.PathLike | Location) -> str:
         text = text[len("file://"):]
     if "://" not in text:
         return os.path.abspath(text)
-    parts = urlsplit(text)
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit(parts._replace(netloc=netloc)).rstrip("/")
+    return redact(text).rstrip("/")  # userinfo and query values out (ckpt.redact)
 
 
 def step_key(step: int) -> bytes:
@@ -72,8 +71,15 @@ def mount_key(mount: str, step: int) -> bytes:
     return b"mount/" + mount.encode() + b"/%012d" % step
 
 
-def encode(doc) -> bytes:
-    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+def _crc(key: bytes, body: bytes) -> bytes:
+    return b"%08x " % zlib.crc32(body, zlib.crc32(key))
+
+
+def encode(key: bytes, doc) -> bytes:
+    """The value stored under ``key``: the CRC-32 (8 hex digits and a space) of the key and the JSON
+    body, then the body. Damage to a key or a value that still parses is found (item 15 of issue 22)."""
+    body = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+    return _crc(key, body) + body
 
 
 def step_record(manifest: Manifest) -> dict:
@@ -92,8 +98,12 @@ def decode(path: str, key: bytes, raw: bytes | None):
     """The JSON document stored under ``key`` (None when there is none)."""
     if raw is None:
         return None
+    raw = bytes(raw)
+    if raw[:9] != _crc(bytes(key), raw[9:]):
+        raise CorruptCheckpointError(f"catalog {path}: record {bytes(key).decode(errors='replace')} fails its "
+                                     f"checksum", path=path)
     try:
-        return json.loads(bytes(raw))
+        return json.loads(raw[9:])
     except ValueError:
         raise CorruptCheckpointError(f"catalog {path}: record {key.decode(errors='replace')} is not "
                                      f"valid JSON", path=path) from None

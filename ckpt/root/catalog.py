@@ -7,9 +7,10 @@ of another schema version, or disagrees with the primary's listing.
     catalog.set_state(str(replica), 100, "copying")            # replication, as it goes
     for info in catalog.steps(): print(info.step, info.kind, info.mounts)
 
-Records are JSON (utf-8) values in LMDB's main database (schema :data:`SCHEMA_VERSION`):
+Records are JSON (utf-8) values in LMDB's main database (schema :data:`SCHEMA_VERSION`), each
+preceded by the CRC-32 of its key and body (a damaged record that still parses is found):
 
-    meta/schema              {"version": 1}
+    meta/schema              {"version": 2}
     meta/mounts              ["<primary url>", "<replica url>", ...]
     step/<step:012d>         {"kind", "base_step", "bytes", "raw_bytes", "tensors", "created"}
     mount/<url>/<step:012d>  {"state", "when", "detail"}     state: one of :data:`STATES`
@@ -28,6 +29,11 @@ reused). Writers within one process are serialised by a :class:`threading.Lock` 
 transaction (LMDB's own writer mutex serialises processes). Manifests are read before a rebuild's
 transaction begins, so the lock is never held across mount I/O.
 
+Opening: the directory and its files are checked first (:mod:`ckpt.root._catalog_files`: a real
+directory of regular files, never a symlink followed; ``data.mdb`` as long as its meta pages say), and
+:func:`open_catalog` reads every record; any damage is discarded and rebuilt, never followed.
+Nothing does I/O by the catalog: the mounts a caller lists come from its own configuration.
+
 Every LMDB failure is raised as :class:`~ckpt.errors.CheckpointError`; a damaged record or an
 invalid LMDB file as :class:`~ckpt.errors.CorruptCheckpointError`.
 """
@@ -45,7 +51,9 @@ import lmdb
 from ..committed import read_manifest
 from ..errors import CheckpointError, CorruptCheckpointError
 from ..format import Manifest
+from ..redact import redact
 from ..storage import Location
+from ._catalog_files import check_files, discard
 from ._catalog_records import (ACTIVE_STATES, DIR_NAME, MOUNTS_KEY, SCHEMA_KEY, SCHEMA_VERSION, STATES, UNREADABLE,
                                MountState, StepInfo, chunk_records, chunks_key, decode, encode, mount_id, mount_key,
                                mount_state, step_info, step_key, step_record)
@@ -57,9 +65,12 @@ __all__ = ["Catalog", "open_catalog", "MountState", "StepInfo", "mount_id", "STA
 log = logging.getLogger(__name__)
 
 MAP_SIZE = 1 << 30  # sparse on Linux: the file grows with the data
-LMDB_FILES = ("data.mdb", "lock.mdb")
 _DAMAGE = (lmdb.InvalidError, lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.VersionMismatchError,
            lmdb.BadValsizeError)  # the files are damaged (not: busy, missing, no permission)
+
+
+def _put(txn, key: bytes, doc) -> None:
+    txn.put(key, encode(key, doc))
 
 
 def _error(path: str, what: str, exc: BaseException) -> CheckpointError:
@@ -78,6 +89,7 @@ class Catalog:
         options = dict(map_size=MAP_SIZE, max_dbs=4, subdir=True, readonly=readonly, lock=True,
                        create=not readonly, max_readers=256)
         try:
+            check_files(self.path)  # a real directory of real files, none cut short (never followed)
             if not readonly:
                 os.makedirs(self.path, exist_ok=True)
             try:
@@ -95,7 +107,7 @@ class Catalog:
             if version is None and not readonly:
                 with self._write() as txn:
                     if txn.get(SCHEMA_KEY) is None:
-                        txn.put(SCHEMA_KEY, encode({"version": SCHEMA_VERSION}))
+                        _put(txn, SCHEMA_KEY, {"version": SCHEMA_VERSION})
                         self.created = True
                 version = {"version": SCHEMA_VERSION}
             if version is None:
@@ -147,11 +159,19 @@ class Catalog:
                     break
                 yield bytes(key), self._decode(key, value)
 
+    def check_records(self) -> None:
+        """Every record decodes (its checksum holds) and the mount list and step records parse."""
+        with self._read() as txn:
+            for _key, _doc in self._scan(txn, b""):
+                pass
+        self.mounts()
+        self.steps()
+
     # -- mounts --------------------------------------------------------------------------------
     def set_mounts(self, urls: list) -> None:
         """The run's mounts, primary first (URLs, paths or Locations)."""
         with self._write() as txn:
-            txn.put(MOUNTS_KEY, encode([mount_id(u) for u in urls]))
+            _put(txn, MOUNTS_KEY, [mount_id(u) for u in urls])
 
     def mounts(self) -> list[str]:
         found = self._get(MOUNTS_KEY) or []
@@ -169,16 +189,16 @@ class Catalog:
     def _put_commit(self, txn, mount: str, step: int, manifest: Manifest, when: float) -> None:
         primary = (self._decode(MOUNTS_KEY, txn.get(MOUNTS_KEY)) or [None])[0]
         if mount == primary or txn.get(step_key(step)) is None:
-            txn.put(step_key(step), encode(step_record(manifest)))
-            txn.put(chunks_key(step), encode(chunk_records(manifest)))
-        txn.put(mount_key(mount, step), encode({"state": "committed", "when": when, "detail": ""}))
+            _put(txn, step_key(step), step_record(manifest))
+            _put(txn, chunks_key(step), chunk_records(manifest))
+        _put(txn, mount_key(mount, step), {"state": "committed", "when": when, "detail": ""})
 
     def set_state(self, mount, step: int, state: str, when: float | None = None, detail: str = "") -> None:
         if state not in STATES:
             raise ValueError(f"catalog state {state!r} is not one of {', '.join(STATES)}")
         with self._write() as txn:
-            txn.put(mount_key(mount_id(mount), step),
-                    encode({"state": state, "when": time.time() if when is None else when, "detail": detail}))
+            _put(txn, mount_key(mount_id(mount), step),
+                 {"state": state, "when": time.time() if when is None else when, "detail": redact(detail)})
 
     def forget(self, mount, step: int) -> None:
         """``step`` was deleted on ``mount``; when no mount still has it (or is copying it), the
@@ -257,13 +277,12 @@ class Catalog:
             for key in keys:
                 if key != SCHEMA_KEY:
                     txn.delete(key)
-            txn.put(MOUNTS_KEY, encode([mount_id(m) for m in mounts]))
+            _put(txn, MOUNTS_KEY, [mount_id(m) for m in mounts])
             for mount, step, manifest in found:
                 if isinstance(manifest, Manifest):
                     self._put_commit(txn, mount, step, manifest, manifest.created or now)
                 else:
-                    txn.put(mount_key(mount, step),
-                            encode({"state": "failed", "when": now, "detail": UNREADABLE + manifest}))
+                    _put(txn, mount_key(mount, step), {"state": "failed", "when": now, "detail": UNREADABLE + manifest})
 
     def listed_on(self, mount) -> set[int]:
         """Steps the catalog believes ``mount`` lists: committed, or committed but unreadable."""
@@ -290,21 +309,6 @@ class Catalog:
         self.close()
 
 
-def _discard(path: str) -> None:
-    """Remove the LMDB files of a damaged catalog (only those: the directory may hold other things)."""
-    if os.path.isfile(path) or os.path.islink(path):
-        raise CheckpointError(f"catalog path {path} is a file, not a directory; remove it or choose another",
-                              path=path)
-    for name in LMDB_FILES:
-        try:
-            os.remove(os.path.join(path, name))
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise CheckpointError(f"cannot remove the damaged catalog file {name} in {path}: {exc}",
-                                  path=path) from None
-
-
 def open_catalog(path: str | os.PathLike, mounts: list[Location], *, rebuild: bool = False) -> Catalog:
     """The catalog at ``path`` for ``mounts`` (primary first), rebuilt from the manifests when it is
     new, unreadable (its LMDB files are then deleted, with a warning), of another schema, inconsistent
@@ -313,14 +317,13 @@ def open_catalog(path: str | os.PathLike, mounts: list[Location], *, rebuild: bo
     try:
         catalog = Catalog(path)
         try:
-            catalog.mounts()
-            catalog.steps()  # every record parses
+            catalog.check_records()
         except BaseException:
             catalog.close()
             raise
     except CorruptCheckpointError as exc:
         log.warning("catalog %s is unreadable (%s); rebuilding it from the manifests", path, exc)
-        _discard(path)
+        discard(path)
         catalog = Catalog(path)
     try:
         if (rebuild or catalog.created or [mount_id(m) for m in mounts] != catalog.mounts()

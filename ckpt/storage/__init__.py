@@ -6,7 +6,10 @@
 A plain path or ``file://`` URL selects :class:`~ckpt.storage.local.LocalStorage`; any other URL
 selects :class:`~ckpt.storage.remote.FsspecStorage` over the filesystem fsspec builds for it with
 ``storage_options`` passed through (for ``s3://``, s3fs also reads the standard AWS environment
-variables). The interface and its durability contract are in :mod:`ckpt.storage.base`.
+variables). Credentials in an ``s3://KEY:SECRET@bucket/...`` URL are taken out of it and given as the
+``key``/``secret`` storage options (percent-decoded), so no location, display or message holds them;
+userinfo in another scheme's URL and a query string in any mount URL are refused (:mod:`ckpt.redact`
+removes credentials from every text the engine writes or prints). The interface and its durability contract are in :mod:`ckpt.storage.base`.
 
 Wrapping a mount (fault injection, tracing, a test's spy) goes through one public seam, never through
 this module's internals: :data:`wrappers` maps a scheme (``"file"`` for plain paths and ``file://``
@@ -28,15 +31,18 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterator
+from urllib.parse import unquote
 
 from ..errors import StorageError
 from .base import Location, ReadHandle, Storage, WriteHandle
 from .local import LocalStorage, holder_text
+from ..redact import redact, split_userinfo
 
 __all__ = ["Location", "Storage", "ReadHandle", "WriteHandle", "LocalStorage", "locate", "is_url", "holder_text",
            "wrappers", "wrapped"]
 
 _LOCAL = LocalStorage()
+_USERINFO_OPTIONS = {"s3": ("key", "secret"), "s3a": ("key", "secret")}  # scheme -> fsspec's option names
 wrappers: dict[str, Callable[[Storage], Storage]] = {}
 """scheme -> the wrapper ``locate()`` applies to that scheme's storage (see the module docstring)."""
 _remote: dict[int, Storage] = {}
@@ -78,6 +84,18 @@ def locate(target: str | os.PathLike | Location, storage_options: dict | None = 
     if "://" not in text:
         return Location(_wrap("file", _LOCAL), text.rstrip("/") or "/")
     scheme = text.split("://", 1)[0]
+    if "?" in text:
+        raise StorageError(f"the mount URL {redact(text)} has a query string: a mount is named by a plain URL "
+                           "(its text would become part of every object's name); give credentials in the "
+                           "environment or storage_options", path=redact(text))
+    text, key, secret = split_userinfo(text)
+    if key is not None and scheme in _USERINFO_OPTIONS:  # s3://KEY:SECRET@bucket: the mount's credentials
+        names = _USERINFO_OPTIONS[scheme]
+        storage_options = {**(storage_options or {}), names[0]: unquote(key),
+                           **({} if secret is None else {names[1]: unquote(secret)})}
+    elif key is not None:
+        raise StorageError(f"{scheme}:// mounts take no credentials in the URL ({redact(text)}); give them in "
+                           "the environment or storage_options", path=text)
     try:
         import fsspec
 

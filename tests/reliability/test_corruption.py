@@ -11,8 +11,9 @@
 * found by this campaign and fixed: a replica step directory without a manifest was never copied
   again (and stalled the replication of every later step); a step whose primary copy is corrupt
   stalled replication the same way;
-* known bugs, as strict xfails: a truncated catalog kills the process that opens it (SIGBUS); damage
-  inside a catalog record's value that still parses is served as is.
+* found by the campaign and fixed (issue 22, items 11 and 15): a truncated catalog killed the process
+  that opened it (SIGBUS; its size is now checked against LMDB's meta pages first); damage inside a
+  catalog record's value that still parses was served as is (every record now carries a CRC-32).
 
 Long campaign: ``.venv/bin/python scripts/corruption_campaign.py --trials 1000 --seed 1 --out c.json``.
 """
@@ -91,9 +92,7 @@ def test_ci_campaign_detects_every_damage_and_never_loads_silently(tmp_path):
     assert unknown == []
     for record in records:
         damage = record["damage"]
-        if record.get("outcome") == "crash":  # in the forked probe; only the known bug may crash
-            assert record["problems"][0].startswith("KNOWN-BUG catalog-truncated-crash"), record
-            continue
+        assert record.get("outcome") != "crash", record  # the forked probe survived
         assert record["manager_load"]["step"] == max(campaign.STEPS), record  # one good copy always remains
         assert record["manager_load"]["source"] in ("primary", "replica", "primary, base link from replica")
         if damage["place"] == "catalog":
@@ -203,7 +202,7 @@ def test_a_deleted_manifest_makes_the_copy_uncommitted_and_the_manager_uses_the_
     assert campaign.same_state(live, run[1][5])
 
 
-# -- known bugs ---------------------------------------------------------------------------------------
+# -- bugs this campaign found ---------------------------------------------------------------------------------------
 def test_a_replica_step_directory_without_manifest_is_copied_again(run, tmp_path):
     work = _copy(run, tmp_path)
     replica = work / "replica"
@@ -235,10 +234,6 @@ def test_a_corrupt_primary_step_does_not_stop_the_replication_of_later_steps(tmp
     assert CheckpointRoot(replica).committed() == [2, 3]  # 1 is never replicated (right), the others are
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the catalog has no checksum; damage inside a record's value that "
-                   "still parses (a digit of a size) is served as is - open_catalog rebuilds only when the "
-                   "catalog is unreadable or its listing of the primary's steps disagrees (CATALOG.md: 'rebuilt "
-                   "whenever it disagrees')")
 def test_damage_inside_a_catalog_record_is_repaired(tmp_path):
     work = tmp_path / "run"
     with campaign.captured_logs():
@@ -257,9 +252,6 @@ def test_damage_inside_a_catalog_record_is_repaired(tmp_path):
         assert catalog.step(4).bytes == true_bytes
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a catalog whose data.mdb is cut below its last used page kills the "
-                   "process that opens it (SIGBUS in LMDB's memory map) - the manager at start, ckpt-inspect - "
-                   "instead of being discarded and rebuilt like an unreadable one")
 def test_a_truncated_catalog_is_rebuilt_not_fatal(tmp_path):
     work = tmp_path / "run"
     with campaign.captured_logs():
@@ -280,11 +272,8 @@ def test_random_catalog_damage_never_breaks_the_manager(tmp_path):
     report = campaign.run_campaign(12, seed=5, workdir=tmp_path, place="catalog")
     assert report["catalog_damages"] == 12 and report["silent_loads"] == 0
     for record in report["records"]:
-        if record["outcome"] == "crash":
-            assert record["problems"][0].startswith("KNOWN-BUG catalog-truncated-crash"), record
-            continue
-        assert record["catalog_probe"]["open_catalog"] in ("same", "differs"), record  # no hang
+        assert record["outcome"] != "crash", record  # no SIGBUS: the size is checked before mapping
+        assert record["catalog_probe"]["open_catalog"] == "same", record  # rebuilt: no hang, no lie
         assert record["manager_load"]["error"] is None and record["manager_load"]["step"] == 5, record
         assert record["verify"]["exit"] == 0
-        if record["catalog_same"] is False:  # only the known bug may change the listing
-            assert all(p.startswith("KNOWN-BUG catalog-value-damage") for p in record["problems"]), record
+        assert record["catalog_same"] is True and record["problems"] == [], record

@@ -54,9 +54,9 @@ def test_table_names_steps_and_mounts(run, tmp_path, capsys):
     with open_catalog(Catalog.default_path(locate(run)), [locate(run), locate(replica)]) as catalog:
         catalog.set_state(replica, 4, "copying")
         catalog.set_state(replica, 7, "failed", detail="upload refused")  # a save that never committed
-    code, out, err = _out(capsys, [run])
+    code, out, err = _out(capsys, [run, "--mount", replica])
     assert code == 0 and err == ""
-    assert f"mount 1 = {run} (primary)" in out and f"mount 2 = {replica}" in out  # from the catalog
+    assert f"mount 1 = {run} (primary)" in out and f"mount 2 = {replica}" in out  # ROOT, --mount
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line[:1].isdigit()}
     assert rows.keys() == {"1", "2", "3", "4", "7"}
     assert rows["2"][1:3] == ["delta", "1"] and rows["1"][1:3] == ["full", "-"]
@@ -64,7 +64,10 @@ def test_table_names_steps_and_mounts(run, tmp_path, capsys):
     assert rows["7"][-2:] == ["missing", "failed"]
 
     shutil.rmtree(run / "step-00000003")  # the mounts are the truth, not the catalog
-    code, out, _ = _out(capsys, [run, "--json"])
+    code, out, err = _out(capsys, [run, "--json"])
+    assert json.loads(out)["mounts"] == [str(run)]  # never the catalog's mount list (issue 22, item 9)
+    assert err == f"ckpt-inspect: note: the catalog also names {replica}; not read (a mount is listed only with --mount)\n"
+    code, out, _ = _out(capsys, [run, "--json", "--mount", replica])
     doc = json.loads(out)
     assert code == 0 and doc["mounts"] == [str(run), str(replica)] and doc["catalog"] == str(run / ".catalog")
     assert doc["root"] == str(run)

@@ -87,3 +87,50 @@ def test_replay_a_delta_chain_on_s3_in_place(s3_bucket, aws_env, capsys):
     live = {"w": torch.zeros(4096)}
     ckpt.load(live, f"{root}/step-00000002")
     assert torch.equal(live["w"], state["w"])
+
+
+def _chain_root(tmp_path):
+    import torch
+
+    import ckpt
+
+    root = tmp_path / "root"
+    with ckpt.CheckpointManager(root, interval=1, full_every=4) as manager:  # with its .catalog
+        for step in (1, 2, 3):
+            manager.before_step()
+            manager.save(step, {"w": torch.full((256,), float(step)), "step": step})
+    return root
+
+
+def test_replay_in_place_keeps_the_catalog_true(tmp_path, capsys):
+    """issue 22, item 14: the catalog described the old delta after an in-place replay."""
+    from ckpt.root import Catalog
+    from tools.replay import main
+
+    root = _chain_root(tmp_path)
+    with Catalog(root / ".catalog", readonly=True) as catalog:
+        assert catalog.step(2).kind == "delta" and catalog.step(2).base_step == 1
+    assert main([str(root), "--step", "2", "--quiet"]) == 0
+    assert f"written as a full checkpoint to {root / 'step-00000002'}" in capsys.readouterr().out
+    with Catalog(root / ".catalog", readonly=True) as catalog:
+        info = catalog.step(2)
+        assert (info.kind, info.base_step, info.mounts[str(root)].state) == ("full", None, "committed")
+        assert catalog.step(3).kind == "delta"  # untouched
+
+
+def test_replay_never_stores_a_step_under_another_steps_name(tmp_path, capsys):
+    """issue 22, item 14: ``--out ROOT/step-00000001 --force`` stored step 3 under step 1's name."""
+    import ckpt
+    from ckpt.root import CheckpointRoot
+    from tools.replay import main
+
+    root = _chain_root(tmp_path)
+    before = (root / "step-00000001" / "manifest.json").read_bytes()
+    assert main([str(root), "--step", "3", "--out", str(root / "step-00000001"), "--force", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "step-00000001" in err and "step 3" in err
+    assert (root / "step-00000001" / "manifest.json").read_bytes() == before
+    assert ckpt.read_manifest(root / "step-00000001").step == 1 and CheckpointRoot(root).steps() == [1, 2, 3]
+    # the step's own name, in another root, is fine
+    assert main([str(root), "--step", "3", "--out", str(tmp_path / "copy" / "step-00000003"), "--quiet"]) == 0
+    assert ckpt.read_manifest(tmp_path / "copy" / "step-00000003").kind == "full"

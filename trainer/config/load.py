@@ -12,6 +12,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckpt.redact import redact
+
 from . import derive
 from .parse import apply, normalize, parse_cli, read_file
 from .schema import (
@@ -42,6 +44,11 @@ class Config:
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """The nested dict {section: {key: value}} with native keys (JSON/TOML-friendly values)."""
         return dataclasses.asdict(self)
+
+    def to_record(self) -> dict[str, dict[str, Any]]:
+        """:meth:`to_dict` as it is written down (config.json, every manifest's ``user.config``):
+        every string redacted, so a URL's credentials (``s3://KEY:SECRET@...``) never land on disk."""
+        return _redacted(self.to_dict())
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Config":
@@ -84,3 +91,13 @@ def load_config(argv: list[str] | None = None) -> Config:
     apply(cfg, normalize(cli, "the command line"))
     cfg.validate()
     return cfg
+
+
+def _redacted(value):
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {key: _redacted(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redacted(item) for item in value]
+    return value
