@@ -17,16 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import os
 
-from ckpt import CheckpointError
-from ckpt.root import Catalog, open_catalog, open_root
+from ckpt.root import open_root
+from ckpt.root.catalog_sync import record_deleted
 from ckpt.root.retention import apply, steps_to_delete
 from .cli import EXPECTED_FAILURES, command, fail
 
 PROG = "ckpt-prune"
-log = logging.getLogger(PROG)
 
 
 def positive(text: str) -> int:
@@ -48,19 +45,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _forget_in_catalog(root, deleted: list[int]) -> None:
-    """The catalog is a cache: a failure to update it is reported, never fatal."""
-    path = Catalog.default_path(root.path)
-    if not deleted or path is None or not os.path.isdir(path):
-        return
-    try:
-        with open_catalog(path, [root.path]) as catalog:
-            for step in deleted:
-                catalog.forget(root.path, step)
-    except CheckpointError as exc:
-        log.warning("catalog %s not updated (%s); `ckpt-inspect ROOT --rebuild-catalog` rebuilds it", path, exc)
-
-
 @command(PROG)
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
@@ -78,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                 listed = root.steps()
             finally:
                 root.unlock()
-            _forget_in_catalog(root, deleted)
+            record_deleted(root.path, deleted)
     except EXPECTED_FAILURES as exc:
         return fail(PROG, exc)
     kept = [step for step in listed if step not in deleted]

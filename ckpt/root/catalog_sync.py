@@ -1,5 +1,5 @@
 """Keeping a root's catalog true when a tool, not the manager, rewrote one of its committed steps
-(``ckpt-replay`` in place or into a root: issue 22, item 14). The catalog stays a cache: when it
+(``ckpt-replay`` in place or into a root: issue 22, item 14) or deleted some (``ckpt-prune``). The catalog stays a cache: when it
 cannot be updated it is left for its next :func:`~ckpt.root.catalog.open_catalog` to rebuild.
 """
 
@@ -13,7 +13,7 @@ from ..format import Manifest, parse_step_name
 from ..storage import Location
 from .catalog import Catalog, mount_id
 
-__all__ = ["record_replaced"]
+__all__ = ["record_replaced", "record_deleted"]
 
 log = logging.getLogger(__name__)
 
@@ -34,5 +34,23 @@ def record_replaced(step_path: Location, manifest: Manifest) -> bool:
     except CheckpointError as exc:
         log.warning("catalog %s not updated for the rewritten step %s (%s); it is rebuilt when next opened",
                     path, step, exc)
+        return False
+    return True
+
+
+def record_deleted(root: Location, steps: list[int]) -> bool:
+    """A tool deleted ``steps`` of ``root`` (``ckpt-prune``): the root's catalog, when it has one
+    indexing it, forgets them on that mount (the other mounts' states are left as they are)."""
+    path = Catalog.default_path(root)
+    if not steps or path is None or not os.path.isfile(os.path.join(path, "data.mdb")):
+        return False
+    try:
+        with Catalog(path) as catalog:
+            if catalog.mounts()[:1] != [mount_id(root)]:
+                return False
+            for step in steps:
+                catalog.forget(root, step)
+    except CheckpointError as exc:
+        log.warning("catalog %s not updated for the deleted steps (%s); it is rebuilt when next opened", path, exc)
         return False
     return True
