@@ -165,9 +165,8 @@ def _import_hf(args, dtype: torch.dtype | None) -> list[str]:
     lines = [f"Hugging Face llama {args.src} ({hf.describe(result.model.args)}) -> {result.path}: "
              f"{result.tensors} tensors, {result.nbytes / 1e9:.3f} GB"]
     if result.model_config is None:
-        lines.append("note: no trainer flavor has this model's SwiGLU width, norm epsilon and rotary base, so the "
-                     "trainer cannot build it; trainer.model.Transformer(ModelArgs(**manifest.user['model_args'])) "
-                     "loads it with ckpt.load")
+        lines.append("note: no trainer configuration rebuilds this model exactly; "
+                     "trainer.model.Transformer(ModelArgs(**manifest.user['model_args'])) loads it with ckpt.load")
     else:
         flags = hf.trainer_flags(result.model_config)
         lines.append("start training from it: python -m trainer.train --config <your config> "
