@@ -83,10 +83,11 @@ def names_problem(live: set[str], saved: set[str], stored: set[str]) -> str:
               f"{len(unexpected)} unexpected: {', '.join(unexpected[:3]) or '-'}")
     foreign = sorted(stored - saved) if not saved else [k for k in unexpected if not _OUR_KEY.match(k)]
     if foreign:
-        return (f"its tensors are not named as this trainer's model ({listed}; e.g. {', '.join(foreign[:2])}): "
+        return (f"its model weights do not fit this model: its tensors are not named as this trainer's model "
+                f"({listed}; e.g. {', '.join(foreign[:2])}): "
                 "it was written by another trainer or model; a torchtitan checkpoint converts with ckpt-convert "
                 "SRC DST --from torchtitan --flavor <its flavor>, a Hugging Face model with --from hf")
-    return (f"its model weights are named as this trainer's but are another model's ({listed}): set model.* "
+    return (f"its model weights do not fit this model: named as this trainer's, but another model's ({listed}); set model.* "
             "(n_layers, tie_embeddings, ...) to the shapes it was written with")
 
 
