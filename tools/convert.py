@@ -4,6 +4,8 @@
     ckpt-convert SRC DST --to torch|safetensors [--step N] [--dtype ...] [--max-shard-size SIZE] [--force] [--quiet]
     ckpt-convert SRC DST --from hf [--step N] [--dtype ...] [--force] [--quiet]
     ckpt-convert SRC DST --from dcp [--force] [--quiet]
+    ckpt-convert SRC DST --from torchtitan --flavor FLAVOR [--step N] [--force] [--quiet]
+    ckpt-convert SRC DST --to torchtitan [--step N] [--force] [--quiet]
 
 --to: SRC is a trainer checkpoint (a directory or URL holding manifest.json) or a checkpoint root
 (then --step N, default the newest committed step); its model weights (the tensors under "model.")
@@ -30,6 +32,15 @@ schedule and data position start fresh).
 --from dcp: SRC is a plain torch.distributed.checkpoint directory (.metadata, read without
 unpickling code); DST the equivalent checkpoint of this engine.
 
+--from torchtitan: SRC is a torchtitan llama3 checkpoint (its checkpoint folder: the newest step-N,
+or --step N; or one step-N directory), FLAVOR its model flavor (debugmodel, 1B, 3B, 8B, 70B: the
+numerics are not in the checkpoint); DST becomes a checkpoint root our trainer resumes with the
+flags printed: model, AdamW state (the fused wqkv split per projection), LR schedule position and
+step (torchtitan's data position is not carried: the data starts from the beginning).
+--to torchtitan: SRC a trainer checkpoint (or root, --step N); DST torchtitan's checkpoint folder,
+where step-N is written as the DCP checkpoint its CheckpointManager resumes (with
+checkpoint.exclude_from_loading = ["dataloader"]).
+
 Outputs appear whole or not at all (written under a temporary name, renamed at the end); an existing
 DST is refused without --force. Exit codes (tools/cli.py): 0 done, 1 a checkpoint or model could not
 be read or converted, or the output not written (one line on stderr says why), 2 bad arguments.
@@ -50,6 +61,7 @@ from ckpt.root import resolve_checkpoint
 from .cli import DTYPES, EXPECTED_FAILURES, command, fail, implied_format, parse_size, progress, trainer_module
 
 hf = trainer_module("hf")
+titan = trainer_module("titan")
 ConfigError = trainer_module("config").ConfigError
 
 PROG = "ckpt-convert"
@@ -75,8 +87,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("dst", help="--to hf: a directory; --to torch/safetensors: a file (a directory when sharded); "
                                "--from hf: a new checkpoint root; --from dcp: a checkpoint directory")
     direction = p.add_mutually_exclusive_group(required=True)
-    direction.add_argument("--to", choices=("hf", "torch", "safetensors"), help="export the model weights")
-    direction.add_argument("--from", dest="from_", choices=("hf", "dcp"), help="import into this engine's format")
+    direction.add_argument("--to", choices=("hf", "torch", "safetensors", "torchtitan"),
+                           help="export the model weights (torchtitan: the whole training state)")
+    direction.add_argument("--from", dest="from_", choices=("hf", "dcp", "torchtitan"),
+                           help="import into this engine's format")
+    p.add_argument("--flavor", help="--from torchtitan: the torchtitan llama3 flavor of the run (debugmodel, 1B, ...)")
     p.add_argument("--step", type=int, help="--to with a root SRC: the step to export (default: the newest "
                                             "committed); --from hf: the step to write (default 0)")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="convert floating-point tensors (default: --to keeps the "
@@ -92,6 +107,12 @@ def _check_arguments(p: argparse.ArgumentParser, args) -> None:
     """Usage errors (exit 2) before anything is read."""
     if args.from_ is not None and args.max_shard_size is not None:
         p.error("--max-shard-size applies to --to only")
+    if args.from_ == "torchtitan" and not args.flavor:
+        p.error("--from torchtitan needs --flavor (torchtitan's llama3 flavor: debugmodel, 1B, 3B, 8B, 70B)")
+    if args.flavor and args.from_ != "torchtitan":
+        p.error("--flavor applies to --from torchtitan only")
+    if "torchtitan" in (args.to, args.from_) and (args.dtype is not None or args.max_shard_size is not None):
+        p.error("torchtitan conversions take neither --dtype nor --max-shard-size (the state is converted as it is)")
     if args.from_ == "dcp" and (args.step is not None or args.dtype is not None):
         p.error("--from dcp takes neither --step nor --dtype (the checkpoint is imported as it is)")
     if args.step is not None and args.step < 0:
@@ -113,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     _check_arguments(p, args)
     dtype = DTYPES[args.dtype] if args.dtype else None
     try:
-        if args.to is not None:
+        if "torchtitan" in (args.to, args.from_):
+            lines = _torchtitan(args)
+        elif args.to is not None:
             lines = _export(args, dtype)
         elif args.from_ == "hf":
             lines = _import_hf(args, dtype)
@@ -166,9 +189,8 @@ def _import_hf(args, dtype: torch.dtype | None) -> list[str]:
     lines = [f"Hugging Face llama {args.src} ({hf.describe(result.model.args)}) -> {result.path}: "
              f"{result.tensors} tensors, {result.nbytes / 1e9:.3f} GB"]
     if result.model_config is None:
-        lines.append("note: no trainer flavor has this model's SwiGLU width, norm epsilon and rotary base, so the "
-                     "trainer cannot build it; trainer.model.Transformer(ModelArgs(**manifest.user['model_args'])) "
-                     "loads it with ckpt.load")
+        lines.append("note: no trainer configuration rebuilds this model exactly; "
+                     "trainer.model.Transformer(ModelArgs(**manifest.user['model_args'])) loads it with ckpt.load")
     else:
         flags = hf.trainer_flags(result.model_config)
         lines.append("start training from it: python -m trainer.train --config <your config> "
@@ -177,6 +199,20 @@ def _import_hf(args, dtype: torch.dtype | None) -> list[str]:
         if result.model.tokenizer is None and not byte_model:
             lines.append(f"note: {args.src} has no tokenizer.json; the trainer then uses its byte tokenizer, whose "
                          "ids are not this model's")
+    return lines
+
+
+def _torchtitan(args) -> list[str]:
+    if args.to == "torchtitan":
+        path, tensors = titan.export_torchtitan(args.src, args.dst, step=args.step, overwrite=args.force)
+        return [f"{args.src} -> {path}: a torchtitan DCP checkpoint ({tensors} tensors); torchtitan resumes it with "
+                f"--checkpoint.folder {os.path.abspath(args.dst)} --checkpoint.exclude_from_loading dataloader"]
+    result = titan.import_torchtitan(args.src, args.dst, flavor=args.flavor, step=args.step, overwrite=args.force)
+    lines = [f"torchtitan llama3 {args.src} ({hf.describe(result.args)}) -> {result.path}: step {result.step}, "
+             f"{result.tensors} tensors (model, optimizer); left out: {', '.join(result.left_out) or 'nothing'}"]
+    flags = hf.trainer_flags(result.model_config) if result.model_config else []
+    lines.append("resume training from it: python -m trainer.train --config <your config> "
+                 f"{' '.join(flags)} --checkpoint.enable --checkpoint.folder {os.path.abspath(args.dst)}")
     return lines
 
 

@@ -16,6 +16,7 @@ per committed checkpoint (:func:`commit_line`).
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -23,8 +24,10 @@ import torch
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 import ckpt
+from ckpt.committed import looks_like_dcp
 from ckpt.format import step_name
 from ckpt.root import resolve_checkpoint
+from ckpt.storage import locate
 from ckpt.units import human_bytes
 from . import exits
 from .config import Config
@@ -43,11 +46,49 @@ def commit_line(info: ckpt.CommitInfo) -> str:
             f"{info.seconds:.2f} s, {info.path}{copies}")
 
 
+_FOREIGN_STEP = re.compile(r"^step-(\d+)$")
+_OUR_KEY = re.compile(r"^model\.((tok_embeddings|norm|output)\.weight|layers\.\d+\.(attention\.w[qkvo]|"
+                      r"feed_forward\.w[123]|attention_norm|ffn_norm)\.weight)$")
+
+
+def convert_hint(path: str) -> str:
+    """How to convert ``path`` when it is a checkpoint another trainer wrote: a DCP directory, or a
+    folder of torchtitan's ``step-N`` DCP directories ("" otherwise)."""
+    if "://" in path or not os.path.isdir(path):
+        return ""
+    if looks_like_dcp(locate(path)):
+        return (f"; it is a plain DCP checkpoint (torchtitan's step-N directories are): convert it with "
+                f"ckpt-convert {path} <new folder> --from torchtitan --flavor <its flavor> (a torchtitan run), "
+                f"or --from dcp")
+    steps = sorted(name for name in os.listdir(path) if _FOREIGN_STEP.match(name)
+                   and looks_like_dcp(locate(os.path.join(path, name))))
+    if steps:
+        return (f"; it holds another trainer's DCP checkpoints ({', '.join(steps[-3:])}: torchtitan's layout): convert "
+                f"one with ckpt-convert {path} <new folder> --from torchtitan --flavor <its flavor>")
+    return ""
+
+
 def initial_checkpoint(source: str):
     """The checkpoint ``source`` names: itself when committed, else the newest step of the root
     ``source`` that can load (:func:`ckpt.root.resolve_checkpoint`); CheckpointNotFoundError when
     there is none."""
     return resolve_checkpoint(source)
+
+
+def names_problem(live: set[str], saved: set[str], stored: set[str]) -> str:
+    """Why the checkpoint's ``model.`` tensors ``saved`` (of all its tensors ``stored``) are not the
+    model's ``live`` ones: other names (another trainer's layout) or another shape of the model."""
+    missing, unexpected = sorted(live - saved), sorted(saved - live)
+    listed = (f"{len(missing)} missing: {', '.join(missing[:3]) or '-'}; "
+              f"{len(unexpected)} unexpected: {', '.join(unexpected[:3]) or '-'}")
+    foreign = sorted(stored - saved) if not saved else [k for k in unexpected if not _OUR_KEY.match(k)]
+    if foreign:
+        return (f"its model weights do not fit this model: its tensors are not named as this trainer's model "
+                f"({listed}; e.g. {', '.join(foreign[:2])}): "
+                "it was written by another trainer or model; a torchtitan checkpoint converts with ckpt-convert "
+                "SRC DST --from torchtitan --flavor <its flavor>, a Hugging Face model with --from hf")
+    return (f"its model weights do not fit this model: named as this trainer's, but another model's ({listed}); set model.* "
+            "(n_layers, tie_embeddings, ...) to the shapes it was written with")
 
 
 class RunCheckpoints:
@@ -67,6 +108,10 @@ class RunCheckpoints:
         options = c.save_options(device_type=device_type, user_metadata={"config": cfg.to_record()})
         if c.create_seed_checkpoint:  # the run exists to write it
             options = options.replace(on_error=ckpt.FailurePolicy.STOP)
+        hint = convert_hint(folder)
+        if hint:  # another trainer's steps: neither trained over nor ignored
+            raise exits.Refused(f"checkpoint.folder={str(folder)!r} is not this trainer's{hint}, and point "
+                                "checkpoint.folder at the result")
         with exits.refusing(f"checkpoint.folder={str(folder)!r}"):
             self.manager = ckpt.CheckpointManager(folder, options, on_commit=self._committed)
         self.manager.attach(optimizer, model=model)  # and forwards that change persistent buffers
@@ -87,6 +132,7 @@ class RunCheckpoints:
     def resume(self, state: dict) -> None:
         """Load checkpoint.load_step, or the newest committed step if any."""
         load_step = self.cfg.checkpoint.load_step
+        state, note = self._without_foreign_data(state, load_step)
         try:
             step = self.manager.load(state, step=load_step)
         except ckpt.CheckpointError as exc:
@@ -95,7 +141,7 @@ class RunCheckpoints:
             raise exits.Failed(f"the checkpoint to resume from cannot be loaded: {exc}") from exc
         if step is not None:
             self.resumed_step = step
-            self.log(f"resumed from checkpoint step {step} ({self.manager.root})")
+            self.log(f"resumed from checkpoint step {step} ({self.manager.root}){note}")
             self._branch_if_asked(step)
 
     def _branch_if_asked(self, step: int) -> None:
@@ -114,22 +160,41 @@ class RunCheckpoints:
             deleted = self.manager.discard_after(step)
         self.log(f"branching from step {step}: deleted the later steps {', '.join(map(str, deleted)) or shown}")
 
+            self.log(f"resumed from checkpoint step {step} ({self.manager.root}){note}")
+
+    def _without_foreign_data(self, state: dict, load_step: int | None) -> tuple[dict, str]:
+        """``state`` without the data loader when the step to resume was converted from another
+        trainer's checkpoint, which holds no position of our loader (``ckpt-convert --from
+        torchtitan``), and the note for the resume line; else ``state`` as it is."""
+        steps = self.manager.steps()
+        step = load_step if load_step is not None else (steps[-1] if steps else None)
+        if step not in steps or "dataloader" not in state:
+            return state, ""
+        try:
+            manifest = ckpt.read_manifest(self.manager.root / step_name(step))
+        except ckpt.CheckpointError:
+            return state, ""  # the load itself reports (or falls back past) a damaged step
+        origin = (manifest.user or {}).get("converted_from")
+        if not isinstance(origin, dict) or any(key.startswith("dataloader.") for key in manifest.values):
+            return state, ""
+        return ({k: v for k, v in state.items() if k != "dataloader"},
+                f"; converted from {origin.get('format')}: its data position is not this trainer's, "
+                "so the data starts from the beginning")
+
     def load_initial_weights(self, model: torch.nn.Module, source: str) -> None:
         """checkpoint.initial_load_path: the model's weights only, from a checkpoint directory or the
         newest committed step of a root. Refused (exit 2) when it holds no checkpoint or its
         ``model.`` tensors are not exactly the model's; a damaged checkpoint fails (exit 1)."""
         what = f"checkpoint.initial_load_path={source!r}"
-        with exits.refusing(what):
+        try:
             path = initial_checkpoint(source)
             manifest = ckpt.read_manifest(path)
+        except (ckpt.CheckpointError, OSError) as exc:
+            raise exits.Refused(f"{what}: {exc}{convert_hint(source)}") from exc
         live = {f"model.{key}" for key in get_model_state_dict(model)}
         saved = {key for key in manifest.tensors if key.startswith("model.")}
         if live != saved:
-            missing, unexpected = sorted(live - saved), sorted(saved - live)
-            raise exits.Refused(
-                f"{what}: its model weights do not fit this model ({len(missing)} missing: "
-                f"{', '.join(missing[:3]) or '-'}; {len(unexpected)} unexpected: {', '.join(unexpected[:3]) or '-'}); "
-                "set model.* to the shapes it was written with")
+            raise exits.Refused(f"{what}: {names_problem(live, saved, set(manifest.tensors))}")
         try:  # non-strict: whatever else it holds (an optimizer, a data position) is left out
             ckpt.load({"model": model}, path, strict=False)
         except ckpt.IncompatibleCheckpointError as exc:

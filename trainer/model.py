@@ -12,6 +12,11 @@ Module names follow torchtitan (and so Meta's llama checkpoints, modulo the ``la
 the layers it does not own and keep the keys of those it does. A stage may also set
 ``tok_embeddings``, ``norm`` or ``output`` to ``None``; ``forward`` then passes hidden states through.
 
+The llama-3 family's numerics are explicit arguments: the rotary base (``rope_theta``), llama-3 rotary
+frequency scaling (``rope_scaling``, a :class:`RopeScaling`), the norm epsilon, the SwiGLU width
+(``ffn_dim``, or the ``multiple_of`` / ``ffn_dim_multiplier`` rounding) and tied embeddings
+(``tie_embeddings``: ``output.weight`` is ``tok_embeddings.weight``, one parameter under both keys).
+
 The rotary tables are non-persistent buffers (not in the state dict). Building under
 ``torch.device("meta")`` works; after ``to_empty(device=...)`` call ``init_weights()`` to fill
 parameters and rotary tables.
@@ -32,6 +37,25 @@ from .loss import lm_loss
 BYTE_VOCAB_SIZE = 258  # trainer.data.ByteTokenizer: 256 bytes + BOS + EOS
 
 
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3's rotary frequency scaling (Hugging Face ``rope_type: llama3``, torchtitan's
+    ``scaling="llama"``): wavelengths longer than ``original_max_position_embeddings /
+    low_freq_factor`` are slowed by ``factor``, those shorter than ``.../ high_freq_factor`` kept,
+    the ones between interpolated smoothly."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def __post_init__(self) -> None:
+        if not (self.factor > 0 and self.original_max_position_embeddings > 0
+                and 0 < self.low_freq_factor < self.high_freq_factor):
+            raise ValueError(f"rope scaling {self} needs factor > 0, original_max_position_embeddings > 0 and "
+                             "0 < low_freq_factor < high_freq_factor")
+
+
 @dataclass
 class ModelArgs:
     dim: int
@@ -44,8 +68,17 @@ class ModelArgs:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     max_seq_len: int = 2048
+    rope_scaling: RopeScaling | None = None  # None: plain rotary frequencies
+    tie_embeddings: bool = False  # the output projection is the embedding matrix
+    ffn_dim: int | None = None  # the SwiGLU width itself; None: from multiple_of / ffn_dim_multiplier
 
     def __post_init__(self) -> None:
+        if isinstance(self.rope_scaling, dict):  # ModelArgs(**dataclasses.asdict(args)) round-trips
+            self.rope_scaling = RopeScaling(**self.rope_scaling)
+        if self.ffn_dim is not None and self.ffn_dim < 1:
+            raise ValueError(f"ffn_dim {self.ffn_dim} must be >= 1")
+        if not self.norm_eps > 0 or not self.rope_theta > 0:
+            raise ValueError(f"norm_eps {self.norm_eps} and rope_theta {self.rope_theta} must be > 0")
         if self.dim % self.n_heads:
             raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
         if self.head_dim % 2:
@@ -65,6 +98,9 @@ class ModelArgs:
         return self.n_kv_heads or self.n_heads
 
 
+# Llama-3's rotary numerics (torchtitan's llama3 flavors: theta 500000, llama scaling with its defaults).
+_LLAMA3 = dict(rope_theta=500000.0, rope_scaling=RopeScaling(), max_seq_len=8192)
+
 FLAVORS: dict[str, ModelArgs] = {
     # ~0.85M parameters: trains in seconds on a CPU.
     "debug": ModelArgs(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, multiple_of=64),
@@ -77,7 +113,22 @@ FLAVORS: dict[str, ModelArgs] = {
         dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, vocab_size=32000,
         ffn_dim_multiplier=1.3, multiple_of=4096, max_seq_len=4096,
     ),
+    # torchtitan's llama3 "debugmodel" (its vocabulary 2048 is replaced by the tokenizer's).
+    "debugmodel": ModelArgs(dim=256, n_layers=6, n_heads=16, vocab_size=2048, multiple_of=256,
+                            **_LLAMA3),
+    # Llama-3.x shapes (torchtitan's llama3 flavors 1B, 3B, 8B, 70B; the 1B and 3B tie embeddings).
+    "llama3-1b": ModelArgs(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, vocab_size=128256, multiple_of=1024,
+                           ffn_dim_multiplier=1.5, tie_embeddings=True, **_LLAMA3),
+    "llama3-3b": ModelArgs(dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, vocab_size=128256, multiple_of=1024,
+                           ffn_dim_multiplier=1.0, tie_embeddings=True, **_LLAMA3),
+    "llama3-8b": ModelArgs(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256, multiple_of=1024,
+                           ffn_dim_multiplier=1.3, **_LLAMA3),
+    "llama3-70b": ModelArgs(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, vocab_size=128256, multiple_of=4096,
+                            ffn_dim_multiplier=1.3, **_LLAMA3),
 }
+LLAMA3_FLAVORS = {"debugmodel": "debugmodel", "1b": "llama3-1b", "3b": "llama3-3b", "8b": "llama3-8b",
+                  "70b": "llama3-70b"}
+"""torchtitan's llama3 flavor names -> ours (``model.name = "llama3"`` looks flavors up here)."""
 
 
 def model_args(
@@ -89,20 +140,32 @@ def model_args(
     n_heads: int | None = None,
     n_kv_heads: int | None = None,
     max_seq_len: int | None = None,
+    **numerics,
 ) -> ModelArgs:
-    """The flavor's ``ModelArgs`` (name case-insensitive), with any explicit value overriding it."""
+    """The flavor's ``ModelArgs`` (name case-insensitive), with any explicit value overriding it:
+    the shapes above, and any other ``ModelArgs`` field by name (``rope_theta``, ``rope_scaling``,
+    ``norm_eps``, ``tie_embeddings``, ``ffn_dim``, ``multiple_of``, ``ffn_dim_multiplier``; None
+    keeps the flavor's). ``rope_scaling=False`` removes the flavor's scaling."""
     key = flavor.lower()
     if key not in FLAVORS:
         raise ValueError(f"unknown model flavor {flavor!r}; known flavors: {', '.join(FLAVORS)}")
     overrides = dict(
         vocab_size=vocab_size, dim=dim, n_layers=n_layers, n_heads=n_heads,
-        n_kv_heads=n_kv_heads, max_seq_len=max_seq_len,
+        n_kv_heads=n_kv_heads, max_seq_len=max_seq_len, **numerics,
     )
-    return dataclasses.replace(FLAVORS[key], **{k: v for k, v in overrides.items() if v is not None})
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if given.get("rope_scaling") is False:
+        given["rope_scaling"] = None
+    if "multiple_of" in given or "ffn_dim_multiplier" in given:
+        given.setdefault("ffn_dim", None)  # a rounding given replaces the flavor's fixed width
+    return dataclasses.replace(FLAVORS[key], **given)
 
 
 def ffn_hidden_dim(args: ModelArgs) -> int:
-    """Llama's SwiGLU width: 2/3 of 4*dim, times the multiplier, rounded up to ``multiple_of``."""
+    """Llama's SwiGLU width: ``ffn_dim`` when given, else 2/3 of 4*dim, times the multiplier,
+    rounded up to ``multiple_of``."""
+    if args.ffn_dim is not None:
+        return args.ffn_dim
     hidden = int(2 * (4 * args.dim) / 3)
     if args.ffn_dim_multiplier is not None:
         hidden = int(args.ffn_dim_multiplier * hidden)
@@ -113,9 +176,27 @@ def ffn_hidden_dim(args: ModelArgs) -> int:
 # Rotary position embedding (real cos/sin tables: no complex dtype, so it runs on every backend)
 
 
-def rope_tables(head_dim: int, max_seq_len: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of ``position * theta^(-2i/head_dim)``, each ``[max_seq_len, head_dim // 2]`` fp32."""
+def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None, device=None) -> torch.Tensor:
+    """``theta^(-2i/head_dim)`` for each pair ``i`` (fp32), with llama-3's scaling when given
+    (the computation of transformers' ``_compute_llama3_parameters`` and torchtitan's ``ComplexRoPE``)."""
     freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    if scaling is None:
+        return freqs
+    old = scaling.original_max_position_embeddings
+    low_wavelen, high_wavelen = old / scaling.low_freq_factor, old / scaling.high_freq_factor
+    wavelen = 2 * math.pi / freqs
+    scaled = torch.where(wavelen > low_wavelen, freqs / scaling.factor, freqs)
+    smooth = (old / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float, device=None,
+                scaling: RopeScaling | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of ``position * frequency_i`` (:func:`rope_frequencies`), each
+    ``[max_seq_len, head_dim // 2]`` fp32."""
+    freqs = rope_frequencies(head_dim, theta, scaling, device=device)
     angles = torch.outer(torch.arange(max_seq_len, device=device, dtype=torch.float32), freqs)
     return angles.cos(), angles.sin()
 
@@ -241,7 +322,9 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(i, args) for i in range(args.n_layers)})
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
-        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
+        if args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta, scaling=args.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.loss_chunk_len = 0  # positions per chunk of the chunked loss (trainer.loss); 0: one shot
@@ -268,9 +351,12 @@ class Transformer(nn.Module):
         (on ``buffer_device``, default: where they are now). Call after ``to_empty`` from meta."""
         device = buffer_device if buffer_device is not None else self.rope_cos.device
         self.rope_cos, self.rope_sin = rope_tables(
-            self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, device=device
+            self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, device=device,
+            scaling=self.args.rope_scaling,
         )
-        if self.tok_embeddings is not None:
+        if self.args.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
+            self.output.weight = self.tok_embeddings.weight  # to_empty re-creates parameters: tie again
+        if self.tok_embeddings is not None and not self.args.tie_embeddings:  # tied: the output's init
             nn.init.normal_(self.tok_embeddings.weight)
         for layer in self.layers.values():
             layer.init_weights()
@@ -323,7 +409,8 @@ def _non_embedding_params(args: ModelArgs) -> int:
     attention = args.dim * args.head_dim * (2 * args.n_heads + 2 * args.kv_heads)
     feed_forward = 3 * args.dim * ffn_hidden_dim(args)
     norms = 2 * args.dim
-    return args.n_layers * (attention + feed_forward + norms) + args.dim + args.dim * args.vocab_size
+    output = 0 if args.tie_embeddings else args.dim * args.vocab_size  # tied: it is the embedding
+    return args.n_layers * (attention + feed_forward + norms) + args.dim + output
 
 
 def flops_per_token(args: ModelArgs, seq_len: int) -> float:

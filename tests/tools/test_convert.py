@@ -227,9 +227,9 @@ def test_errors_are_one_line_and_nothing_partial_is_left(run, tmp_path, capsys):
     _one_error_line(capsys, "trainer run's folder")
     # a model ours cannot represent
     config = json.loads((tmp_path / "taken" / "config.json").read_text())
-    (tmp_path / "taken" / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    (tmp_path / "taken" / "config.json").write_text(json.dumps({**config, "rope_scaling": {"rope_type": "yarn"}}))
     assert main([str(tmp_path / "taken"), str(tmp_path / "y"), "--from", "hf"]) == 1
-    _one_error_line(capsys, "tie_word_embeddings")
+    _one_error_line(capsys, "rope_type='yarn'")
     # a checkpoint without a run config: its heads are unknown
     ckpt.save({"model": {"w": torch.zeros(2)}}, tmp_path / "bare")
     assert main([str(tmp_path / "bare"), str(tmp_path / "y"), "--to", "hf"]) == 1

@@ -170,3 +170,32 @@ def test_debug_model_learns_the_shipped_corpus(shipped_tokens):
     first, last = np.mean(losses[:5]), np.mean(losses[-5:])
     assert losses[0] > 4.5  # about ln(258) at the start
     assert last < first - 1.5, losses
+
+
+def test_tied_embeddings_are_one_parameter_and_counted_once():
+    import dataclasses
+
+    args = dataclasses.replace(model_args("debug"), tie_embeddings=True)
+    torch.manual_seed(0)
+    tied = build(args)
+    assert tied.output.weight is tied.tok_embeddings.weight
+    assert num_params(tied) == num_params(build(model_args("debug"))) - args.vocab_size * args.dim
+    assert model._non_embedding_params(args) == num_params(tied, exclude_embedding=True)
+    with torch.device("meta"):  # meta first, then to_empty + init_weights: still tied
+        late = model.Transformer(args)
+    late.to_empty(device="cpu")
+    late.init_weights()
+    assert late.output.weight is late.tok_embeddings.weight
+
+
+def test_llama3_rope_scaling_keeps_high_slows_low_and_smooths_between():
+    from trainer.model import RopeScaling, rope_frequencies
+
+    plain = rope_frequencies(16, 500000.0)
+    scaled = rope_frequencies(16, 500000.0, RopeScaling(8.0, 1.0, 4.0, 128))
+    wavelen = 2 * torch.pi / plain
+    high, low = wavelen < 128 / 4, wavelen > 128 / 1
+    assert high.any() and low.any() and (~high & ~low).any()  # all three bands present
+    assert torch.equal(scaled[high], plain[high]) and torch.allclose(scaled[low], plain[low] / 8)
+    mid = ~high & ~low
+    assert ((scaled[mid] < plain[mid]) & (scaled[mid] > plain[mid] / 8)).all()

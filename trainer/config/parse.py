@@ -27,11 +27,12 @@ from .schema import SECTIONS, ConfigError
 
 
 def _valid_sections() -> str:
-    return ", ".join(list(SECTIONS) + [aliases.SEED_SECTION_NOTE])
+    return ", ".join(list(SECTIONS) + [aliases.SEED_SECTION_NOTE]
+                     + [f"{s} (torchtitan's)" for s in aliases.TORCHTITAN_SECTIONS])
 
 
 def _check_section(section: Any, where: str) -> None:
-    if section not in SECTIONS and section != aliases.SEED_SECTION:
+    if section not in SECTIONS and not aliases.is_section(section):
         raise ConfigError(f"unknown section {section!r} in {where}; valid sections: {_valid_sections()}")
 
 
@@ -56,7 +57,7 @@ def normalize(data: Any, where: str) -> dict[str, dict[str, Any]]:
 
     def put(section: str, key: str, spelled: str, raw: Any) -> None:
         try:
-            value = coerce(section, key, raw)
+            value = coerce(section, key, aliases.translate(section, key, spelled, raw))
         except ConfigError as e:
             given = "" if spelled == f"{section}.{key}" else f" (given as {spelled})"
             raise ConfigError(f"{where}: {e}{given}") from None

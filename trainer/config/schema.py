@@ -46,9 +46,11 @@ class ModelConfig:
     """The model: a llama flavor, optionally with explicit dimensions that override the flavor's."""
 
     name: str = "llama"
-    """Model family (case-insensitive; only "llama" is implemented)."""
+    """Model family (case-insensitive): "llama", or "llama3" (torchtitan's name: then model.flavor
+    is one of torchtitan's llama3 flavors, debugmodel, 1B, 3B, 8B, 70B)."""
     flavor: str = "debug"
-    """Size preset of the family, e.g. "debug", "7B", "13B", "70B" (seed key: model.size)."""
+    """Size preset of the family, e.g. "debug", "7B", "13B", "70B" (Llama-2 shapes), "debugmodel",
+    "llama3-1b", "llama3-3b", "llama3-8b", "llama3-70b" (seed key: model.size)."""
     vocab_size: int | None = None
     """Vocabulary size (embedding and output rows); none: the tokenizer's. Smaller than the
     tokenizer's vocabulary is refused (its token ids would not fit)."""
@@ -60,6 +62,38 @@ class ModelConfig:
     """Number of attention (query) heads; none: the flavor's."""
     n_kv_heads: int | None = None
     """Number of key/value heads for grouped-query attention; none: the flavor's."""
+    ffn_dim: int | None = None
+    """SwiGLU hidden width (Hugging Face intermediate_size); none: the flavor's, or rounded from
+    multiple_of / ffn_dim_multiplier when one of them is given."""
+    multiple_of: int | None = None
+    """The SwiGLU width is 2/3 of 4*hidden_dim, times ffn_dim_multiplier, rounded up to a multiple of
+    this (torchtitan's and Meta's rule); none: the flavor's."""
+    ffn_dim_multiplier: float | None = None
+    """Multiplier of the SwiGLU width before rounding (Llama-3 8B: 1.3); none: the flavor's."""
+    norm_eps: float | None = None
+    """RMSNorm epsilon (Hugging Face rms_norm_eps); none: the flavor's (1e-5)."""
+    rope_theta: float | None = None
+    """Rotary embedding base (Llama-2: 10000, Llama-3: 500000); none: the flavor's."""
+    rope_scaling: str | None = None
+    """Rotary frequency scaling: "default" (none, Hugging Face's word), or "llama3" (Llama-3.1+ /
+    torchtitan's scaling="llama", with the rope_* factors below); none: the flavor's (the llama3
+    flavors and debugmodel: llama3)."""
+    rope_factor: float | None = None
+    """llama3 rope scaling: how much long wavelengths are slowed (Hugging Face rope_scaling.factor); none: the
+    flavor's scaling's, else 8."""
+    rope_low_freq_factor: float | None = None
+    """llama3 rope scaling: low_freq_factor; none: the flavor's scaling's, else 1."""
+    rope_high_freq_factor: float | None = None
+    """llama3 rope scaling: high_freq_factor; none: the flavor's scaling's, else 4."""
+    rope_original_max_positions: int | None = None
+    """llama3 rope scaling: original_max_position_embeddings (the context the model was pretrained on);
+    none: the flavor's scaling's, else 8192."""
+    tie_embeddings: bool | None = None
+    """The output projection is the embedding matrix (Hugging Face tie_word_embeddings; Llama-3.2
+    1B/3B, SmolLM); none: the flavor's. Not with parallelism.tp or pp above 1."""
+    max_seq_len: int | None = None
+    """Positions the rotary tables cover, written as max_position_embeddings by --to hf; none:
+    the flavor's, or training.seq_len when longer. Must be at least training.seq_len."""
     tokenizer: str | None = None
     """Path to a local tokenizer.json; none: the built-in byte-level tokenizer (no download)."""
 

@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any
 
 from ckpt.errors import InvalidOptionError
-from .derive import model_args
+from .derive import FAMILIES, model_args
 from .fields import coerce
 from .schema import CHOICES, SECTIONS, ConfigError, is_byte_tokenizer
 from ..model import BYTE_VOCAB_SIZE
@@ -48,14 +48,23 @@ def validate(cfg: Any) -> None:
         _fail("job", "seed", j.seed, "must be >= 0")
     if not j.dump_folder:
         _fail("job", "dump_folder", j.dump_folder, "must not be empty")
-    if m.name.lower() != "llama":
-        _fail("model", "name", m.name, 'only "llama" is implemented')
+    if m.name.lower() not in FAMILIES:
+        _fail("model", "name", m.name, 'must be "llama" or "llama3" (torchtitan\'s name for the llama-3 flavors)')
     if not m.flavor:
         _fail("model", "flavor", m.flavor, "must not be empty")
-    for key in ("vocab_size", "hidden_dim", "n_layers", "n_heads", "n_kv_heads"):
+    for key in ("vocab_size", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "multiple_of",
+                "max_seq_len", "rope_original_max_positions"):
         v = getattr(m, key)
         if v is not None and v < 1:
             _fail("model", key, v, "must be >= 1 (or none for the flavor's)")
+    for key in ("ffn_dim_multiplier", "norm_eps", "rope_theta", "rope_factor", "rope_low_freq_factor",
+                "rope_high_freq_factor"):
+        v = getattr(m, key)
+        if v is not None and v <= 0:
+            _fail("model", key, v, "must be > 0 (or none for the flavor's)")
+    if m.ffn_dim is not None and (m.multiple_of is not None or m.ffn_dim_multiplier is not None):
+        _fail("model", "ffn_dim", m.ffn_dim, "sets the SwiGLU width itself: leave multiple_of and "
+              "ffn_dim_multiplier none (they round a width derived from hidden_dim)")
     if m.hidden_dim is not None and m.n_heads is not None and m.hidden_dim % m.n_heads:
         _fail("model", "hidden_dim", m.hidden_dim, f"must be divisible by model.n_heads={m.n_heads}")
     if m.n_heads is not None and m.n_kv_heads is not None and m.n_heads % m.n_kv_heads:
@@ -98,6 +107,9 @@ def validate(cfg: Any) -> None:
         _fail("parallelism", "pp_virtual_stages", p.pp_virtual_stages, "must be >= 1")
     if p.pp_microbatches is not None and p.pp_microbatches < 1:
         _fail("parallelism", "pp_microbatches", p.pp_microbatches, "must be >= 1 (or none for pp)")
+    if model_args(cfg, None).tie_embeddings and (p.tp > 1 or p.pp > 1):
+        _fail("model", "tie_embeddings", True, f"is not supported with parallelism.tp={p.tp} / pp={p.pp} above 1 "
+              "(the embedding and the output projection are split differently, or live on different stages)")
     if p.dp_shard != -1 and p.dp_shard < 1:
         _fail("parallelism", "dp_shard", p.dp_shard, "must be >= 1, or -1 for all remaining ranks")
 

@@ -72,7 +72,8 @@ def export_hf(source: str | Location, dst: str | os.PathLike, *, dtype: torch.dt
     if target.exists() and not overwrite:
         raise CheckpointExistsError(f"{target} already exists", path=str(target))
     args = model_args_of(manifest, source)
-    keys = sorted(select_keys(manifest, "model"), key=lambda k: _natural(hf_name(k[len(PREFIX):])))
+    tied = {PREFIX + "output.weight"} if args.tie_embeddings else set()  # lm_head is embed_tokens
+    keys = sorted(set(select_keys(manifest, "model")) - tied, key=lambda k: _natural(hf_name(k[len(PREFIX):])))
     specs = [TensorSpec(hf_name(s.key[len(PREFIX):]), s.dtype, s.shape)
              for s in _in_order(tensor_specs(manifest, keys, dtype=dtype), keys)]
     out_dtype = next((s.dtype for s in specs if s.dtype.is_floating_point), torch.float32)

@@ -112,6 +112,8 @@ def open_hf(path: str | os.PathLike) -> HFModel:
             raise
         except Exception as exc:  # safetensors reports a damaged header as its own error types
             raise CheckpointError(f"{file} cannot be read as safetensors: {exc}", path=str(directory)) from None
+    if args.tie_embeddings and "tok_embeddings.weight" in weights:  # one matrix: lm_head, if stored, is it
+        weights["output.weight"], hf_keys["output.weight"] = weights["tok_embeddings.weight"], hf_keys["tok_embeddings.weight"]
     problems = shape_problems({k: v[2] for k, v in weights.items()}, args)
     if foreign:
         problems.insert(0, f"weights our llama has no place for: {', '.join(sorted(foreign)[:3])}"
@@ -161,7 +163,7 @@ def import_hf(src: str | os.PathLike, dst: str | os.PathLike, *, step: int = 0,
                                         "a run would start from the newest of them: choose an empty DST",
                                         path=str(root.path))
     tokenizer = None if model.tokenizer is None else str(model.tokenizer.resolve())
-    section = trainer_model_config(model.args, tokenizer=tokenizer)
+    section = trainer_model_config(model.args, tokenizer=tokenizer, max_seq_len=True)
     user = {"model_args": dataclasses.asdict(model.args),
             "converted_from": {"format": "hf", "path": str(model.path.resolve()), "config": model.config}}
     if section is not None:

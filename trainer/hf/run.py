@@ -70,20 +70,52 @@ def args_from_run_config(config: dict, *, vocab_size: int | None = None) -> Mode
     return Config.from_dict(subset).model_args(vocab_size)
 
 
-def trainer_model_config(args: ModelArgs, *, tokenizer: str | None = None) -> dict | None:
+def _numerics(args: ModelArgs) -> dict:
+    """What the trainer's explicit ``model.*`` numerics keys would be to build ``args``."""
+    scaling = args.rope_scaling
+    return {"ffn_dim": ffn_hidden_dim(args), "norm_eps": args.norm_eps, "rope_theta": args.rope_theta,
+            "rope_scaling": "default" if scaling is None else "llama3",
+            "rope_factor": None if scaling is None else scaling.factor,
+            "rope_low_freq_factor": None if scaling is None else scaling.low_freq_factor,
+            "rope_high_freq_factor": None if scaling is None else scaling.high_freq_factor,
+            "rope_original_max_positions": None if scaling is None else scaling.original_max_position_embeddings,
+            "tie_embeddings": args.tie_embeddings}
+
+
+def trainer_model_config(args: ModelArgs, *, tokenizer: str | None = None,
+                         max_seq_len: bool = False) -> dict | None:
     """The trainer's ``model`` config section that builds a model with ``args``' weights and
-    numerics, or None when no flavor's fixed values (SwiGLU rounding, norm epsilon, rotary base)
-    reproduce them. The context length is the run's own choice (``training.seq_len``)."""
+    numerics: the flavor needing the fewest explicit keys, with the shapes and whichever of
+    ``ffn_dim``, ``norm_eps``, ``rope_theta``, ``rope_scaling`` (+ its factors) and ``tie_embeddings``
+    differ from it. With ``max_seq_len`` the context length (``model.max_seq_len``) is kept too
+    when it differs from the flavor's; otherwise it is the run's own choice (``training.seq_len``).
+    None when no section rebuilds them (not expected: every numeric has its key)."""
     given = dict(dim=args.dim, n_layers=args.n_layers, n_heads=args.n_heads, n_kv_heads=args.kv_heads,
                  vocab_size=args.vocab_size)
+    wanted = _numerics(args)
+    best = None
     for name in FLAVORS:
-        candidate = model_args(name, **given)
-        if (ffn_hidden_dim(candidate), candidate.norm_eps, candidate.rope_theta) == \
-                (ffn_hidden_dim(args), args.norm_eps, args.rope_theta):
-            return {"name": "llama", "flavor": name, "vocab_size": args.vocab_size, "hidden_dim": args.dim,
-                    "n_layers": args.n_layers, "n_heads": args.n_heads, "n_kv_heads": args.kv_heads,
-                    "tokenizer": tokenizer}
-    return None
+        have = _numerics(model_args(name, **given))
+        extra = {key: value for key, value in wanted.items() if have[key] != value and value is not None}
+        if "rope_scaling" not in extra and wanted["rope_scaling"] == "llama3" and \
+                any(key.startswith("rope_") for key in extra):
+            extra["rope_scaling"] = "llama3"
+        if max_seq_len and FLAVORS[name].max_seq_len != args.max_seq_len:
+            extra["max_seq_len"] = args.max_seq_len
+        if best is None or len(extra) < len(best[1]):
+            best = (name, extra)
+    name, extra = best
+    section = {"name": "llama", "flavor": name, "vocab_size": args.vocab_size, "hidden_dim": args.dim,
+               "n_layers": args.n_layers, "n_heads": args.n_heads, "n_kv_heads": args.kv_heads, **extra,
+               "tokenizer": tokenizer}
+    try:
+        rebuilt = Config.from_dict({"model": {**section, "tokenizer": None},
+                                    "training": {"seq_len": min(args.max_seq_len, 128)}}).model_args(args.vocab_size)
+    except ConfigError:
+        return None
+    if _numerics(rebuilt) != wanted or (max_seq_len and rebuilt.max_seq_len != args.max_seq_len):
+        return None
+    return section
 
 
 def trainer_flags(section: dict) -> list[str]:

@@ -48,3 +48,51 @@ def test_resolve_batch_inconsistent(b, m, g, dp, pattern):
 def test_resolve_batch_bad_degree():
     with pytest.raises(ConfigError):
         Config().resolve_batch(0)
+
+
+# ------------------------------------------------------------------ the model's numerics (llama-3 family)
+
+from trainer.config import load_config  # noqa: E402
+from trainer.model import FLAVORS, RopeScaling, ffn_hidden_dim  # noqa: E402
+
+
+def test_explicit_numerics_keys_override_the_flavor():
+    args = load_config(["--model.rope_theta", "500000", "--model.norm_eps", "1e-6", "--model.ffn_dim", "300",
+                        "--model.tie_embeddings", "--model.rope_scaling", "llama3", "--model.rope_factor", "32",
+                        "--model.max_seq_len", "4096"]).model_args(258)
+    assert (args.rope_theta, args.norm_eps, ffn_hidden_dim(args), args.tie_embeddings, args.max_seq_len) == \
+        (500000.0, 1e-6, 300, True, 4096)
+    assert args.rope_scaling == RopeScaling(factor=32.0)  # the other factors: Llama-3.1's
+    assert load_config(["--model.multiple_of", "100"]).model_args(258).ffn_dim is None
+    assert ffn_hidden_dim(load_config(["--model.multiple_of", "100"]).model_args(258)) == 400  # 341 -> 400
+    plain = load_config([]).model_args(258)  # nothing given: the flavor's
+    assert (plain.rope_theta, plain.rope_scaling, plain.tie_embeddings, plain.norm_eps) == (10000.0, None, False, 1e-5)
+
+
+def test_llama3_flavors_and_torchtitan_names():
+    debug = load_config(["--model.flavor", "debugmodel"]).model_args(258)
+    assert (debug.dim, debug.n_layers, debug.n_heads, debug.rope_theta) == (256, 6, 16, 500000.0)
+    assert debug.rope_scaling == RopeScaling() and debug.vocab_size == 258  # the tokenizer's vocabulary
+    eight = load_config(["--model.name", "llama3", "--model.flavor", "8B"]).model_args(None)
+    assert eight == FLAVORS["llama3-8b"] and ffn_hidden_dim(eight) == 14336
+    assert ffn_hidden_dim(FLAVORS["llama3-70b"]) == 28672 and FLAVORS["llama3-1b"].tie_embeddings
+    assert load_config(["--model.flavor", "70B"]).model_args(None).rope_theta == 10000.0  # llama: Llama-2's 70B
+    unscaled = load_config(["--model.flavor", "debugmodel", "--model.rope_scaling", "default"]).model_args(258)
+    assert unscaled.rope_scaling is None
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--model.name", "llama3", "--model.flavor", "9B"], "torchtitan's llama3 flavors"),
+    (["--model.rope_factor", "4"], "set model.rope_scaling = llama3"),
+    (["--model.rope_scaling", "default", "--model.rope_factor", "4"], "apply to rope_scaling = llama3 only"),
+    (["--model.rope_scaling", "yarn"], "must be default"),
+    (["--model.rope_scaling", "llama3", "--model.rope_low_freq_factor", "5"], "low_freq_factor < high_freq_factor"),
+    (["--model.ffn_dim", "300", "--model.multiple_of", "64"], "leave multiple_of"),
+    (["--model.norm_eps", "0"], "must be > 0"),
+    (["--model.max_seq_len", "64"], "at least training.seq_len=128"),
+    (["--model.tie_embeddings", "--parallelism.tp", "2"], "tie_embeddings"),
+    (["--model.tie_embeddings", "--parallelism.pp", "2"], "tie_embeddings"),
+])
+def test_numerics_that_cannot_work_are_refused_naming_the_key(argv, words):
+    with pytest.raises(ConfigError, match=words):
+        load_config(argv)

@@ -30,7 +30,7 @@ def test_config_error_is_value_error():
         (["--optimization.precision", "fp8"], "optimization.precision"),
         (["--optimization.zero_stage", "4"], "optimization.zero_stage"),
         (["--optimization.gradient_checkpointing", "maybe"], "optimization.gradient_checkpointing"),
-        (["--checkpoint.async_mode", "async"], "checkpoint.async_mode"),
+        (["--checkpoint.async_mode", "asynchronous"], "checkpoint.async_mode"),
         (["--checkpoint.interval", "0"], "checkpoint.interval"),
         (["--checkpoint.keep", "0"], "checkpoint.keep"),
         (["--parallelism.dp_shard", "0"], "parallelism.dp_shard"),

@@ -42,7 +42,7 @@ def test_configs_written_by_transformers_4_and_5_parse():
     narrow = args_from_hf_config({**base, "hidden_size": 128, "num_attention_heads": 4,
                                              "num_key_value_heads": 4, "intermediate_size": 100})
     assert ffn_hidden_dim(narrow) == 100  # below llama's 8/3 rule: a multiplier < 1
-    assert trainer_model_config(narrow) is None  # no flavor builds that width
+    assert trainer_model_config(narrow)["ffn_dim"] == 100  # no flavor's rounding builds that width: ffn_dim does
     transformers = pytest.importorskip("transformers")
     native = transformers.LlamaConfig(hidden_size=128, intermediate_size=384, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=300).to_dict()
@@ -54,7 +54,8 @@ def test_configs_written_by_transformers_4_and_5_parse():
     ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}, "rope_parameters"),
     ({"attention_bias": True}, "attention_bias"),
     ({"mlp_bias": True}, "mlp_bias"),
-    ({"tie_word_embeddings": True}, "tie_word_embeddings"),
+    ({"tie_word_embeddings": "yes"}, "tie_word_embeddings"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"head_dim": 64}, "head_dim"),
     ({"model_type": "mistral", "architectures": ["MistralForCausalLM"]}, "model_type"),
