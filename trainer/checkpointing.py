@@ -160,8 +160,6 @@ class RunCheckpoints:
             deleted = self.manager.discard_after(step)
         self.log(f"branching from step {step}: deleted the later steps {', '.join(map(str, deleted)) or shown}")
 
-            self.log(f"resumed from checkpoint step {step} ({self.manager.root}){note}")
-
     def _without_foreign_data(self, state: dict, load_step: int | None) -> tuple[dict, str]:
         """``state`` without the data loader when the step to resume was converted from another
         trainer's checkpoint, which holds no position of our loader (``ckpt-convert --from
