@@ -16,6 +16,8 @@ import torch
 
 pytest.importorskip("torchtitan.components.checkpointer", reason="torchtitan (the torchtitan extra) not installed")
 
+from torchtitan.config import apply_overrides  # noqa: E402
+
 import ckpt  # noqa: E402
 from ckpt.integrations import torchtitan as titan  # noqa: E402
 from tests.support import REPO  # noqa: E402
@@ -86,12 +88,26 @@ def test_override_selects_our_manager_and_copies_every_field(tmp_path):
         job_config("ck", [(OVERRIDE, {"fulll_every": 3})])
 
 
-def test_cli_line_selects_our_manager():
-    """The exact CLI tokens of the docs, parsed by torchtitan's own parser for override.imports."""
-    from torchtitan.config.override import parse_cli_imports
+def test_cli_lines_select_our_manager():
+    """The docs' CLI lines, parsed as torchtitan's ConfigManager parses them (tyro, its rules), then
+    the overrides applied; and a config_registry default of our Config taking our flags."""
+    import tyro
+    from torchtitan.config.manager import ConfigManager, custom_registry
 
-    entries = parse_cli_imports([OVERRIDE, f'{OVERRIDE}={{"full_every": 4}}'])
-    assert entries == [OVERRIDE, (OVERRIDE, {"full_every": 4})]
+    from tests.support.titan import JobConfig
+
+    ConfigManager()  # registers torchtitan's parsing rules (override.imports, comma lists)
+    args = ["--checkpoint.enable", "--checkpoint.interval", "7", "--checkpoint.async_mode", "async_with_pinned_mem",
+            "--override.imports", f'{OVERRIDE}={{"full_every": 4}}']
+    config = tyro.cli(JobConfig, args=args, default=JobConfig(), registry=custom_registry)
+    apply_overrides(config.override, config)
+    ours = config.checkpoint
+    assert type(ours) is titan.CheckpointManager.Config
+    assert (ours.enable, ours.interval, ours.async_mode, ours.full_every) == (True, 7, "async_with_pinned_mem", 4)
+    default = JobConfig(checkpoint=titan.CheckpointManager.Config(enable=True))
+    config = tyro.cli(JobConfig, args=["--checkpoint.full_every", "5", "--checkpoint.replicas", "s3://b/r"],
+                      default=default, registry=custom_registry)
+    assert (config.checkpoint.full_every, config.checkpoint.replicas) == (5, ["s3://b/r"])
 
 
 def _single(base, seed=0, engine=None, **options):
