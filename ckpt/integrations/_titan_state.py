@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 
-from .. import SafeLoadPlanner, read_manifest
+from .. import CheckpointError, SafeLoadPlanner, read_manifest
 
 MODEL = "model"
 DATALOADER = "dataloader"
@@ -73,8 +73,12 @@ def restore(states: dict[str, Any], tree: dict[str, Any]) -> None:
 
 def model_only_dtypes(path, states: dict[str, Any]) -> dict[str, torch.dtype] | None:
     """For a checkpoint of ours at ``path`` that holds none of the non-model states, the dtype of each
-    of its tensors; None for a full training checkpoint."""
-    manifest = read_manifest(path)
+    of its tensors; None for a full training checkpoint, or one that cannot be read here (the engine's
+    load then passes over a damaged step to the newest that loads)."""
+    try:
+        manifest = read_manifest(path)
+    except CheckpointError:
+        return None
     names = {key.split(".", 1)[0] for key in (*manifest.values, *manifest.tensors)}
     if any(name in names for name in states if name != MODEL):
         return None

@@ -167,6 +167,21 @@ def test_seed_checkpoint_is_step_zero_of_the_model_alone(tmp_path):
     job.checkpointer.close()
 
 
+def test_a_damaged_newest_step_is_passed_over(tmp_path):
+    job = _single(str(tmp_path), interval=1, async_mode="disabled")
+    for _ in range(2):
+        job.train_step()
+        job.checkpointer.save(job.train_state.step)
+    job.checkpointer.close()
+    manifest = tmp_path / "checkpoint" / "step-00000002" / "manifest.json"
+    manifest.write_bytes(manifest.read_bytes()[:-20])
+    fresh = _single(str(tmp_path), seed=4, interval=1, async_mode="disabled")
+    with pytest.warns(UserWarning):
+        assert fresh.checkpointer.load() is True
+    assert fresh.train_state.step == 1
+    fresh.checkpointer.close()
+
+
 def test_first_step_load_only_and_exclude_from_loading(tmp_path):
     job = _single(str(tmp_path), interval=5, enable_first_step_checkpoint=True, async_mode="disabled")
     job.train_step()
