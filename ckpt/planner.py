@@ -5,11 +5,19 @@ notices mismatches one at a time. :class:`SafeLoadPlanner` takes decoded objects
 reader (``load_value``), reads any foreign byte stream with ``weights_only=True``, and before a
 single byte is read raises one :class:`~ckpt.errors.IncompatibleCheckpointError` that lists every
 missing and unexpected key and every shape, dtype or kind mismatch.
+
+The check is global, made by DCP's coordinator over every rank's local report: a key is
+*unexpected* only when no rank asks for it. State a rank saved for itself alone (torchtitan's
+``dataloader.dp_rank_<r>``, a per-rank RNG under a rank-named key) therefore loads strictly on the
+same ranks, while a key nobody asks for (a removed module, a rank that no longer exists) is still
+refused. *Missing* and *mismatched* are per rank: each rank's live keys must be in the checkpoint
+with a fitting shape, dtype and kind. Without a process group the one rank is the whole world.
 """
 
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -30,8 +38,10 @@ class SafeLoadPlanner(DefaultLoadPlanner):
     """``DefaultLoadPlanner`` plus strict compatibility checking and pickle-free values.
 
     Args:
-        strict: when False, keys missing from the checkpoint keep their current values and keys
-            only in the checkpoint are ignored; shape, dtype and kind mismatches always fail.
+        strict: when True (the default) every live key must be in the checkpoint and every saved key
+            must be asked for by some rank; when False, keys missing from the checkpoint keep their
+            current values and keys only in the checkpoint are ignored. Shape, dtype and kind
+            mismatches always fail.
     """
 
     def __init__(self, strict: bool = True):
@@ -39,23 +49,35 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         self.strict = strict
 
     def create_local_plan(self) -> LoadPlan:
-        self._check_compatible()
-        return super().create_local_plan()
+        report = self._local_report()
+        if report.mismatched or (self.strict and report.missing):
+            return LoadPlan([], planner_data=report)  # the coordinator raises, for every rank at once
+        plan = super().create_local_plan()
+        return LoadPlan(plan.items, plan.storage_data, report)
 
-    def _check_compatible(self) -> None:
+    def create_global_plan(self, global_plan: list[LoadPlan]) -> list[LoadPlan]:
+        reports = [plan.planner_data for plan in global_plan if isinstance(plan.planner_data, _FitReport)]
+        missing = sorted({key for r in reports for key in r.missing})
+        mismatched = sorted({problem for r in reports for problem in r.mismatched})
+        # unexpected: saved keys no rank asks for (each rank reports those it does not)
+        unexpected = sorted(set.intersection(*(set(r.unasked) for r in reports))) if reports else []
+        if mismatched or (self.strict and (missing or unexpected)):
+            raise IncompatibleCheckpointError(
+                missing if self.strict else [], unexpected if self.strict else [], mismatched
+            )
+        global_plan = [LoadPlan(p.items, p.storage_data) for p in global_plan]
+        return super().create_global_plan(global_plan)
+
+    def _local_report(self) -> "_FitReport":
         saved = self.metadata.state_dict_metadata
         live = self.state_dict
-        missing = [k for k in live if k not in saved]
-        unexpected = [k for k in saved if k not in live]
         mismatched = []
         for key in live.keys() & saved.keys():
             problem = _mismatch(saved[key], live[key])
             if problem:
                 mismatched.append((key, *problem))
-        if mismatched or (self.strict and (missing or unexpected)):
-            raise IncompatibleCheckpointError(
-                missing if self.strict else [], unexpected if self.strict else [], mismatched
-            )
+        unasked = [k for k in saved if k not in live] if self.strict else []  # only strict mode needs them
+        return _FitReport(missing=[k for k in live if k not in saved], unasked=unasked, mismatched=mismatched)
 
     def load_value(self, read_item: ReadItem, value: Any) -> None:
         """Put a decoded non-tensor value where its key came from in the caller's state."""
@@ -73,6 +95,15 @@ class SafeLoadPlanner(DefaultLoadPlanner):
                 f"value {read_item.dest_index.fqn!r} needs code execution to load ({type(exc).__name__}); refused"
             ) from None
         self.load_value(read_item, obj)
+
+
+@dataclass
+class _FitReport:
+    """One rank's view of how the checkpoint fits its state, sent to the coordinator in its plan."""
+
+    missing: list[str] = field(default_factory=list)  # live keys the checkpoint lacks
+    unasked: list[str] = field(default_factory=list)  # saved keys this rank does not ask for
+    mismatched: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 def _describe_tensor(shape, dtype) -> str:

@@ -1,5 +1,7 @@
 """ckpt.planner: an incompatible live state fails with one error listing every problem, before a single
-byte is read; strict=False tolerates missing and unexpected keys but never a shape or dtype mismatch."""
+byte is read; strict=False tolerates missing and unexpected keys but never a shape or dtype mismatch.
+Strict mode accepts state each rank saved for itself (a key some rank asks for) and refuses keys no
+rank saved or no rank asks for."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import torch
 
 import ckpt
 from tests.support.checkpoints import BIAS, WEIGHT
+from tests.support.launch import run_ranks
 
 
 def test_incompatible_state_lists_every_problem(saved):
@@ -62,3 +65,55 @@ def test_non_strict_still_refuses_shape_and_dtype(saved, bad):
     assert [m[0] for m in info.value.mismatched] == [WEIGHT]
     assert info.value.missing == [] and info.value.unexpected == []
     assert torch.equal(live[WEIGHT], before)
+
+
+def _rank_local(rank: int, world: int, path: str, asks: str) -> dict:
+    """Each rank saves a shared weight and a value of its own under its own key; then each loads
+    strictly what ``asks`` says it asks for."""
+    import torch.distributed as dist
+
+    ckpt.save({WEIGHT: torch.full((4, 4), 3.0), f"rank{rank}": {"position": 10 + rank}}, path)
+    live = {WEIGHT: torch.zeros(4, 4), f"rank{rank}": {"position": -1}}
+    if asks == "extra" and rank == 1:
+        live["rank9"] = {"position": -1}           # nobody saved it: missing (on rank 1)
+    if asks == "fewer" and rank == 1:
+        del live["rank1"]                           # nobody asks for rank1's key any more: unexpected
+    try:
+        ckpt.load(live, path)
+    except ckpt.IncompatibleCheckpointError as err:
+        return {"missing": err.missing, "unexpected": err.unexpected, "mismatched": err.mismatched}
+    finally:
+        dist.barrier()
+    return {"position": live[f"rank{rank}"]["position"], "weight": live[WEIGHT][0, 0].item()}
+
+
+@pytest.mark.slow
+def test_strict_load_accepts_state_each_rank_saved_for_itself(tmp_path):
+    """torchtitan's dataloader.dp_rank_<r>: every key some rank asks for fits, strictly."""
+    results = run_ranks(2, _rank_local, str(tmp_path / "ck"), "own")
+    assert results == [{"position": 10, "weight": 3.0}, {"position": 11, "weight": 3.0}]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("asks, missing, unexpected", [("extra", ["rank9"], []), ("fewer", [], ["rank1"])])
+def test_strict_load_still_refuses_what_no_rank_fits(tmp_path, asks, missing, unexpected):
+    """A key no rank saved, or one no rank asks for, is refused on every rank at once."""
+    for result in run_ranks(2, _rank_local, str(tmp_path / "ck"), asks):
+        assert result == {"missing": missing, "unexpected": unexpected, "mismatched": []}
+
+
+def test_rank_local_state_of_a_larger_job_is_unexpected_alone(tmp_path):
+    """One process loading what two ranks saved: the other rank's own key is asked for by no one."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
+
+    from ckpt.planner import SafeLoadPlanner
+
+    saved = Metadata(state_dict_metadata={"rank0": BytesStorageMetadata(), "rank1": BytesStorageMetadata()})
+    planner = SafeLoadPlanner()
+    planner.set_up_planner({"rank0": 1}, saved, True)
+    with pytest.raises(ckpt.IncompatibleCheckpointError) as info:
+        planner.create_global_plan([planner.create_local_plan()])
+    assert (info.value.missing, info.value.unexpected) == ([], ["rank1"])
+    lenient = SafeLoadPlanner(strict=False)
+    lenient.set_up_planner({"rank0": 1}, saved, True)
+    assert lenient.create_global_plan([lenient.create_local_plan()])[0].planner_data is None

@@ -1,0 +1,239 @@
+"""ckpt.integrations.torchtitan: torchtitan's own checkpoint flow (config -> override -> build -> load,
+train, maybe_wait_for_staging before the optimizer step, save) with our manager, over torchtitan's real
+ModelWrapper, OptimizersContainer, LRSchedulersContainer and ParallelAwareDataloader, on 2 CPU gloo ranks
+under FSDP2. torchtitan has no CPU trainer and its models import triton, so the trainer's loop is
+driven by tests.support.titan with a tiny model; everything the checkpoint touches is torchtitan's.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("torchtitan.components.checkpointer", reason="torchtitan (the torchtitan extra) not installed")
+
+from torchtitan.config import apply_overrides  # noqa: E402
+
+import ckpt  # noqa: E402
+from ckpt.integrations import torchtitan as titan  # noqa: E402
+from tests.support import REPO  # noqa: E402
+from tests.support.launch import run_ranks  # noqa: E402
+from tests.support.titan import OVERRIDE, Job, assert_bitwise, job_config  # noqa: E402
+
+
+def _resume_job(rank: int, world: int, base: str) -> dict:
+    options = {"interval": 2, "async_mode": "async_with_pinned_mem", "keep_latest_k": 0}
+    config = job_config("checkpoint", [OVERRIDE], **options)
+    assert type(config.checkpoint) is titan.CheckpointManager.Config
+    first = Job(rank, world, config, base, seed=0)
+    assert isinstance(first.checkpointer, titan.CheckpointManager)
+    assert first.checkpointer.load(step=config.checkpoint.load_step) is False  # fresh start
+    losses = []
+    for _ in range(4):
+        losses.append(first.train_step())
+        if first.train_state.step == 2:
+            first.checkpointer.save(2)
+            first.checkpointer.maybe_wait_for_staging()
+            at_two = first.snapshot()
+        else:
+            first.checkpointer.save(first.train_state.step)
+    first.checkpointer.close()
+    committed = sorted(int(name.split("-")[1]) for name in os.listdir(os.path.join(base, "checkpoint"))
+                       if name.startswith("step-"))
+
+    # a fresh job (other initial weights), same config with load_step 2: torchtitan's resume path
+    config = job_config("checkpoint", [OVERRIDE], load_step=2, **options)
+    second = Job(rank, world, config, base, seed=7)
+    assert second.checkpointer.load(step=config.checkpoint.load_step) is True
+    resumed = second.snapshot()
+    again = [second.train_step(), second.train_step()]
+    second.checkpointer.close()
+    return {"at_two": at_two, "resumed": resumed, "losses": losses, "again": again, "committed": committed,
+            "rank_key": f"dp_rank_{rank}"}
+
+
+@pytest.mark.slow
+def test_torchtitan_flow_resumes_bitwise_on_two_ranks(tmp_path):
+    results = run_ranks(2, _resume_job, str(tmp_path))
+    for rank, result in enumerate(results):
+        assert result["committed"] == [2, 4]
+        assert result["again"] == result["losses"][2:]  # training continues exactly
+        assert_bitwise(result["resumed"], result["at_two"], f"rank{rank}")
+        assert list(result["resumed"]["dataloader"]) == [result["rank_key"], "world_size"]
+    # each rank saved its own position under its own key (rank-local state) and got it back strictly
+    manifest = ckpt.read_manifest(tmp_path / "checkpoint" / "step-00000002")
+    assert {"dataloader.dp_rank_0", "dataloader.dp_rank_1", "dataloader.world_size"} <= set(manifest.values)
+    assert {key.split(".")[0] for key in (*manifest.values, *manifest.tensors)} >= {
+        "train_state", "lr_scheduler", "optimizer", "emb"}  # torchtitan's layout: model keys at the top
+
+
+def test_override_selects_our_manager_and_copies_every_field(tmp_path):
+    config = job_config("ck", [(OVERRIDE, {"full_every": 3, "keep_every": 10, "replicas": [str(tmp_path / "r")]})],
+                        interval=5, keep_latest_k=4, async_mode="async", exclude_from_loading=["dataloader"])
+    ours = config.checkpoint
+    assert type(ours) is titan.CheckpointManager.Config
+    assert (ours.interval, ours.keep_latest_k, ours.async_mode, ours.exclude_from_loading) == (5, 4, "async",
+                                                                                               ["dataloader"])
+    options = ours.save_options()
+    assert (options.interval, options.keep, options.keep_every, options.full_every) == (5, 4, 10, 3)
+    assert options.async_mode is ckpt.options.AsyncMode.DOUBLE_BUFFER
+    assert options.replicas == (str(tmp_path / "r"),)
+    assert job_config("ck", [OVERRIDE], async_mode="disabled").checkpoint.save_options().async_mode.value == "sync"
+    assert job_config("ck", [OVERRIDE], keep_latest_k=0).checkpoint.save_options().keep >= 2**31 - 1
+    with pytest.raises(ValueError, match="unknown options"):
+        job_config("ck", [(OVERRIDE, {"fulll_every": 3})])
+
+
+def test_cli_lines_select_our_manager():
+    """The docs' CLI lines, parsed as torchtitan's ConfigManager parses them (tyro, its rules), then
+    the overrides applied; and a config_registry default of our Config taking our flags."""
+    import tyro
+    from torchtitan.config.manager import ConfigManager, custom_registry
+
+    from tests.support.titan import JobConfig
+
+    ConfigManager()  # registers torchtitan's parsing rules (override.imports, comma lists)
+    args = ["--checkpoint.enable", "--checkpoint.interval", "7", "--checkpoint.async_mode", "async_with_pinned_mem",
+            "--override.imports", f'{OVERRIDE}={{"full_every": 4}}']
+    config = tyro.cli(JobConfig, args=args, default=JobConfig(), registry=custom_registry)
+    apply_overrides(config.override, config)
+    ours = config.checkpoint
+    assert type(ours) is titan.CheckpointManager.Config
+    assert (ours.enable, ours.interval, ours.async_mode, ours.full_every) == (True, 7, "async_with_pinned_mem", 4)
+    default = JobConfig(checkpoint=titan.CheckpointManager.Config(enable=True))
+    config = tyro.cli(JobConfig, args=["--checkpoint.full_every", "5", "--checkpoint.replicas", "s3://b/r"],
+                      default=default, registry=custom_registry)
+    assert (config.checkpoint.full_every, config.checkpoint.replicas) == (5, ["s3://b/r"])
+
+
+def _single(base, seed=0, engine=None, **options):
+    """One process, no process group: the same flow on a plain model (``engine``: override kwargs)."""
+    config = job_config("checkpoint", [(OVERRIDE, engine) if engine else OVERRIDE], **options)
+    return Job(0, 1, config, base, seed=seed, layout="plain")
+
+
+def test_last_step_model_only_in_export_dtype_loads_into_the_model_alone(tmp_path):
+    job = _single(str(tmp_path), interval=2, export_dtype="bfloat16", async_mode="disabled")
+    for _ in range(3):
+        job.train_step()
+        job.checkpointer.save(job.train_state.step, last_step=job.train_state.step == 3)
+    job.checkpointer.close()
+    manifest = ckpt.read_manifest(tmp_path / "checkpoint" / "step-00000003")
+    assert {e.dtype for e in manifest.tensors.values()} == {torch.bfloat16}
+    assert not manifest.values  # the model alone
+    fresh = _single(str(tmp_path), interval=2, async_mode="disabled")
+    assert fresh.checkpointer.load() is True
+    assert fresh.train_state.step == 0  # model-only: the rest is not touched
+    for key, value in fresh.model.state_dict().items():
+        assert torch.equal(value, job.model.state_dict()[key].to(torch.bfloat16).float()), key
+    fresh.checkpointer.close()
+
+
+def test_deltas_and_replicas_from_the_override_options(tmp_path):
+    replica = tmp_path / "replica"
+    engine = {"full_every": 2, "replicas": [str(replica)]}
+    job = _single(str(tmp_path), engine=engine, interval=1, async_mode="async", keep_latest_k=3)
+    for _ in range(4):
+        job.train_step()
+        job.checkpointer.save(job.train_state.step)
+    job.checkpointer.close()
+    kinds = {s: ckpt.read_manifest(tmp_path / "checkpoint" / f"step-{s:08d}").kind for s in (2, 3, 4)}
+    assert kinds[2] != "full" and kinds[3] == "full" and kinds[4] != "full", kinds
+    assert sorted(p.name for p in replica.glob("step-*")) == sorted(
+        p.name for p in (tmp_path / "checkpoint").glob("step-*"))
+    fresh = _single(str(tmp_path), seed=3, engine=engine, async_mode="async")
+    assert fresh.checkpointer.load() is True and fresh.train_state.step == 4
+    for key, value in fresh.model.state_dict().items():
+        assert torch.equal(value, job.model.state_dict()[key]), key
+    fresh.checkpointer.close()
+
+
+def test_seed_checkpoint_is_step_zero_of_the_model_alone(tmp_path):
+    """torchtitan's train.py with create_seed_checkpoint: save(curr_step=0, last_step=True)."""
+    seed = _single(str(tmp_path), create_seed_checkpoint=True)
+    assert seed.checkpointer.save(curr_step=0, last_step=True) is True
+    seed.checkpointer.close()
+    assert not ckpt.read_manifest(tmp_path / "checkpoint" / "step-00000000").values
+    job = _single(str(tmp_path), seed=1)
+    assert job.checkpointer.load() is True
+    for key, value in job.model.state_dict().items():
+        assert torch.equal(value, seed.model.state_dict()[key]), key
+    job.train_step()  # and training starts from it: step 1, the optimizer fresh
+    assert job.train_state.step == 1
+    job.checkpointer.close()
+
+
+def test_a_damaged_newest_step_is_passed_over(tmp_path):
+    job = _single(str(tmp_path), interval=1, async_mode="disabled")
+    for _ in range(2):
+        job.train_step()
+        job.checkpointer.save(job.train_state.step)
+    job.checkpointer.close()
+    manifest = tmp_path / "checkpoint" / "step-00000002" / "manifest.json"
+    manifest.write_bytes(manifest.read_bytes()[:-20])
+    fresh = _single(str(tmp_path), seed=4, interval=1, async_mode="disabled")
+    with pytest.warns(UserWarning):
+        assert fresh.checkpointer.load() is True
+    assert fresh.train_state.step == 1
+    fresh.checkpointer.close()
+
+
+def test_first_step_load_only_and_exclude_from_loading(tmp_path):
+    job = _single(str(tmp_path), interval=5, enable_first_step_checkpoint=True, async_mode="disabled")
+    job.train_step()
+    assert job.checkpointer.save(1) is True
+    job.train_step()
+    assert job.checkpointer.save(2) is False
+    job.checkpointer.close()
+    fresh = _single(str(tmp_path), load_only=True, exclude_from_loading=["train_state"])
+    assert fresh.checkpointer.load() is True
+    assert fresh.train_state.step == 0 and fresh.lr_schedulers.state_dict()["last_epoch"] == 1
+    fresh.train_step()
+    assert fresh.checkpointer.save(5) is False  # load_only: never saves
+    fresh.checkpointer.close()
+    with pytest.raises(FileNotFoundError, match="load_step=4"):
+        other = _single(str(tmp_path), load_step=4)
+        try:
+            other.checkpointer.load(step=4)
+        finally:
+            other.checkpointer.close()
+
+
+def _titan_writes(rank: int, world: int, base: str) -> dict:
+    """torchtitan's plain manager writes step 2; ours starts from it as initial_load_path."""
+    plain = job_config("titan", [], interval=2)
+    job = Job(rank, world, plain, base, seed=0)
+    for _ in range(2):
+        job.train_step()
+        job.checkpointer.save(job.train_state.step)
+    job.checkpointer.close()
+    written = job.snapshot()
+    config = job_config("ours", [OVERRIDE], initial_load_path=os.path.join(base, "titan", "step-2"),
+                        initial_load_model_only=False)
+    fresh = Job(rank, world, config, base, seed=5)
+    assert fresh.checkpointer.load() is True
+    resumed = fresh.snapshot()
+    fresh.checkpointer.close()
+    return {"written": written, "resumed": resumed}
+
+
+@pytest.mark.slow
+def test_initial_load_path_from_a_torchtitan_checkpoint_on_two_ranks(tmp_path):
+    for rank, result in enumerate(run_ranks(2, _titan_writes, str(tmp_path))):
+        assert_bitwise(result["resumed"], result["written"], f"rank{rank}")
+
+
+def test_module_imports_without_triton_and_names_the_extra():
+    code = ("import sys; sys.modules['triton'] = None\n"
+            "import ckpt.integrations.torchtitan\n"
+            "assert 'torchtitan.trainer' not in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    missing = subprocess.run([sys.executable, "-c", "import sys; sys.modules['torchtitan'] = None\n"
+                              "import ckpt.integrations.torchtitan"], cwd=REPO, capture_output=True, text=True,
+                             timeout=120)
+    assert "pip install 'ckpt-engine[torchtitan]'" in missing.stderr, missing.stderr
