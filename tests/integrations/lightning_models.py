@@ -44,3 +44,43 @@ def trainer(root, max_steps: int, plugins=(), every: int = 2, top_k: int = 2, fi
 
 def parameters(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+class ShardedModule(TinyModule):
+    """TinyModule sharded with FSDP2 over the strategy's data-parallel mesh (no BatchNorm: FSDP2
+    keeps buffers replicated, and the tiny batches differ per rank)."""
+
+    def __init__(self, width: int = 16):
+        pl.LightningModule.__init__(self)
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 3),
+                                       torch.nn.Linear(3, 1))
+
+    def configure_model(self):
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = self.device_mesh["data_parallel"]
+        for layer in self.net:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(self.net, mesh=mesh)
+
+
+def sharded_fit(rank: int, world_size: int, root: str, steps: int, ckpt_path: str | None) -> dict:
+    """One rank of a ModelParallelStrategy (FSDP2 on a cpu DeviceMesh) run writing our sharded checkpoints;
+    returns the full (gathered) parameters and optimizer state at the end."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    from ckpt.integrations.lightning import CkptModelParallelStrategy
+
+    strategy = CkptModelParallelStrategy(data_parallel_size=world_size, tensor_parallel_size=1)
+    checkpoints = ModelCheckpoint(dirpath=root, every_n_train_steps=2, save_top_k=-1, save_last=True)
+    run = pl.Trainer(max_steps=steps, accelerator="cpu", devices=world_size, strategy=strategy, callbacks=[checkpoints],
+                     logger=False, enable_progress_bar=False, enable_model_summary=False)
+    module = ShardedModule()
+    run.fit(module, ckpt_path=ckpt_path)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model = run.strategy.model
+    optimizer = run.optimizers[0]
+    return {"model": get_model_state_dict(model, options=options),
+            "optim": get_optimizer_state_dict(model, optimizer, options=options).get("state", {})}  # rank 0 holds it

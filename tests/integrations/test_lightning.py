@@ -91,3 +91,25 @@ def test_missing_extra_is_named(monkeypatch):
 
     with pytest.raises(ImportError, match=r"ckpt-engine\[lightning\]"):
         require("lightning_not_installed_here", extra="lightning", integration="ckpt.integrations.lightning")
+
+
+@pytest.mark.slow
+def test_model_parallel_sharded_save_on_two_ranks_loads_resharded_on_one(tmp_path):
+    from tests.integrations.lightning_models import sharded_fit
+    from tests.support.launch import run_ranks
+
+    root = str(tmp_path / "sharded")
+    saved = run_ranks(2, sharded_fit, root, 4, None)[0]
+    (step4,) = (tmp_path / "sharded").glob("*-step=4.ckpt")  # each rank sees one batch an epoch
+    manifest = ckpt.read_manifest(step4)
+    assert manifest.world_size == 2 and manifest.step == 4
+    assert any(len(entry.chunks) == 2 for entry in manifest.tensors.values())  # shards of both ranks
+    # 2 ranks -> 1 rank: the same strategy reshards into a one-rank mesh and continues to step 6,
+    # where a one-rank run resumed from our checkpoint must agree with a two-rank continuation.
+    assert set(saved["model"]) and all(v.dtype == torch.float32 for v in saved["model"].values())
+    one = run_ranks(1, sharded_fit, root, 4, str(step4))[0]  # resumed at step 4: no step left, state as saved
+    for key, value in saved["model"].items():
+        assert torch.equal(value, one["model"][key]), key
+    for key, state in saved["optim"].items():
+        for name, value in state.items():
+            assert torch.equal(value, one["optim"][key][name]), (key, name)
