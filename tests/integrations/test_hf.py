@@ -34,6 +34,7 @@ def _interrupted_then_resumed(tmp_path, stop: int, resume, **options):
     return first, second
 
 
+@pytest.mark.slow
 def test_resume_is_bitwise_and_the_trainer_writes_nothing_of_its_own(tmp_path, reference):
     first, second = _interrupted_then_resumed(tmp_path / "run", 4, True)
     run = tmp_path / "run"
@@ -46,6 +47,7 @@ def test_resume_is_bitwise_and_the_trainer_writes_nothing_of_its_own(tmp_path, r
         assert torch.equal(value, parameters(second.model)[key]), key
 
 
+@pytest.mark.slow
 def test_damaged_newest_step_is_passed_over_and_nothing_is_unpickled(tmp_path, monkeypatch, reference):
     first = trainer(tmp_path, [CkptCallback(), StopAt(6)])
     first.train()
@@ -66,6 +68,7 @@ def test_damaged_newest_step_is_passed_over_and_nothing_is_unpickled(tmp_path, m
         assert torch.equal(value, parameters(second.model)[key]), key
 
 
+@pytest.mark.slow
 def test_deltas_and_retention_through_the_callback(tmp_path):
     callback = CkptCallback(full_every=2)
     trainer(tmp_path, [callback], save_total_limit=3).train()

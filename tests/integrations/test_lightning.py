@@ -26,6 +26,7 @@ def _fit(root, steps, io=None, ckpt_path=None, **kwargs):
     return module, run
 
 
+@pytest.mark.slow
 def test_resume_from_last_is_bitwise_and_retention_is_lightnings(tmp_path):
     reference, _ = _fit(tmp_path / "ref", 10)
     _fit(tmp_path / "run", 6, CkptCheckpointIO())
