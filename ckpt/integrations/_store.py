@@ -91,7 +91,8 @@ class PathStore:
         self.stats = stats if stats is not None else StoreStats()  # a plug-in's, kept across stores
         self._async = self.options.async_mode is AsyncMode.DOUBLE_BUFFER
         self._stager = DoubleBufferStager(self.options.device_type, policy=self.options.policy) if self._async else None
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="ckpt-integration") if self._async else None
+        self._writer = (ThreadPoolExecutor(1, thread_name_prefix="ckpt-integration", initializer=_one_aten_thread)
+                        if self._async else None)
         self._lock = threading.Lock()
         self._pending: dict[str, Future] = {}
         self._errors: list[BaseException] = []
@@ -308,6 +309,12 @@ class PathStore:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("the checkpoint store is closed")
+
+
+def _one_aten_thread() -> None:
+    """A worker thread's ATen ops run single-threaded: a long-lived thread that starts an OpenMP team
+    of its own makes every later parallel region of the training thread slower (bench_trainer.py)."""
+    torch.set_num_threads(1)
 
 
 def _signature(flat: dict) -> tuple:

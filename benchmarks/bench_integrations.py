@@ -1,0 +1,246 @@
+#!/usr/bin/env python
+"""Integrations: our plug-ins against each framework's default saving, same model, same run (issue 24).
+
+    python benchmarks/bench_integrations.py --quick                 # smoke run (~2 min on 2 cores)
+    python benchmarks/bench_integrations.py                         # 3 repeats, a larger model (~10 min)
+    python benchmarks/bench_integrations.py --json /tmp/integrations.json   # the runner's record, elsewhere
+
+One process on CPU, ``torch.set_num_threads(--threads)``. The model is the same for both frameworks:
+a tiny ``LlamaForCausalLM`` (``--hidden``, ``--layers``: 512 x 4 by default, ~13 M parameters; vocab 1024, sequence 64, batch 4) with AdamW,
+trained ``--steps`` steps on random tokens. Per framework, after one unmeasured warm-up run of each
+variant (first-call costs), these variants run interleaved (every
+repeat runs each once, in an order rotated per repeat; the tables show medians over repeats):
+
+none        no checkpoints.
+default     the framework's own saving every ``--every`` steps: Lightning's ``ModelCheckpoint`` with its
+            default ``TorchCheckpointIO`` (``torch.save``); the HF ``Trainer``'s ``save_steps``
+            (``model.safetensors``, ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth``).
+ours        the same schedule through our plug-in: ``CkptCheckpointIO()`` (async double buffer) and
+            ``CkptCallback()`` (a ``CheckpointManager``, async).
+
+tokens/s: window steps x batch x sequence / the time from the start of the first window step (after
+``--warmup`` steps) to the start of the last step, taken at each step's start (Lightning's
+``on_train_batch_start``, the Trainer's ``on_step_begin``), so the window holds the saves, their
+snapshot waits and any slowdown they cause, not the final flush. Blocked per checkpoint: (window time
+with checkpoints - window time without) / saves in the window, from the same repeat; also the time
+inside the save call itself (Lightning: ``strategy.save_checkpoint``; HF: ``Trainer._save_checkpoint``
+for the default, the callback's save for ours). Both frameworks keep 2 checkpoints
+(``save_top_k=2``/``save_total_limit=2``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import warnings
+
+import torch
+
+from harness import REPO, Load, argument_parser, machine_description, median, rotated, work_dir  # first
+
+from report import command_line, metric, provenance, publish, table_head, write_json  # noqa: E402
+
+BENCH_NAME = "integrations"
+SECTION = "## Integrations: Lightning and the HF Trainer, ours vs the default saving (issue 24)"
+VOCAB, SEQ, BATCH = 1024, 64, 4
+QUICK = {"hidden": 128, "layers": 2, "steps": 26, "every": 8, "warmup": 3, "repeats": 1}
+FULL = {"hidden": 512, "layers": 4, "steps": 62, "every": 10, "warmup": 3, "repeats": 3}
+VARIANTS = ("none", "default", "ours")
+
+warnings.filterwarnings("ignore")
+logging.disable(logging.WARNING)
+
+
+def llama(hidden: int, layers: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=3 * hidden,
+                                        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                                        max_position_embeddings=SEQ))
+
+
+def tokens(n: int) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (n, SEQ), generator=torch.Generator().manual_seed(1))
+
+
+class Marks:
+    """Step-start times and the time spent inside the wrapped save calls."""
+
+    def __init__(self):
+        self.starts: list[float] = []
+        self.save_s: list[float] = []
+
+    def wrap(self, owner, name: str) -> None:
+        inner = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.save_s.append(time.perf_counter() - start)
+
+        setattr(owner, name, timed)
+
+
+def run_lightning(variant: str, work, p: dict) -> Marks:
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from ckpt.integrations.lightning import CkptCheckpointIO
+
+    marks = Marks()
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = llama(p["hidden"], p["layers"])
+
+        def training_step(self, batch, _):
+            return self.model(input_ids=batch, labels=batch).loss
+
+        def on_train_batch_start(self, *_):
+            marks.starts.append(time.perf_counter())
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(tokens(p["steps"] * BATCH), batch_size=BATCH)
+
+    callbacks = [] if variant == "none" else [ModelCheckpoint(dirpath=str(work), every_n_train_steps=p["every"],
+                                                              save_top_k=2, monitor="step", mode="max")]
+    plugins = [CkptCheckpointIO()] if variant == "ours" else []
+    trainer = pl.Trainer(max_steps=p["steps"], accelerator="cpu", devices=1, callbacks=callbacks, plugins=plugins,
+                         logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=variant != "none")
+    marks.wrap(trainer.strategy, "save_checkpoint")
+    trainer.fit(Module())
+    return marks
+
+
+def run_hf(variant: str, work, p: dict) -> Marks:
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from ckpt.integrations.hf import CkptCallback
+
+    marks = Marks()
+
+    class Starts(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            marks.starts.append(time.perf_counter())
+
+    class Data(torch.utils.data.Dataset):
+        ids = tokens(p["steps"] * BATCH)
+
+        def __len__(self):
+            return len(self.ids)
+
+        def __getitem__(self, i):
+            return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+    args = TrainingArguments(output_dir=str(work), max_steps=p["steps"], per_device_train_batch_size=BATCH,
+                             save_strategy="no" if variant == "none" else "steps", save_steps=p["every"],
+                             save_total_limit=2, logging_strategy="no", report_to=[], use_cpu=True,
+                             dataloader_num_workers=0, disable_tqdm=True, learning_rate=1e-3)
+    ours = CkptCallback() if variant == "ours" else None
+    trainer = Trainer(model=llama(p["hidden"], p["layers"]), args=args, train_dataset=Data(),
+                      callbacks=[Starts(), *([ours] if ours else [])])
+    if ours is not None:  # the callback runs every step: time the calls that save
+        inner = ours._maybe_save
+
+        def timed(a, s, control, kw):
+            if not control.should_save:
+                return inner(a, s, control, kw)
+            start = time.perf_counter()
+            try:
+                return inner(a, s, control, kw)
+            finally:
+                marks.save_s.append(time.perf_counter() - start)
+
+        ours._maybe_save = timed
+    else:
+        marks.wrap(trainer, "_save_checkpoint")
+    trainer.train()
+    return marks
+
+
+FRAMEWORKS = {"lightning": ("Lightning (CheckpointIO)", run_lightning), "hf": ("HF Trainer (callback)", run_hf)}
+
+
+def measure(framework: str, p: dict, parent: str | None) -> dict:
+    """Per variant: window seconds, saves in the window, save-call seconds, per repeat."""
+    runner = FRAMEWORKS[framework][1]
+    found = {v: {"window": [], "saves": [], "call": []} for v in VARIANTS}
+    for variant in VARIANTS:  # warm-up (not measured): first-call costs of the framework and of each saver
+        with work_dir(parent, f"integrations-{framework}-warmup-") as work:
+            runner(variant, work, {**p, "steps": p["every"] + 2})
+    for rep in range(p["repeats"]):
+        for variant in rotated(VARIANTS, rep):
+            with work_dir(parent, f"integrations-{framework}-{variant}-") as work:
+                marks = runner(variant, work, p)
+            starts = marks.starts
+            first, last = p["warmup"], len(starts) - 1
+            window = starts[last] - starts[first]
+            saves = sum(1 for s in range(first + 1, last + 1) if s % p["every"] == 0)  # step s saved before start s
+            found[variant]["window"].append(window)
+            found[variant]["saves"].append(saves if variant != "none" else 0)
+            found[variant]["call"].append(median(marks.save_s) if marks.save_s else 0.0)
+            print(f"  {framework} {variant}: window {window:.2f} s, {saves} saves, "
+                  f"save call {found[variant]['call'][-1] * 1e3:.1f} ms", flush=True)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser(__doc__)
+    parser.add_argument("--quick", action="store_true", help="smoke sizes, one repeat")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--frameworks", nargs="+", choices=sorted(FRAMEWORKS), default=["lightning", "hf"])
+    for key, value in FULL.items():
+        parser.add_argument(f"--{key}", type=int, default=None, help=f"default {value} ({QUICK[key]} with --quick)")
+    args = parser.parse_args(argv)
+    p = {k: getattr(args, k) if getattr(args, k) is not None else (QUICK if args.quick else FULL)[k] for k in FULL}
+    torch.set_num_threads(args.threads)
+    load = Load()
+    results = {fw: measure(fw, p, args.dir) for fw in args.frameworks}
+    load.stop()
+    params = sum(x.numel() for x in llama(p["hidden"], p["layers"]).parameters())
+    state_mib = params * 4 * 3 / 2**20  # fp32 weights + AdamW's two moments
+    window_steps = p["steps"] - 1 - p["warmup"]
+    lines = [SECTION, "", f"Tiny LlamaForCausalLM, {params / 1e6:.2f} M parameters (~{state_mib:.0f} MiB of "
+             f"weights + AdamW state), batch {BATCH} x {SEQ} tokens, {p['steps']} steps, a checkpoint every "
+             f"{p['every']} steps, {args.threads} threads, median of {p['repeats']} repeat(s).", "",
+             *table_head(["framework", "saving", "tokens/s", "vs none", "blocked per checkpoint",
+                          "in the save call"], "llrrrr")]
+    metrics = []
+    for fw, found in results.items():
+        none = found["none"]["window"]
+        for variant in VARIANTS:
+            w = found[variant]["window"]
+            tps = [window_steps * BATCH * SEQ / x for x in w]
+            blocked = [(x - n) / s for x, n, s in zip(w, none, found[variant]["saves"]) if s]
+            call = found[variant]["call"]
+            label = {"none": "none", "default": "framework default", "ours": "ours (plug-in)"}[variant]
+            lines.append(f"| {FRAMEWORKS[fw][0]} | {label} | {median(tps):,.0f} | {median([n / x for n, x in zip(none, w)]):.3f}x | "
+                         + (f"{median(blocked) * 1e3:.1f} ms | {median(call) * 1e3:.1f} ms |" if blocked else "- | - |"))
+            system = f"{fw} {variant}"
+            metrics.append(metric(system, "tokens_per_s", "tokens/s", tps))
+            if blocked:
+                metrics.append(metric(system, "blocked_per_checkpoint_s", "s", blocked))
+                metrics.append(metric(system, "save_call_s", "s", call))
+    lines += ["", "Blocked per checkpoint = (window with checkpoints - window without) / saves in the window, same "
+              "repeat; it can come out slightly negative when the difference is in the noise.", "",
+              *provenance(machine_description(REPO / "benchmarks"), command_line("bench_integrations.py", argv),
+                          load.describe())]
+    section = "\n".join(lines)
+    publish(section, args.out)
+    write_json(args.json, BENCH_NAME, section, command_line("bench_integrations.py", argv), metrics=metrics,
+               params=p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
