@@ -6,7 +6,7 @@
     python benchmarks/bench_integrations.py --json /tmp/integrations.json   # the runner's record, elsewhere
 
 One process on CPU, ``torch.set_num_threads(--threads)``. The model is the same for both frameworks:
-a tiny ``LlamaForCausalLM`` (``--hidden``, ``--layers``: 512 x 4 by default, ~13 M parameters; vocab 1024, sequence 64, batch 4) with AdamW,
+a tiny ``LlamaForCausalLM`` (``--hidden``, ``--layers``: 256 x 4 by default, ~3.7 M parameters; vocab 1024, sequence 64, batch 4) with AdamW,
 trained ``--steps`` steps on random tokens. Per framework, after one unmeasured warm-up run of each
 variant (first-call costs), these variants run interleaved (every
 repeat runs each once, in an order rotated per repeat; the tables show medians over repeats):
@@ -46,7 +46,7 @@ BENCH_NAME = "integrations"
 SECTION = "## Integrations: Lightning and the HF Trainer, ours vs the default saving (issue 24)"
 VOCAB, SEQ, BATCH = 1024, 64, 4
 QUICK = {"hidden": 128, "layers": 2, "steps": 26, "every": 8, "warmup": 3, "repeats": 1}
-FULL = {"hidden": 512, "layers": 4, "steps": 62, "every": 10, "warmup": 3, "repeats": 3}
+FULL = {"hidden": 256, "layers": 4, "steps": 42, "every": 10, "warmup": 3, "repeats": 3}
 VARIANTS = ("none", "default", "ours")
 
 warnings.filterwarnings("ignore")

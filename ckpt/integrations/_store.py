@@ -49,9 +49,9 @@ from .. import (
     DoubleBufferStager,
     InvalidOptionError,
     SaveOptions,
-    read_manifest,
 )
 from ..dcp import Writer
+from ._bases import delete_checkpoint, dependents, recorded_base
 from ._tree import ObjectTypes, encode_tree, read_tree
 
 log = logging.getLogger(__name__)
@@ -288,9 +288,9 @@ class PathStore:
     def _collect(self, path: str) -> None:
         """Delete ``path`` unless a delta on disk builds on it; then its base, if the framework removed
         that one already and nothing else builds on it."""
-        while path in self._removed and not _dependents(path):
-            base = self._bases.pop(path, None) or _recorded_base(path)
-            _delete(path)
+        while path in self._removed and not dependents(path):
+            base = self._bases.pop(path, None) or recorded_base(path)
+            delete_checkpoint(path)
             self._removed.discard(path)
             if self._last is not None and self._last.path == path:
                 self._last = None
@@ -321,37 +321,3 @@ def _signature(flat: dict) -> tuple:
     """Shapes and dtypes of the tensors in order: the staging buffers' layout. Names may differ (Lightning's
     ``best_k_models`` scores are keyed by path); a delta chunk without a same-named base chunk is stored whole."""
     return tuple((tuple(v.shape), v.dtype) for v in flat.values() if isinstance(v, torch.Tensor))
-
-
-def _dependents(path: str) -> list[str]:
-    """Sibling checkpoints whose manifest names ``path`` as their delta base."""
-    parent, name = os.path.split(path)
-    found = []
-    for entry in sorted(os.listdir(parent)) if os.path.isdir(parent) else ():
-        sibling = os.path.join(parent, entry)
-        if sibling == path or not os.path.isdir(sibling):
-            continue
-        try:
-            if read_manifest(sibling).base == name:
-                found.append(sibling)
-        except CheckpointError:
-            continue
-    return found
-
-
-def _recorded_base(path: str) -> str | None:
-    """The base of the delta at ``path`` as its manifest names it (None: a full one, or unreadable)."""
-    try:
-        manifest = read_manifest(path)
-    except CheckpointError:
-        return None
-    return None if manifest.base is None else os.path.join(os.path.dirname(path), manifest.base)
-
-
-def _delete(path: str) -> None:
-    import shutil
-
-    if os.path.islink(path) or os.path.isfile(path):
-        os.unlink(path)
-    elif os.path.isdir(path):
-        shutil.rmtree(path)

@@ -13,6 +13,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 pytest.importorskip("deepspeed", reason="the deepspeed extra (CI installs it through dev)")
 
 import ckpt  # noqa: E402
+from tests.integrations.damage import flip_byte, forbid_unpickling  # noqa: E402
 from tests.integrations.deepspeed_runs import scenario, train  # noqa: E402
 from tests.support.launch import run_ranks  # noqa: E402
 
@@ -52,17 +53,11 @@ def test_a_damaged_file_is_refused_and_nothing_is_unpickled(tmp_path, monkeypatc
     optim = [n for n in os.listdir(tmp_path / "global_step4") if "optim" in n][0]
     engine = CkptCheckpointEngine()
 
-    def no_unpickling(*args, **kwargs):
-        raise AssertionError("torch.load called")
-
-    monkeypatch.setattr(torch, "load", no_unpickling)
+    forbid_unpickling(monkeypatch)
     state = engine.load(str(tmp_path / "global_step2" / optim))
     assert type(state["optimizer_state_dict"]["loss_scaler"]).__name__ == "LossScaler"  # allow-listed, rebuilt
     assert isinstance(state["optimizer_state_dict"]["base_optimizer_state"]["state"][0]["exp_avg"], torch.Tensor)
-    data = next((tmp_path / "global_step4" / optim / "data").iterdir())
-    raw = bytearray(data.read_bytes())
-    raw[-1] ^= 0xFF
-    data.write_bytes(bytes(raw))
+    flip_byte(tmp_path / "global_step4" / optim, 1.0)
     with pytest.raises(ckpt.CorruptCheckpointError):
         engine.load(str(tmp_path / "global_step4" / optim))
     engine.cleanup()

@@ -14,6 +14,7 @@ import torch
 pytest.importorskip("transformers", reason="the hf extra (CI installs it through dev)")
 
 import ckpt  # noqa: E402
+from tests.integrations.damage import flip_byte, forbid_unpickling  # noqa: E402
 from ckpt.integrations.hf import CkptCallback  # noqa: E402
 from tests.integrations.hf_models import StopAt, parameters, trainer  # noqa: E402
 
@@ -51,15 +52,9 @@ def test_resume_is_bitwise_and_the_trainer_writes_nothing_of_its_own(tmp_path, r
 def test_damaged_newest_step_is_passed_over_and_nothing_is_unpickled(tmp_path, monkeypatch, reference):
     first = trainer(tmp_path, [CkptCallback(), StopAt(6)])
     first.train()
-    data = next((tmp_path / "ckpt" / "step-00000006" / "data").iterdir())
-    raw = bytearray(data.read_bytes())
-    raw[len(raw) // 3] ^= 0x01
-    data.write_bytes(bytes(raw))
+    flip_byte(tmp_path / "ckpt" / "step-00000006", 1 / 3)
 
-    def no_unpickling(*args, **kwargs):
-        raise AssertionError("torch.load called")
-
-    monkeypatch.setattr(torch, "load", no_unpickling)
+    forbid_unpickling(monkeypatch)
     second = trainer(tmp_path, [CkptCallback()])
     with pytest.warns(UserWarning, match="resuming from step 4"):
         second.train(resume_from_checkpoint=str(tmp_path / "checkpoint-6"))

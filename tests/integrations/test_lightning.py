@@ -13,6 +13,7 @@ import torch
 pytest.importorskip("lightning", reason="the lightning extra (CI installs it through dev)")
 
 import ckpt  # noqa: E402
+from tests.integrations.damage import flip_byte, forbid_unpickling  # noqa: E402
 from ckpt.integrations.lightning import CkptCheckpointIO  # noqa: E402
 from tests.integrations.lightning_models import TinyModule, parameters, trainer  # noqa: E402
 
@@ -63,15 +64,9 @@ def test_deltas_through_the_plugin_and_their_bases_kept(tmp_path):
 
 def test_damaged_newest_is_passed_over_and_load_never_unpickles(tmp_path, monkeypatch):
     _fit(tmp_path, 6, CkptCheckpointIO())
-    data = next((tmp_path / "last.ckpt" / "data").iterdir())
-    raw = bytearray(data.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    data.write_bytes(bytes(raw))
+    flip_byte(tmp_path / "last.ckpt")
 
-    def no_unpickling(*args, **kwargs):
-        raise AssertionError("torch.load called")
-
-    monkeypatch.setattr(torch, "load", no_unpickling)
+    forbid_unpickling(monkeypatch)
     with pytest.warns(UserWarning, match="cannot be loaded"):
         tree = CkptCheckpointIO().load_checkpoint(tmp_path / "last.ckpt")
     assert tree["global_step"] == 6 and "loops" in tree and "optimizer_states" in tree
