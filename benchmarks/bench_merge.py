@@ -8,7 +8,7 @@ The same state (fp32: an embedding of 1/8 of the state, 16 MiB matrices, small v
 tensor; random values) is saved twice, once by ``ckpt.save`` and once by DCP's ``FileSystemWriter``
 (``dcp.save(..., no_dist=True)``), then consolidated into one file per run:
 
-* ours, torch: ``tools.merge.merge(src, "x.pt", format="torch")`` (the ckpt-merge library path:
+* ours, torch: ``ckpt.convert.merge(src, "x.pt", format="torch")`` (the ckpt-merge library path:
   tensors assembled one at a time, verified, streamed into a torch.save zip; fsync'd, renamed into
   place);
 * ours, safetensors: the same into ``x.safetensors``;
@@ -16,7 +16,7 @@ tensor; random values) is saved twice, once by ``ckpt.save`` and once by DCP's `
   state, then ``torch.save``), followed by an ``fsync`` of the file inside the timing (ours fsyncs).
 
 Every run is a fresh process, forked from a ``multiprocessing`` fork server that has only imported
-the modules (torch, DCP's ``format_utils``, ``tools.merge``), so a run pays no import time and
+the modules (torch, DCP's ``format_utils``, ``ckpt.convert``), so a run pays no import time and
 inherits no other run's heap. In the run: every page of the file-backed mappings (the libraries'
 code and data) is mapped in (``madvise(MADV_POPULATE_READ)``), so that library code touched for the
 first time during the call does not count as the call's memory (a forked child maps its libraries'
@@ -85,7 +85,7 @@ QUICK = {"sizes": [32, 64, 128], "repeats": 1}  # ~15 s on a quiet 2-core box
 GOAL_SLACK_MIB = 64  # ours' peak growth <= largest tensor + this
 # The modules a run uses, imported once by the fork server (``__main__`` is this script, where the
 # Python version honours it; 3.11 drops the main path on the way).
-PRELOAD = ["__main__", "harness", "ckpt", "tools.merge", "torch.distributed.checkpoint.format_utils", "safetensors",
+PRELOAD = ["__main__", "harness", "ckpt", "ckpt.convert", "torch.distributed.checkpoint.format_utils", "safetensors",
            "xxhash"]
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DCP without a process group
@@ -114,7 +114,7 @@ def worker(method: str, source: str, out: str, cold: bool) -> dict:
     """One timed consolidation in this (fresh) process: seconds, CPU seconds and peak RSS growth."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    from tools.merge import merge
+    from ckpt.convert import merge
 
     populate_file_mappings()
     settle()
@@ -278,7 +278,7 @@ def report(results: dict, info: dict, args, command: str, machine: list[str], lo
         "checks nothing) and publishes the file atomically (temporary name, fsync, rename).")
     lines.append(
         "- Ours allocates every tensor of 1 MiB or more in its own anonymous mapping, unmapped when the tensor is "
-        "freed (`ckpt.consolidate.empty_tensor`), so its peak is the largest tensor plus a few MiB. From the heap it "
+        "freed (`ckpt.convert.empty_tensor`), so its peak is the largest tensor plus a few MiB. From the heap it "
         "was not: glibc's adaptive mmap threshold puts tensors of up to 32 MiB in the heap, and a small allocation "
         "landing in a freed tensor's hole keeps the next one from reusing it; in about a third of fresh processes "
         "the 1 GiB merge to .pt grew by 0.96 GiB (an earlier run of this benchmark: 979 MiB; `malloc_trim` after "

@@ -83,7 +83,7 @@ from harness import Load, argument_parser, machine_description, median, settle, 
 
 import ckpt  # noqa: E402
 import ckpt.manager  # noqa: E402
-import ckpt.snapshot_copy  # noqa: E402
+import ckpt._snapshot_copy  # noqa: E402
 import ckpt.staging  # noqa: E402
 import peers  # noqa: E402
 from probes import peak_rss, reset_peak, rss  # noqa: E402
@@ -269,7 +269,7 @@ class Ours(Method):
             self.timers.wrap(stager, "stage", "stage()")
             self.timers.wrap(ckpt.staging, "_capture", "stage: _capture (deepcopy of values)")
             self.timers.wrap(stager, "_ensure_buffers", "stage: buffers")
-            self.timers.wrap(ckpt.snapshot_copy, "_copy_all", "bg copy", record_calls=self.copies)
+            self.timers.wrap(ckpt._snapshot_copy, "_copy_all", "bg copy", record_calls=self.copies)
             self.timers.wrap(self.manager, "_persist", "bg write")
         self._before = 0.0
 

@@ -15,7 +15,7 @@ Part 1, replication of one committed step from local disk to S3 (the step is wri
 
 primary        ``ckpt.save(state, dir)`` to local disk: the write the copy follows (fresh dir
                each repeat; fsyncs and the atomic commit included).
-copy_step      ``ckpt.replicate.copy_step(local_step, s3_step)``: ours; streams every data file
+copy_step      ``ckpt.root.copy_step(local_step, s3_step)``: ours; streams every data file
                to a multipart upload, checking every blob's xxh3 against the manifest as it
                passes, checks each stored object's size, writes the manifest last (the commit).
 s3fs put       ``S3FileSystem.put(step_dir, s3_prefix, recursive=True)`` of the same files:
@@ -77,7 +77,7 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, Fsspec
 
 import ckpt  # noqa: E402
 from ckpt import commit  # noqa: E402
-from ckpt.replicate import copy_step  # noqa: E402
+from ckpt.root import copy_step  # noqa: E402
 from ckpt.storage import locate  # noqa: E402
 from ckpt.storage import remote as ckpt_remote  # noqa: E402
 from report import (  # noqa: E402

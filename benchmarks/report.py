@@ -232,22 +232,31 @@ def section_of(record: dict | None, bench) -> list[str]:
     return [section[0], "", ran, *section[1:], ""]
 
 
+def last_call_lines(report: Path) -> list[str] | None:
+    """An existing report's "Last runner call" line and machine lines (what --report-only keeps)."""
+    lines = report.read_text().splitlines() if report.exists() else []
+    start = next((i for i, line in enumerate(lines) if line.startswith("Last runner call:")), None)
+    end = next((i for i, line in enumerate(lines) if line == "## Goals"), None)
+    return None if start is None or end is None or end < start else lines[start:end]
+
+
 def build(records: dict, benches, run_info: dict, out: Path, plots_dir: Path, readme: Path | None) -> None:
     import plots  # matplotlib: only the runner's report draws
 
     drawn = plots.make_all(records, plots_dir)
     rel_plots = Path("plots") if plots_dir.parent == out.parent else plots_dir
-    machine = harness.machine_description(out.parent)
     ran = ", ".join(run_info["ran"]) or "none (report rebuilt from stored results)"
+    last_call = run_info.get("previous") or [
+        f"Last runner call: `{run_info['command']}` on {run_info['date']} — ran {ran} in "
+        f"{run_info['wall_s']:.0f} s; code {harness.git_state()}.", "",
+        "Machine of the last call:", *[f"- {line}" for line in harness.machine_description(out.parent)], ""]
     lines = [
         "# Benchmark results", "",
         "Written by `benchmarks/run.py` from the stored results in `benchmarks/results/` — do not edit by hand;",
         "rerun the benchmarks instead. Each section below says in which mode (quick: small states, one repeat;",
         "full: larger states, more repeats) and when it ran; ratios are medians with the min–max over repeats,",
         "every peer measured in the same run on the same machine.", "",
-        f"Last runner call: `{run_info['command']}` on {run_info['date']} — ran {ran} in "
-        f"{run_info['wall_s']:.0f} s; code {harness.git_state()}.", "",
-        "Machine of the last call:", *[f"- {line}" for line in machine], "",
+        *last_call,
         "## Goals", "",
         "Every goal a benchmark states, with what its latest run measured (ratios are × the named baseline).", "",
         *goals_table(records, benches), "",
@@ -262,7 +271,10 @@ def build(records: dict, benches, run_info: dict, out: Path, plots_dir: Path, re
     lines += ["## Earlier checks", "",
               "One-off before/after measurements made while refactoring the engine (issues 9 and 11) are kept in",
               "[CHECKS.md](CHECKS.md); they are not regenerated.", ""]
-    out.write_text("\n".join(lines).rstrip("\n") + "\n")
+    text = "\n".join(lines).rstrip("\n") + "\n"
+    if not out.exists() or out.read_text() != text:  # unchanged figures: the file (and its date) stay
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
     if readme is not None and readme.exists():
         update_readme(readme, records, benches, drawn, out, plots_dir)
 

@@ -10,7 +10,10 @@ the other so that they never share the cores, and leaves its section and numbers
 ``--only`` refreshes part of it): ``RESULTS.md`` (the run, the machine, every goal met or missed,
 the plots, then each benchmark's own section with its command), the PNG plots under
 ``benchmarks/plots/`` and the block between the ``bench:begin``/``bench:end`` markers in
-README.md. A benchmark that fails is reported as failed, with the last lines of its output; its
+README.md — for a full run of every benchmark, or with ``--publish``; a quick or partial run reports
+into ``benchmarks/_work/report/`` (untracked) instead, so it never replaces the published figures.
+``--report-only`` rebuilds the published report and keeps its "last runner call" line, so nothing
+changes when no result did. A benchmark that fails is reported as failed, with the last lines of its output; its
 previous result is not shown as current. The layouts benchmark (2 and 4 ranks, ~5 min) runs in full
 runs and when named; its stored result, from whichever machine ran it, is included. The checks on a
 lent accelerator are ``device_checks.py``, run by hand there (benchmarks/README.md).
@@ -70,10 +73,10 @@ RESULTS_DIR = HERE / "results"
 TAIL_LINES = 15
 
 
-def run_one(bench: Bench, quick: bool, timeout: float, log_dir: Path) -> dict:
-    """Run one benchmark in its own process; return its result record (or a failure record)."""
+def run_one(bench: Bench, quick: bool, timeout: float, log_dir: Path, results_dir: Path) -> dict:
+    """Run one benchmark in its own process; store and return its result record (or a failure record)."""
     args = bench.quick if quick else bench.full
-    out = RESULTS_DIR / f"{bench.name}.json"
+    out = results_dir / f"{bench.name}.json"
     partial = out.with_suffix(".json.partial")
     partial.unlink(missing_ok=True)
     cmd = [sys.executable, str(HERE / bench.script), *args, "--json", str(partial)]
@@ -117,13 +120,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=list(BY_NAME), metavar="NAME",
                         help=f"run only these ({', '.join(BY_NAME)}); the stored results of the others are kept")
     parser.add_argument("--report-only", action="store_true", help="run nothing: rebuild the report from the stored results")
-    parser.add_argument("--out", default=str(HERE / "RESULTS.md"), help="the report (default benchmarks/RESULTS.md)")
+    parser.add_argument("--publish", action="store_true",
+                        help="store the results in benchmarks/results and rebuild RESULTS.md, the plots and the "
+                             "README block (what a full run of every benchmark does by itself)")
+    parser.add_argument("--out", default=None, help="the report (default: benchmarks/RESULTS.md when publishing, "
+                                                    "else benchmarks/_work/report/RESULTS.md)")
     parser.add_argument("--no-readme", action="store_true", help="leave README.md's results block alone")
     parser.add_argument("--timeout", type=float, help="seconds per benchmark (default 300 quick, 1800 full)")
     args = parser.parse_args(argv)
 
     selected = [] if args.report_only else [BY_NAME[n] for n in args.only] if args.only else \
         [b for b in BENCHES if b.default and (b.in_quick or not args.quick)]
+    # Quick and partial runs never replace the published figures unless asked: they report into
+    # benchmarks/_work/report (the published results first, then this run's on top).
+    publish = args.publish or args.report_only or not (args.quick or args.only)
+    results_dir = RESULTS_DIR if publish else HERE / "_work" / "report" / "results"
+    if not publish:
+        results_dir.mkdir(parents=True, exist_ok=True)
+        for stored in RESULTS_DIR.glob("*.json") if RESULTS_DIR.is_dir() else ():
+            (results_dir / stored.name).write_text(stored.read_text())
+    out = Path(args.out) if args.out else (HERE / "RESULTS.md" if publish else results_dir.parent / "RESULTS.md")
     RESULTS_DIR.mkdir(exist_ok=True)
     log_dir = HERE / "_work" / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -132,19 +148,22 @@ def main(argv: list[str] | None = None) -> int:
         (" --only " + " ".join(args.only) if args.only else "") + (" --report-only" if args.report_only else "")
 
     t0 = time.monotonic()
-    fresh = [run_one(b, args.quick, timeout, log_dir) for b in selected]
+    fresh = [run_one(b, args.quick, timeout, log_dir, results_dir) for b in selected]
     wall = time.monotonic() - t0
 
     records = {}
     for bench in BENCHES:
-        path = RESULTS_DIR / f"{bench.name}.json"
+        path = results_dir / f"{bench.name}.json"
         if path.exists():
             records[bench.name] = json.loads(path.read_text())
     run_info = {"command": command, "wall_s": wall, "ran": [r["bench"] for r in fresh],
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    report.build(records, BENCHES, run_info, Path(args.out), HERE / "plots",
-                 None if args.no_readme else HERE.parent / "README.md")
-    print(f"wrote {args.out}, the plots and the README block after {wall:.0f} s of benchmarks")
+    if args.report_only:  # nothing ran: the report keeps the call that produced its figures
+        run_info["previous"] = report.last_call_lines(out)
+    readme = None if args.no_readme or not publish else HERE.parent / "README.md"
+    report.build(records, BENCHES, run_info, out, HERE / "plots" if publish else out.parent / "plots", readme)
+    print(f"wrote {out}, the plots{' and the README block' if readme else ''} after {wall:.0f} s of benchmarks"
+          + ("" if publish else " (not published: add --publish to replace benchmarks/RESULTS.md)"))
     failed = [r["bench"] for r in fresh if r.get("failed")]
     if failed:
         print(f"failed: {', '.join(failed)} (see the report and benchmarks/_work/logs/)", file=sys.stderr)

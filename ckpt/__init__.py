@@ -38,7 +38,8 @@ from .errors import (
     UnsupportedFormatError,
 )
 from .format import FORMAT_VERSION, Manifest
-from .manager import CheckpointManager, CommitInfo, SaveStats
+from .manager import CheckpointManager
+from .outcomes import CommitInfo, SaveStats
 from .options import AsyncMode, BusyPolicy, Compression, FailurePolicy, SaveOptions
 from .planner import SafeLoadPlanner
 from .root import CheckpointRoot

@@ -70,7 +70,7 @@ def save(
     Collective across the ranks of ``process_group`` (default: the default group, when one is
     initialised); ``no_dist=True`` saves from this process alone."""
     if merged:
-        from .merged import save_merged
+        from .convert.merged import save_merged
 
         save_merged(state, path, overwrite=overwrite, user_metadata=user_metadata, process_group=process_group,
                     no_dist=no_dist, storage_options=storage_options)

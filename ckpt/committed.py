@@ -4,7 +4,8 @@ The reader's side of the commit protocol (:mod:`ckpt.commit`): a checkpoint dire
 exactly when it holds ``manifest.json``; a leftover of an unfinished save (``<name>.tmp-<id>``,
 ``<name>.old-<id>``) never is. :func:`read_manifest` opens a committed checkpoint and validates its
 manifest before anything in it is used (:mod:`ckpt.format.validate`); a directory that DCP wrote
-instead is recognised (:func:`looks_like_dcp`) so that the refusal says how to convert it.
+instead is recognised (:func:`looks_like_dcp`) so that the refusal says how to convert it (its
+``.metadata`` is read, bounded like a manifest, by :func:`read_metadata_file`).
 
 Below both the commit protocol and the read side, which share it; it imports only the spec and the
 storage seam.
@@ -49,6 +50,15 @@ def looks_like_dcp(path: Location) -> bool:
         return False
 
 
+def read_metadata_file(path: Location, name: str, limit: int, error: type[CheckpointError]) -> bytes:
+    """The bytes of the metadata file ``path/name`` (a manifest, DCP's ``.metadata``), read whole;
+    one larger than ``limit`` bytes is refused as ``error`` (no real one comes near it)."""
+    try:
+        return path.storage.read_bytes(path.path, name, limit)
+    except ValueError:
+        raise error(f"{path / name} is absurdly large", path=str(path), file=name) from None
+
+
 def read_manifest(path: str | os.PathLike | Location, storage_options: dict | None = None) -> Manifest:
     """Parse and validate the manifest of the committed checkpoint at ``path`` (a directory or a URL)."""
     return read_manifest_bytes(locate(path, storage_options))[0]
@@ -62,11 +72,7 @@ def read_manifest_bytes(path: Location) -> tuple[Manifest, bytes]:
             reason = (f"{path} is a checkpoint written by torch.distributed.checkpoint (DCP), not by ckpt; "
                       f"convert it with: ckpt-convert {path} <dst> --from dcp")
         raise CheckpointNotFoundError(reason, path=str(path), file=MANIFEST_NAME)
-    try:
-        raw = path.storage.read_bytes(path.path, MANIFEST_NAME, MAX_MANIFEST_BYTES)
-    except ValueError:
-        raise InvalidManifestError(f"{path / MANIFEST_NAME} is absurdly large", path=str(path),
-                                   file=MANIFEST_NAME) from None
+    raw = read_metadata_file(path, MANIFEST_NAME, MAX_MANIFEST_BYTES, InvalidManifestError)
     try:
         return Manifest.from_json(raw, source=str(path / MANIFEST_NAME)), raw
     except CheckpointError as exc:

@@ -5,10 +5,11 @@
 
 DCP does the distributed part (planning, deduplicating replicated tensors, resharding DTensors).
 This module holds only the protocol objects; the bytes are :mod:`ckpt.write`'s (encode, balance,
-data files, manifest), :mod:`ckpt.commit`'s (publish) and :mod:`ckpt.read`'s (read, verify,
-decode). ``Reader.read_metadata`` rebuilds DCP's ``Metadata`` from the manifest; non-tensor values
-are handed to the planner as objects we decoded (re-serialised for planners that insist on a
-``torch.save`` stream), so loading never unpickles anything written into the checkpoint.
+data files), the manifest :mod:`ckpt.assemble`'s, the commit :mod:`ckpt.commit`'s (publish) and the
+reading :mod:`ckpt.read`'s (read, verify, decode). ``Reader.read_metadata`` rebuilds DCP's
+``Metadata`` from the manifest; non-tensor values are handed to the planner as objects we decoded
+(re-serialised for planners that insist on a ``torch.save`` stream), so loading never unpickles
+anything written into the checkpoint.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from .format import Chunk, Manifest, ValueEntry, codec
 from .options import SaveOptions
 from .read import ChunkSource
 from .storage import Location, locate
-from .write import build_manifest, write_rank
+from .assemble import build_manifest
+from .write import write_rank
 
 
 def _done(value: Any) -> Future:

@@ -28,7 +28,7 @@ from torch.distributed.tensor import DTensor
 
 from .errors import InvalidOptionError
 from .format import is_sibling_name, step_name
-from .host_buffers import signature
+from ._host_buffers import signature
 from .tree import leaves
 
 

@@ -18,7 +18,7 @@ type; CLIs turn it into a single readable line and a non-zero exit.
     ├── InvalidOptionError           a save option out of range (also a ValueError)
     └── DeviceUnavailableError       the requested device type is not present on this machine
 
-Errors cross ranks as objects (pickled by :mod:`ckpt.collective`), so every rank raises the same
+Errors cross ranks as objects (pickled by :mod:`ckpt._collective`), so every rank raises the same
 type with the same attributes.
 """
 

@@ -16,8 +16,9 @@ The manager only schedules; each concept lives in its module. One save, top to b
 2. the writer thread: wait for the snapshot; write it through DCP and our writer
    (:mod:`ckpt.dcp` → :mod:`ckpt.write` → :mod:`ckpt.commit`) on its own gloo process group, so
    its collectives never interleave with training's;
-3. rank 0 applies retention (:mod:`ckpt.retention`) over the root (:mod:`ckpt.root`: step names,
-   lock, start-up clean-up, delta bases).
+3. rank 0 applies retention (:mod:`ckpt.root.retention`) to the root (:mod:`ckpt.root.steps`: step
+   names, lock, start-up clean-up, delta bases); the replicator (:mod:`ckpt.root.replicate`) copies
+   the step to each replica and applies the same retention there.
 
 A background failure is raised by the next ``save``/``wait``/``close``. ``async_mode="sync"``
 writes inside ``save`` instead.
@@ -31,56 +32,27 @@ import threading
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
-from . import resume, retention
 from .api import load as load_checkpoint, write_tree
-from .catalog import Catalog, open_catalog
-from .collective import any_rank, run_on_src
+from ._collective import any_rank, run_on_src
 from .dcp import Writer
 from .delta import DeltaBase, DeltaChain, tensor_signature
-from .errors import CheckpointError, CheckpointWriteError, InvalidOptionError
-from .options import AsyncMode, BusyPolicy, FailurePolicy, SaveOptions
-from .replicate import Replicator
-from .root import CheckpointRoot
-from .snapshot_copy import single_threaded_aten
+from .errors import CheckpointError, InvalidOptionError
+from .options import AsyncMode, BusyPolicy, SaveOptions
+from .outcomes import BackgroundFailures, CommitInfo, SaveStats
+from .root import resume, retention
+from .root.catalog import Catalog, open_catalog
+from .root.replicate import Replicator
+from .root.steps import CheckpointRoot
+from ._snapshot_copy import single_threaded_aten
 from .staging import DoubleBufferStager
 from .state import export_state
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class SaveStats:
-    """Counters of a manager. A save's *stall* is the time training was blocked by it: the host
-    inside ``save()`` and in any host wait for its snapshot (before the next optimizer step or a
-    forward that changes buffers), plus, on an accelerator, the time the compute stream waited for
-    the snapshot copy (``device_stall_s``, measured with timing events; counted once those have
-    completed, so a stall may show up a step later)."""
-
-    saves: int = 0
-    skipped: int = 0
-    failures: int = 0  # saves that failed (counted under on_error="continue")
-    stall_s: float = 0.0  # host + device
-    last_stall_s: float = 0.0
-    device_stall_s: float = 0.0
-    host_buffer_bytes: int = 0  # staging memory as the (pinned) host allocator reserves it
-
-
-@dataclass(frozen=True)
-class CommitInfo:
-    """What ``on_commit`` is told when a checkpoint committed on the primary (rank 0 only)."""
-
-    step: int
-    kind: str  # "full" or "delta"
-    bytes: int  # stored bytes of its data (after any encoding)
-    seconds: float  # from the start of its write to its commit
-    path: str
-    replicas: int  # mounts it is now being copied to
 
 
 class CheckpointManager:
@@ -118,7 +90,7 @@ class CheckpointManager:
         if options.replicas:
             groups = [dist.new_group(backend="gloo") if self._distributed else None for _ in options.replicas]
             self._replicator = Replicator(
-                CheckpointRoot(self._root.path), self._mounts[1:], groups=groups, distributed=self._distributed,
+                self._root, self._mounts[1:], groups=groups, distributed=self._distributed,
                 keep=options.keep, keep_every=options.keep_every, read_back=options.replica_read_back,
                 backlog=options.replica_backlog, retry_initial=options.replica_retry_initial,
                 retry_max=options.replica_retry_max, on_state=self._record_replica_state)
@@ -130,7 +102,7 @@ class CheckpointManager:
         # Written by save() on the training thread, read by the writer thread (retention): guarded.
         self._inflight: dict[int, Future] = {}
         self._inflight_lock = threading.Lock()
-        self._errors: list[BaseException] = []
+        self._failures = BackgroundFailures(options.on_error)
         self._hooks: list[Any] = []
         self._closed = False
 
@@ -182,7 +154,7 @@ class CheckpointManager:
         # One agreement among the ranks: did a save fail anywhere, is a buffer set free everywhere
         # (skip policy), may this one be a delta everywhere.
         failed, busy, full = self._agree_any(
-            bool(self._errors),
+            bool(self._failures),
             self._stager is not None and self.options.policy is BusyPolicy.SKIP and not self._stager.has_free_set(),
             self._stager is not None and not self._deltas.eligible(signature))
         if failed:  # one rank noticed: all finish their writes, all raise (or warn) here
@@ -194,7 +166,7 @@ class CheckpointManager:
                 self._write(step, tree)
                 self._after_commit(step)
             except Exception as error:
-                self._errors.append(error)
+                self._failures.add(error)
                 self._raise_background_error(stacklevel=3)
                 return False
             finally:
@@ -234,7 +206,7 @@ class CheckpointManager:
                 pass
 
     def load(self, state: dict[str, Any], step: int | None = None, *, strict: bool = True) -> int | None:
-        """Load ``step`` (default: the newest committed step that loads, see :mod:`ckpt.resume`) into
+        """Load ``step`` (default: the newest committed step that loads, see :mod:`ckpt.root.resume`) into
         ``state``; return the step loaded, or None when the root holds no checkpoint."""
         self._check_open()
         self.wait()
@@ -248,7 +220,7 @@ class CheckpointManager:
 
     def replication_status(self) -> dict[int, dict[str, str]]:
         """``{step: {replica url: state}}``: pending, copying, committed, failed or dropped (see
-        :mod:`ckpt.replicate`); empty without replicas."""
+        :mod:`ckpt.root.replicate`); empty without replicas."""
         return {} if self._replicator is None else self._replicator.status()
 
     def steps(self) -> list[int]:
@@ -293,7 +265,7 @@ class CheckpointManager:
 
     # -- internals ---------------------------------------------------------------------------------
     def _open_catalog(self) -> Catalog | None:
-        """Rank 0's LMDB catalog (a cache of the mounts' manifests; see ckpt.catalog), or None."""
+        """Rank 0's LMDB catalog (a cache of the mounts' manifests; see ckpt.root.catalog), or None."""
         path = self.options.catalog if self.options.catalog is not None else Catalog.default_path(self._root.path)
         if not path:
             return None
@@ -354,15 +326,9 @@ class CheckpointManager:
         with self._inflight_lock:
             writing = list(self._inflight.items())
         in_flight = {s for s, f in writing if not f.done()} - {step}
-        listed = self.steps()
-        bases = {**self._root.bases(listed), **self._deltas.bases_in_flight()}
-        doomed = retention.steps_to_delete(listed, keep=self.options.keep, keep_every=self.options.keep_every,
-                                           protected=in_flight,
-                                           bases={s: b for s, b in bases.items() if isinstance(b, int)})
-        for old in sorted(doomed, reverse=True):  # dependents first: no listed delta outlives its base
-            log.info("retention: deleting step %d", old)
-            self._root.delete(old)
-            self._catalog_call("forget", self._root.path, old)
+        retention.apply(self._root, keep=self.options.keep, keep_every=self.options.keep_every, protected=in_flight,
+                        bases_in_flight=self._deltas.bases_in_flight(),
+                        deleted=lambda old: self._catalog_call("forget", self._root.path, old))
 
     def _finished(self, step: int, future: Future, written: Future) -> None:
         with self._inflight_lock:
@@ -370,23 +336,11 @@ class CheckpointManager:
         error = future.exception()
         self._deltas.finished(step, failed=error is not None)  # a delta must never build on a failed write
         if error is not None:
-            self._errors.append(error)
+            self._failures.add(error)
         written.set_result(None)
 
     def _raise_background_error(self, stacklevel: int) -> None:
-        """Raise the oldest failure of a save (policy stop), or warn about each (policy continue).
-        Failures that are not CheckpointErrors (an OSError in retention, a bug) are wrapped."""
-        while self._errors:
-            error = self._errors.pop(0)
-            if not isinstance(error, CheckpointError):
-                wrapped = CheckpointWriteError(f"a checkpoint write failed: {type(error).__name__}: {error}")
-                wrapped.__cause__, error = error, wrapped
-            if self.options.on_error is FailurePolicy.STOP:
-                raise error
-            self._stats.failures += 1
-            log.warning("checkpoint save failed (%s); training continues, the next save retries", error)
-            warnings.warn(f"checkpoint save failed ({error}); continuing (on_error='continue')",
-                          stacklevel=stacklevel)
+        self._failures.raise_or_warn(self._stats, stacklevel=stacklevel + 1)
 
     def _account(self, start: float) -> None:
         stall = time.perf_counter() - start

@@ -87,7 +87,7 @@ class SaveOptions:
         device_type: "cuda"/"npu"/"cpu" for staging; None: the accelerator in use, else cpu.
         user_metadata: JSON-able dict recorded in every manifest (``Manifest.user``).
         replicas: URLs or directories every committed step is copied to in the background
-            (:mod:`ckpt.replicate`); load falls back to them when the primary's copy is bad.
+            (:mod:`ckpt.root.replicate`); load falls back to them when the primary's copy is bad.
         replica_read_back: after copying, read every blob back from the replica and verify it
             (default: sizes are checked).
         replica_backlog: steps waiting per replica before the oldest waiting one is dropped.

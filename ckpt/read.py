@@ -110,7 +110,7 @@ def verify_blobs(path: Location, manifest: Manifest, *, files: Iterable[str] | N
     ``progress(length)`` after each. The first that fails raises; with ``failed``, each failure (a
     :class:`~ckpt.errors.CheckpointError` or an ``OSError``) is handed to ``failed(key, blob, error)``
     instead and the next blob is read. The one whole-checkpoint verification: ``ckpt-inspect
-    --verify`` and a replica's read-back (:mod:`ckpt.replicate`)."""
+    --verify`` and a replica's read-back (:mod:`ckpt.root.copy`)."""
     wanted = None if files is None else set(files)
     data = DataFiles(path)
     try:

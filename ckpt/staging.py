@@ -2,9 +2,9 @@
 
 ``DoubleBufferStager`` implements DCP's ``AsyncStager``. Each ``stage(state_dict)`` takes a free buffer
 set (two at most, allocated lazily at first use, reallocated only when the state's layout changes,
-pinned where the accelerator has pinned memory: :mod:`ckpt.host_buffers`), captures every non-tensor
+pinned where the accelerator has pinned memory: :mod:`ckpt._host_buffers`), captures every non-tensor
 value synchronously (deep copy), and starts copying the tensors (a DTensor's local shard) into the
-set (:mod:`ckpt.snapshot_copy`: device tensors on a side stream of their device, host tensors on a
+set (:mod:`ckpt._snapshot_copy`: device tensors on a side stream of their device, host tensors on a
 copier thread). The staged tree holds the host views; a DTensor is re-wrapped around its host view
 with its own spec, never moved back to the mesh's device.
 
@@ -34,9 +34,9 @@ from torch.distributed.tensor import DTensor
 
 from .device import accelerator_module
 from .errors import SnapshotSkipped
-from .host_buffers import HostBuffers, signature
+from ._host_buffers import HostBuffers, signature
 from .options import BusyPolicy, as_enum
-from .snapshot_copy import SnapshotCopy
+from ._snapshot_copy import SnapshotCopy
 from .tree import CONTAINERS, DESCEND, descend_containers, transform
 from .format.values import Leaf
 

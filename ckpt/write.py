@@ -10,9 +10,10 @@ Each rank writes its share of DCP's plan (:func:`write_rank`):
 3. write    each file is written by its own thread (:func:`write_file`): payloads produced lazily,
             encoded ahead on a pool, hashed (xxh3-64) on a helper thread while written, chunks of
             64 KiB or more 4 KiB-aligned, writeback started early, the file fsync'd at the end;
-4. record   every payload becomes a record (a :class:`~ckpt.format.Chunk` or
-            :class:`~ckpt.format.ValueEntry`); the coordinator assembles the manifest from all
-            ranks' records (:func:`build_manifest`) and :mod:`ckpt.commit` publishes it.
+4. record   every payload's blob becomes a record at its :class:`Place` (a
+            :class:`~ckpt.format.Chunk` or :class:`~ckpt.format.ValueEntry`); the coordinator
+            assembles the manifest from all ranks' records (:func:`ckpt.assemble.build_manifest`)
+            and :mod:`ckpt.commit` publishes it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,13 +28,12 @@ from typing import Callable, Iterable
 
 import numpy as np
 import torch
-from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
 from .delta import DeltaBase
 from .errors import UnsafeCheckpointError
-from .format import Blob, Chunk, Manifest, TensorEntry, ValueEntry, codec, data_file_name, values
+from .format import Blob, Chunk, ValueEntry, codec, data_file_name, values
 from .format.blobs import aligned, checksum
 from .format.codec import Encoded
 from .format.values import Leaf
@@ -113,6 +112,23 @@ class Payload:
     nbytes: int  # estimate, for balancing work across files
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where a blob goes in the manifest: a chunk of the tensor ``key`` (its box: ``offsets``,
+    ``sizes``) or, without a box, the value ``key`` stored with ``encoding``."""
+
+    key: str
+    offsets: tuple[int, ...] | None = None
+    sizes: tuple[int, ...] | None = None
+    encoding: str = "torch_save"
+
+    def record(self, blob: Blob) -> Chunk | ValueEntry:
+        """The manifest record of ``blob`` stored here."""
+        if self.offsets is None:
+            return ValueEntry(self.encoding, blob=blob)
+        return Chunk(tuple(self.offsets), tuple(self.sizes), blob)
+
+
 def write_rank(directory: Location, rank: int, items: list[WriteItem], planner: SavePlanner, options: SaveOptions,
                base: DeltaBase | None = None, tag: str = "") -> list[WriteResult]:
     """Write this rank's share of a save under ``directory`` (data files named with the attempt's
@@ -151,9 +167,9 @@ def write_rank(directory: Location, rank: int, items: list[WriteItem], planner: 
 
 def _record(item: WriteItem, blob: Blob) -> Chunk | ValueEntry:
     if item.type == WriteItemType.BYTE_IO:
-        return ValueEntry("torch_save", blob=blob)
+        return Place(item.index.fqn).record(blob)
     chunk = item.tensor_data.chunk
-    return Chunk(tuple(chunk.offsets), tuple(chunk.sizes), blob)
+    return Place(item.index.fqn, chunk.offsets, chunk.sizes).record(blob)
 
 
 # -- 2. balance ----------------------------------------------------------------------------------
@@ -223,25 +239,3 @@ def write_file(directory: Location, rel_name: str, payloads: Iterable[Payload], 
                    **({} if enc is None else {"codec": enc.codec, "raw_length": enc.raw_length, "planes": enc.planes})))
         for key, start, length, digest, enc in placed
     ]
-
-
-# -- 4. manifest ---------------------------------------------------------------------------------
-
-def build_manifest(metadata: Metadata, results: list[list[WriteResult]], *, step: int | None,
-                   base: DeltaBase | None, user: dict) -> Manifest:
-    """The manifest of a save from DCP's global metadata and every rank's records."""
-    manifest = Manifest(world_size=len(results), created=time.time(), dcp_version=metadata.version,
-                        step=step, kind="full" if base is None else "delta",
-                        base_step=None if base is None else base.step, base=None if base is None else base.name,
-                        user=dict(user))
-    for key, md in metadata.state_dict_metadata.items():
-        if isinstance(md, TensorStorageMetadata):
-            manifest.tensors[key] = TensorEntry(md.properties.dtype, tuple(md.size), [])
-    for rank_results in results:
-        for result in rank_results:
-            manifest.add_record(result.index.fqn, result.storage_data)
-    manifest.sort_chunks()
-    if isinstance(metadata.planner_data, dict):
-        manifest.paths = {key: tuple(path) for key, path in metadata.planner_data.items()
-                          if isinstance(path, (tuple, list)) and all(type(p) in (str, int) for p in path)}
-    return manifest

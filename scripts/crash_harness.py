@@ -37,7 +37,7 @@ What it does (docs/RELIABILITY.md, "Crashes", has the figures of the long campai
      manifest parses and names step N;
    - every listed delta's chain (``manifest.base_step``, ``manifest.base``) walks down to a full
      checkpoint through listed, committed steps of the same mount;
-   - every listed step loads: every tensor through ``ckpt.consolidate.full_tensors`` (every chunk
+   - every listed step loads: every tensor through ``ckpt.convert.full_tensors`` (every chunk
      verified, deltas replayed through the chain on that mount only) and every value decoded —
      the newest step (the one a restart resumes from) included;
    - the same on the replica, for its own listing; a step listed on both mounts has byte-identical
@@ -431,7 +431,7 @@ def load_step(path: Path):
     """Every tensor (verified, deltas replayed on this mount) and value of the checkpoint at ``path``:
     (manifest, {key: tensor}, {key: value})."""
     import ckpt
-    from ckpt.consolidate import full_tensors
+    from ckpt.convert import full_tensors
     from ckpt.read import ChunkSource
     from ckpt.storage import locate
 

@@ -59,7 +59,7 @@ def test_report_shows_goals_failures_and_plots(suite, monkeypatch):
     tmp, readme = suite
     out = tmp / "RESULTS.md"
     monkeypatch.setattr(run.report, "build", _build_with_readme(readme))
-    assert run.main(["--quick", "--out", str(out)]) == 1  # one benchmark failed
+    assert run.main(["--quick", "--publish", "--out", str(out)]) == 1  # one benchmark failed
 
     text = out.read_text()
     assert "| stall ≤ 0.05× bare copy |" in text and "| 0.010 | ≤ 0.050 | **met** |" in text
@@ -78,11 +78,28 @@ def test_report_shows_goals_failures_and_plots(suite, monkeypatch):
     assert "![Stall per save vs state size](plots/stall_vs_size.png)" in readme_text
 
     # --only keeps the other benchmarks' stored results; the report is rebuilt the same way
-    assert run.main(["--quick", "--only", "scaling", "--out", str(out)]) == 0
+    assert run.main(["--quick", "--only", "scaling", "--publish", "--out", str(out)]) == 0
     assert "**failed to run**" in out.read_text()  # merge's stored (failed) result is still reported
-    block = readme.read_text()
+    block, report_text = readme.read_text(), out.read_text()
     assert run.main(["--report-only", "--out", str(out)]) == 0
     assert readme.read_text() == block  # the block depends on the stored results only
+    assert out.read_text() == report_text  # nothing ran, nothing changed: not even the date line
+
+
+def test_quick_and_partial_runs_never_replace_the_published_figures(suite):
+    tmp, readme = suite
+    published = {"results": tmp / "results", "report": tmp / "RESULTS.md"}
+    published["results"].mkdir()
+    (published["results"] / "scaling.json").write_text('{"bench": "scaling", "published": true}\n')
+    published["report"].write_text("the published report\n")
+    before = readme.read_text()
+    run.main(["--quick"])
+    run.main(["--quick", "--only", "scaling"])
+    assert (published["results"] / "scaling.json").read_text() == '{"bench": "scaling", "published": true}\n'
+    assert published["report"].read_text() == "the published report\n" and readme.read_text() == before
+    scratch = tmp / "_work" / "report"
+    assert "## Good section" in (scratch / "RESULTS.md").read_text()
+    assert json.loads((scratch / "results" / "scaling.json").read_text())["bench"] == "good"
 
 
 def _build_with_readme(readme: Path):

@@ -1,22 +1,37 @@
-"""What every ckpt CLI shares: one readable error line and the exit codes.
+"""What every ckpt CLI shares: one readable error line and the exit codes, the progress bar, and the
+arguments more than one tool reads.
 
     0  done
     1  a checkpoint could not be read or written (the line says which and why)
     2  bad arguments (argparse's usage message)
 
 A progress bar shows only on a terminal and is erased when the tool ends, so a failing run prints
-exactly one line on stderr.
+exactly one line on stderr. Shared arguments: ``--dtype`` names (:data:`DTYPES`), sizes
+(:func:`parse_size`), the format a DST's extension implies (:func:`implied_format`), and the
+checkpoint a SRC names is the engine's one resolver, :func:`ckpt.root.resolve_checkpoint`.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import re
 import sys
+from types import ModuleType
 
+import torch
 from tqdm import tqdm
 
 from ckpt import CheckpointError, CheckpointExistsError
 
 EXPECTED_FAILURES = (CheckpointError, OSError)
+
+
+def trainer_module(name: str) -> ModuleType:
+    """A module of the trainer installed beside these tools: ``trainer.<name>`` in a checkout,
+    ``ckpt_trainer.<name>`` in an installed package (setup.py: names that cannot be shadowed)."""
+    tools = __name__.rpartition(".")[0]  # "tools" or "ckpt_tools"
+    return importlib.import_module(f"{tools[: -len('tools')]}trainer.{name}")
 
 
 def error_line(prog: str, exc: BaseException) -> str:
@@ -39,3 +54,31 @@ def progress(total: int, description: str, *, quiet: bool) -> tqdm:
     """A byte-count bar on stderr, shown only on a terminal and erased at the end."""
     return tqdm(total=total, unit="B", unit_scale=True, desc=description, file=sys.stderr, leave=False,
                 disable=True if quiet else None)
+
+
+# -- shared arguments ------------------------------------------------------------------------------
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+EXTENSIONS = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch"}
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """``5GB`` -> 5*10**9, ``2GiB`` -> 2*2**30, ``500MB``, ``1.5G``, ``123`` (bytes)."""
+    match = _SIZE.match(text)
+    if not match or (match.group(3) and not match.group(2)):
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 5GB, 500MB, 2GiB)")
+    number, unit, binary = float(match.group(1)), match.group(2).lower(), bool(match.group(3))
+    scale = 1024 ** "kmgt".index(unit) * 1024 if binary else _UNITS[unit]
+    size = int(number * scale)
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"a shard size must be positive: {text!r}")
+    return size
+
+
+def implied_format(dst: str) -> tuple[str, str | None]:
+    """``(suffix, format)`` of a DST path: its lower-cased extension (``""`` without one) and the
+    format it implies (:data:`EXTENSIONS`; None for any other extension)."""
+    name = str(dst).rstrip("/").rsplit("/", 1)[-1]
+    suffix = ("." + name.rsplit(".", 1)[1].lower()) if "." in name else ""
+    return suffix, EXTENSIONS.get(suffix)

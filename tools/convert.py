@@ -45,10 +45,12 @@ import torch
 
 import ckpt
 from ckpt import CheckpointError, CheckpointNotFoundError
-from tools.cli import EXPECTED_FAILURES, fail, progress
-from tools.merge import DTYPES, EXTENSIONS, parse_size, resolve_source
-from trainer import hf
-from trainer.config import ConfigError
+from ckpt.convert import import_dcp, read_dcp_metadata, total_tensor_bytes
+from ckpt.root import resolve_checkpoint
+from .cli import DTYPES, EXPECTED_FAILURES, fail, implied_format, parse_size, progress, trainer_module
+
+hf = trainer_module("hf")
+ConfigError = trainer_module("config").ConfigError
 
 PROG = "ckpt-convert"
 EPILOG = """examples:
@@ -63,14 +65,6 @@ EPILOG = """examples:
 Sizes: 5GB, 500MB (powers of 1000), 2GiB (powers of 1024), or bytes. URLs (s3://...) take
 AWS_ENDPOINT_URL etc. from the environment; --to hf and --from hf need local directories.
 """
-
-
-def _dcp_import():
-    try:
-        from ckpt import dcp_import
-    except ImportError:
-        raise CheckpointError("--from dcp needs ckpt.dcp_import, which this installation does not have") from None
-    return dcp_import
 
 
 def parser() -> argparse.ArgumentParser:
@@ -105,9 +99,7 @@ def _check_arguments(p: argparse.ArgumentParser, args) -> None:
     if (args.to == "hf" or args.from_ == "hf") and "://" in (args.dst if args.to == "hf" else args.src):
         p.error(f"--{'to' if args.to else 'from'} hf needs a local directory, not {args.dst if args.to else args.src}")
     if args.to in ("torch", "safetensors"):
-        name = str(args.dst).rstrip("/").rsplit("/", 1)[-1]
-        suffix = ("." + name.rsplit(".", 1)[1].lower()) if "." in name else ""
-        implied = EXTENSIONS.get(suffix)
+        suffix, implied = implied_format(args.dst)
         if implied is not None and implied != args.to:
             p.error(f"DST's extension {suffix} is for --to {implied}, not --to {args.to}")
         if implied is not None and args.max_shard_size is not None:
@@ -137,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _export(args, dtype: torch.dtype | None) -> list[str]:
     try:
-        source = resolve_source(args.src, args.step)
+        source = resolve_checkpoint(args.src, args.step)
     except CheckpointNotFoundError as exc:
         if "://" not in args.src and (Path(args.src) / "config.json").is_file() and \
                 any(Path(args.src).glob("*.safetensors*")):
@@ -188,10 +180,9 @@ def _import_hf(args, dtype: torch.dtype | None) -> list[str]:
 
 
 def _import_dcp(args) -> list[str]:
-    engine = _dcp_import()
-    total = engine.total_tensor_bytes(engine.read_dcp_metadata(args.src))
+    total = total_tensor_bytes(read_dcp_metadata(args.src))
     with progress(total, "import dcp", quiet=args.quiet) as bar:
-        manifest = engine.import_dcp(args.src, args.dst, overwrite=args.force, progress=bar.update)
+        manifest = import_dcp(args.src, args.dst, overwrite=args.force, progress=bar.update)
     step = "" if manifest.step is None else f"step {manifest.step}, "
     return [f"DCP checkpoint {args.src} -> {args.dst} ({step}{len(manifest.tensors)} tensors, "
             f"{len(manifest.values)} values)"]

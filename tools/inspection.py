@@ -21,18 +21,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
-from ckpt import CheckpointError, CheckpointNotFoundError, commit
-from ckpt.catalog import Catalog, StepInfo, mount_id, open_catalog
-from ckpt.committed import MAX_MANIFEST_BYTES, read_manifest
-from ckpt.format import MANIFEST_NAME, Manifest, is_leftover, parse_step_name
-from ckpt.read import verify_blobs
-from ckpt.root import CheckpointRoot
+from ckpt import CheckpointNotFoundError, CheckpointRoot
+from ckpt.committed import is_committed
+from ckpt.root import Catalog, mount_id, open_catalog, open_root
+from ckpt.inspection import (
+    mount_list,
+    open_manifests,
+    read_catalog,
+    step_rows,
+    stored_bytes,
+    summarize,
+    survey,
+    verify_one,
+)
 from ckpt.storage import Location, locate
-from tools.cli import EXPECTED_FAILURES, fail, progress
+from .cli import EXPECTED_FAILURES, fail, progress
 
 PROG = "ckpt-inspect"
 MAX_HEADER = 24  # a mount URL longer than this is shown as "mount N" with a legend
@@ -73,97 +79,7 @@ def note(text: str) -> None:
     print(f"{PROG}: note: {text}", file=sys.stderr)
 
 
-# -- mounts and the catalog ----------------------------------------------------------------------
-def read_catalog(path: str | None, root: Location, *, explicit: bool = False, quiet: bool = False
-                 ) -> tuple[list[str], dict[int, StepInfo]]:
-    """The catalog's mounts and steps, read only; nothing when there is none, it is unreadable, or it
-    indexes another primary than ``root`` (a copied root carries its original's catalog)."""
-    if path is None or not os.path.isfile(os.path.join(path, "data.mdb")):
-        if explicit:
-            note(f"no catalog at {path}")
-        return [], {}
-    try:
-        with Catalog(path, readonly=True) as catalog:
-            mounts, steps = catalog.mounts(), {info.step: info for info in catalog.steps()}
-        if mounts and mounts[0] != mount_id(root):
-            if not quiet:
-                note(f"catalog ignored (it indexes {mounts[0]}, not {mount_id(root)}); run --rebuild-catalog")
-            return [], {}
-        return mounts, steps
-    except CheckpointError as exc:
-        if not quiet:
-            note(f"catalog ignored ({' '.join(str(exc).split())}); run --rebuild-catalog")
-        return [], {}
-
-
-def mount_list(root: Location, catalog_mounts: list[str], extra: list[str]) -> list[tuple[str, Location]]:
-    """ROOT first, then the catalog's mounts and --mount ones, each once: ``(url, location)``."""
-    found = {mount_id(root): root}
-    for url in catalog_mounts + extra:
-        location = locate(url)
-        found.setdefault(mount_id(location), location)
-    return list(found.items())
-
-
-def check_root(root: Location) -> None:
-    if parse_step_name(root.name) is not None or is_leftover(root.name):
-        raise CheckpointNotFoundError(commit.uncommitted_reason(root), path=str(root))
-    if not root.is_dir():
-        raise CheckpointNotFoundError(f"no checkpoint root at {root}", path=str(root))
-
-
-def listings(mounts: list[tuple[str, Location]]) -> dict[str, list[int] | None]:
-    """Committed steps on each mount (None: a replica that cannot be listed; ROOT's failure raises)."""
-    found = {}
-    for index, (url, location) in enumerate(mounts):
-        try:
-            found[url] = CheckpointRoot(location).committed()
-        except CheckpointError as exc:
-            if index == 0:
-                raise
-            note(f"cannot list {url} ({' '.join(str(exc).split())})")
-            found[url] = None
-    return found
-
-
-def step_rows(mounts, listed, catalog: dict[int, StepInfo]) -> list[dict]:
-    """One row per step that some mount holds or the catalog has in flight (see the docstring)."""
-    rows = []
-    for step in sorted(set(catalog).union(*(set(s) for s in listed.values() if s))):
-        info = catalog.get(step)
-        states = {}
-        for url, _location in mounts:
-            recorded = info.mounts.get(url) if info else None
-            if listed[url] is None:
-                states[url] = "unknown"
-            elif step in listed[url]:
-                states[url] = "committed"
-            elif recorded is not None and recorded.state != "committed":
-                states[url] = recorded.state
-            else:
-                states[url] = "missing"
-        if all(state in ("missing", "deleted", "unknown") for state in states.values()):
-            continue
-        row = {"step": step, "kind": None, "base_step": None, "bytes": None, "created": None, "mounts": states,
-               "error": None}
-        if info is not None and info.kind is not None:
-            row.update(kind=info.kind, base_step=info.base_step, bytes=info.bytes, created=info.created)
-        else:
-            holder = next((loc for url, loc in mounts if listed[url] and step in listed[url]), None)
-            if holder is not None:
-                try:
-                    manifest = read_manifest(CheckpointRoot(holder).step_path(step))
-                    row.update(kind=manifest.kind, base_step=manifest.base_step, created=manifest.created,
-                               bytes=stored_bytes(manifest))
-                except CheckpointError as exc:
-                    row.update(kind="unreadable", error=" ".join(str(exc).split()))
-        rows.append(row)
-    return rows
-
-
-def stored_bytes(manifest: Manifest) -> int:
-    return sum(blob.length for _key, blob in manifest.blobs())
-
+# -- which checkpoint ------------------------------------------------------------------------------
 
 def print_listing(root: Location, catalog_path, mounts, rows, as_json: bool) -> None:
     urls = [url for url, _location in mounts]
@@ -182,11 +98,11 @@ def print_listing(root: Location, catalog_path, mounts, rows, as_json: bool) -> 
 
 
 def listing(args, root: Location, *, rebuilt: bool = False) -> int:
-    check_root(root)
+    open_root(root)
     catalog_path = args.catalog or Catalog.default_path(root)
-    catalog_mounts, catalog = read_catalog(catalog_path, root, explicit=args.catalog is not None and not rebuilt)
-    mounts = mount_list(root, catalog_mounts, args.mount)
-    rows = step_rows(mounts, listings(mounts), catalog)
+    mounts, listed, catalog = survey(root, catalog_path, args.mount, note=note,
+                                     explicit=args.catalog is not None and not rebuilt)
+    rows = step_rows(mounts, listed, catalog)
     if not rows and not catalog and not CheckpointRoot(root).step_dirs():
         raise CheckpointNotFoundError(f"{root} is not a checkpoint root (no step directories)", path=str(root))
     print_listing(root, catalog_path if (catalog or rebuilt) else None, mounts, rows, args.json)
@@ -194,9 +110,9 @@ def listing(args, root: Location, *, rebuilt: bool = False) -> int:
 
 
 def rebuild(args, root: Location) -> int:
-    check_root(root)
+    open_root(root)
     path = args.catalog or Catalog.default_path(root)
-    catalog_mounts, _ = read_catalog(path, root, quiet=True)  # a damaged one is rebuilt from ROOT and --mount
+    catalog_mounts, _ = read_catalog(path, root, note=note, quiet=True)  # a damaged one is rebuilt from ROOT, --mount
     mounts = mount_list(root, catalog_mounts, args.mount)
     open_catalog(path, [location for _url, location in mounts], rebuild=True).close()
     if not args.json:
@@ -206,15 +122,13 @@ def rebuild(args, root: Location) -> int:
 
 # -- verify --------------------------------------------------------------------------------------
 def verify(args, target: Location) -> int:
-    if commit.is_committed(target):  # one checkpoint
+    if is_committed(target):  # one checkpoint
         checkpoints = [(str(target.parent), None, target)]
         mounts, roots = [str(target.parent)], []
     else:
-        check_root(target)
-        catalog_mounts, _ = read_catalog(args.catalog or Catalog.default_path(target), target,
+        open_root(target)
+        mounts_found, listed, _ = survey(target, args.catalog or Catalog.default_path(target), args.mount, note=note,
                                          explicit=args.catalog is not None)
-        mounts_found = mount_list(target, catalog_mounts, args.mount)
-        listed = listings(mounts_found)
         checkpoints = [(url, step, CheckpointRoot(location).step_path(step))
                        for url, location in mounts_found for step in listed[url] or ()
                        if args.step is None or step == args.step]
@@ -223,13 +137,7 @@ def verify(args, target: Location) -> int:
         if not checkpoints:
             what = f"step {args.step}" if args.step is not None else "checkpoint"
             raise CheckpointNotFoundError(f"no committed {what} under {target}", path=str(target))
-    failures, opened = [], []
-    for url, step, path in checkpoints:
-        try:
-            manifest = read_manifest(path)
-            opened.append((url, manifest.step if step is None else step, path, manifest))
-        except EXPECTED_FAILURES as exc:
-            failures.append(failure(url, step, MANIFEST_NAME, None, exc))
+    opened, failures = open_manifests(checkpoints, EXPECTED_FAILURES)
     total = sum(stored_bytes(manifest) for *_rest, manifest in opened)
     with progress(total, "verify", quiet=args.quiet or args.json) as bar:
         for url, step, path, manifest in opened:
@@ -254,55 +162,16 @@ def verify(args, target: Location) -> int:
     return 0
 
 
-def failure(mount: str, step: int, file: str | None, tensor: str | None, exc: BaseException) -> dict:
-    return {"mount": mount, "step": step, "file": file, "tensor": tensor, "error": " ".join(str(exc).split())}
-
-
-def verify_one(url: str, step: int, path: Location, manifest: Manifest, advance,
-               roots: list[Location]) -> list[dict]:
-    """Every blob of one checkpoint read and checked against its checksum (:func:`ckpt.read.verify_blobs`);
-    a delta's base must be committed beside it or, on a replica, on one of ``roots`` (the mounts)."""
-    found = []
-    verify_blobs(path, manifest, progress=advance,
-                 failed=lambda key, blob, exc: found.append(failure(url, step, blob.file, key, exc)))
-    if manifest.base is not None and not any(commit.is_committed(root / manifest.base)
-                                             for root in [path.parent, *roots]):
-        found.append(failure(url, step, MANIFEST_NAME, None, CheckpointNotFoundError(
-            f"delta chain broken: its base {manifest.base} is committed on no mount")))
-    return found
-
-
 # -- one checkpoint ------------------------------------------------------------------------------
 def summary(args, path: Location) -> int:
-    manifest = read_manifest(path)
-    try:
-        raw = path.storage.read_bytes(path.path, MANIFEST_NAME, MAX_MANIFEST_BYTES)
-        version = json.loads(raw).get("format_version")
-    except (ValueError, OSError, AttributeError):
-        version = None
-    tensors = {}
-    for key, entry in sorted(manifest.tensors.items()):
-        tensors[key] = {
-            "dtype": str(entry.dtype).removeprefix("torch."), "shape": list(entry.shape),
-            "chunks": len(entry.chunks), "stored_bytes": sum(c.blob.length for c in entry.chunks),
-            "raw_bytes": sum(c.blob.decoded_length for c in entry.chunks),
-            "codecs": sorted({c.blob.codec for c in entry.chunks}),
-        }
-    values = {key: {"encoding": entry.encoding} for key, entry in sorted(manifest.values.items())}
-    totals = {"tensors": len(tensors), "chunks": sum(t["chunks"] for t in tensors.values()), "values": len(values),
-              "stored_bytes": stored_bytes(manifest),
-              "raw_bytes": sum(blob.decoded_length for _key, blob in manifest.blobs()),
-              "files": len(manifest.files), "file_bytes": sum(manifest.files.values())}
-    doc = {"path": str(path), "step": manifest.step, "kind": manifest.kind, "base_step": manifest.base_step,
-           "base": manifest.base, "world_size": manifest.world_size, "created": manifest.created,
-           "format_version": version, "dcp_version": manifest.dcp_version, "totals": totals,
-           "tensors": tensors, "values": values}
+    doc = summarize(path)
+    version, totals, tensors, values = doc["format_version"], doc["totals"], doc["tensors"], doc["values"]
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
-    base = "-" if manifest.base is None else f"{manifest.base} (step {manifest.base_step})"
-    print(f"{path}\nstep {manifest.step}  kind {manifest.kind}  base {base}  world size {manifest.world_size}  "
-          f"created {when(manifest.created)}  format version {version if version is not None else '?'}")
+    base = "-" if doc["base"] is None else f"{doc['base']} (step {doc['base_step']})"
+    print(f"{path}\nstep {doc['step']}  kind {doc['kind']}  base {base}  world size {doc['world_size']}  "
+          f"created {when(doc['created'])}  format version {version if version is not None else '?'}")
     print(f"{totals['tensors']} tensors in {totals['chunks']} chunks, {totals['values']} values; stored "
           f"{human(totals['stored_bytes'])} ({human(totals['raw_bytes'])} raw) in {totals['files']} data file(s)")
     if tensors:
@@ -347,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             return verify(args, target)
         if args.rebuild_catalog:
             return rebuild(args, target)
-        if commit.is_committed(target):
+        if is_committed(target):
             return summary(args, target)
         return listing(args, target)
     except EXPECTED_FAILURES as exc:

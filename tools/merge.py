@@ -25,18 +25,12 @@ stderr says why: a corrupt chunk names its file and tensor), 2 bad arguments.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 
-import torch
-
-from ckpt import CheckpointError, CheckpointNotFoundError, commit
-from ckpt.consolidate import full_tensors, select_keys, tensor_specs, write_output
-from ckpt.committed import read_manifest
-from ckpt.format import Manifest, is_leftover, parse_step_name
-from ckpt.root import CheckpointRoot
-from ckpt.storage import Location, locate
-from tools.cli import EXPECTED_FAILURES, fail, progress
+from ckpt import CheckpointError, read_manifest
+from ckpt.convert import merge, select_keys, tensor_specs
+from ckpt.root import resolve_checkpoint
+from .cli import DTYPES, EXPECTED_FAILURES, fail, implied_format, parse_size, progress
 
 PROG = "ckpt-merge"
 EPILOG = """examples:
@@ -49,72 +43,6 @@ EPILOG = """examples:
 SRC may be a URL (s3://...; AWS_ENDPOINT_URL etc. apply). Sizes: 5GB, 500MB (powers of 1000),
 2GiB (powers of 1024), or bytes. Plain (non-tensor) values are not exported.
 """
-
-EXTENSIONS = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch"}
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """``5GB`` -> 5*10**9, ``2GiB`` -> 2*2**30, ``500MB``, ``1.5G``, ``123`` (bytes)."""
-    match = _SIZE.match(text)
-    if not match or (match.group(3) and not match.group(2)):
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 5GB, 500MB, 2GiB)")
-    number, unit, binary = float(match.group(1)), match.group(2).lower(), bool(match.group(3))
-    scale = 1024 ** "kmgt".index(unit) * 1024 if binary else _UNITS[unit]
-    size = int(number * scale)
-    if size <= 0:
-        raise argparse.ArgumentTypeError(f"a shard size must be positive: {text!r}")
-    return size
-
-
-def resolve_source(src: str | Location, step: int | None, storage_options: dict | None = None) -> Location:
-    """The checkpoint SRC names: itself when committed, else step ``step`` (default: the newest
-    committed one) of the root SRC."""
-    location = locate(src, storage_options)
-    if commit.is_committed(location):
-        if step is not None:
-            manifest = read_manifest(location)
-            if manifest.step != step:
-                raise CheckpointNotFoundError(f"{location} is step {manifest.step}, not step {step}",
-                                              path=str(location))
-        return location
-    if parse_step_name(location.name) is not None or is_leftover(location.name):
-        raise CheckpointNotFoundError(commit.uncommitted_reason(location), path=str(location))
-    if not location.is_dir():
-        raise CheckpointNotFoundError(f"no checkpoint at {location}", path=str(location))
-    root = CheckpointRoot(location)
-    dirs = root.step_dirs()
-    if not dirs:
-        raise CheckpointNotFoundError(f"{location} is neither a checkpoint (no manifest.json) nor a checkpoint "
-                                      f"root (no step-XXXXXXXX directories)", path=str(location))
-    committed = root.committed()
-    if step is None:
-        if not committed:
-            raise CheckpointNotFoundError(f"{location} holds no committed step", path=str(location))
-        return root.step_path(committed[-1])
-    if step not in committed:
-        have = ", ".join(map(str, committed[-5:])) or "none"
-        raise CheckpointNotFoundError(f"no committed step {step} under {location} (newest committed: {have})",
-                                      path=str(root.step_path(step)))
-    return root.step_path(step)
-
-
-def merge(source: str | Location, dst: str | Location, *, format: str, dtype: torch.dtype | None = None,
-          only: str | None = None, max_shard_size: int | None = None, overwrite: bool = False,
-          progress=None, storage_options: dict | None = None, manifest: Manifest | None = None) -> list[str]:
-    """The library path of ckpt-merge: the tensors of the checkpoint ``source`` (selected by
-    ``only``, floats converted to ``dtype``) written to ``dst``; returns the paths written."""
-    source = locate(source, storage_options)
-    manifest = read_manifest(source) if manifest is None else manifest
-    keys = select_keys(manifest, only)
-    specs = tensor_specs(manifest, keys, dtype=dtype)
-    tensors = full_tensors(source, [s.key for s in specs], dtype=dtype, manifest=manifest)
-    metadata = {"ckpt.kind": manifest.kind, **({"ckpt.step": str(manifest.step)} if manifest.step is not None else {})}
-    return write_output(dst, specs, tensors, format=format, max_shard_size=max_shard_size, overwrite=overwrite,
-                        metadata=metadata, progress=progress, storage_options=storage_options)
-
 
 def parser() -> argparse.ArgumentParser:
     paragraphs = __doc__.split("\n\n")  # the docstring less its synopsis (argparse prints the usage)
@@ -136,9 +64,7 @@ def parser() -> argparse.ArgumentParser:
 
 def output_format(p: argparse.ArgumentParser, args) -> tuple[str, int | None]:
     """(format, max_shard_size) from DST and the options; usage errors exit 2."""
-    name = str(args.dst).rstrip("/").rsplit("/", 1)[-1]
-    suffix = ("." + name.rsplit(".", 1)[1].lower()) if "." in name else ""
-    implied = EXTENSIONS.get(suffix)
+    suffix, implied = implied_format(args.dst)
     if implied is not None:
         if args.max_shard_size is not None:
             p.error(f"--max-shard-size writes a directory; name DST without a file extension (not {suffix})")
@@ -157,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     fmt, max_shard_size = output_format(p, args)
     dtype = DTYPES[args.dtype] if args.dtype else None
     try:
-        source = resolve_source(args.src, args.step)
+        source = resolve_checkpoint(args.src, args.step)
         manifest = read_manifest(source)
         keys = select_keys(manifest, args.only)
         total = sum(s.nbytes for s in tensor_specs(manifest, keys, dtype=dtype))

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import argparse
 
-from ckpt import read_manifest
-from ckpt.replay import materialize
-from ckpt.root import step_path
-from tools.cli import EXPECTED_FAILURES, fail, progress
+from ckpt import CheckpointRoot, read_manifest
+from ckpt.convert import materialize
+from .cli import EXPECTED_FAILURES, fail, progress
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="replace an existing --out")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
-    source = step_path(args.root, args.step)
+    source = CheckpointRoot(args.root).step_path(args.step)
     try:
         manifest = read_manifest(source)
         total = sum(c.blob.decoded_length for e in manifest.tensors.values() for c in e.chunks)

@@ -7,7 +7,7 @@ written. With ``checkpoint.enable`` (or ``create_seed_checkpoint``) it opens the
 absolute or a URL) first, so a second run on the folder is refused before it writes, and attaches
 the optimizer. :meth:`RunCheckpoints.start` then resumes from ``checkpoint.load_step`` or the newest
 committed step, or, when nothing was resumed, loads the model's weights only from
-``checkpoint.initial_load_path`` (:func:`initial_checkpoint`). Errors become the run's exits
+``checkpoint.initial_load_path`` (:func:`initial_checkpoint`: :func:`ckpt.root.resolve_checkpoint`). Errors become the run's exits
 (:mod:`trainer.exits`): what cannot be used as asked is :class:`~trainer.exits.Refused` (exit 2),
 a checkpoint that cannot be loaded :class:`~trainer.exits.Failed` (exit 1). Rank 0 prints one line
 per committed checkpoint (:func:`commit_line`).
@@ -23,12 +23,10 @@ import torch
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 import ckpt
-from ckpt import commit
 from ckpt.format import step_name
-from ckpt.root import CheckpointRoot
-from ckpt.storage import locate
-from trainer import exits
-from trainer.config import Config
+from ckpt.root import resolve_checkpoint
+from . import exits
+from .config import Config
 
 
 def checkpoint_folder(cfg: Config) -> str:
@@ -52,16 +50,10 @@ def commit_line(info: ckpt.CommitInfo) -> str:
 
 
 def initial_checkpoint(source: str):
-    """The checkpoint ``source`` names: itself when committed, else the newest committed step of
-    the root ``source``; CheckpointNotFoundError when there is none."""
-    location = locate(source)
-    if commit.is_committed(location):
-        return location
-    steps = CheckpointRoot(location).steps() if location.is_dir() else []
-    if not steps:
-        raise ckpt.CheckpointNotFoundError(f"{location} is neither a checkpoint (no manifest.json) nor a root "
-                                           "holding a committed step", path=str(location))
-    return location / step_name(steps[-1])
+    """The checkpoint ``source`` names: itself when committed, else the newest step of the root
+    ``source`` that can load (:func:`ckpt.root.resolve_checkpoint`); CheckpointNotFoundError when
+    there is none."""
+    return resolve_checkpoint(source)
 
 
 class RunCheckpoints:

@@ -20,7 +20,7 @@ from typing import Iterator, Protocol
 import numpy as np
 import torch
 
-from trainer.config.schema import ConfigError, is_byte_tokenizer
+from .config.schema import ConfigError, is_byte_tokenizer
 
 SHIPPED_CORPUS = Path(__file__).with_name("corpus")
 

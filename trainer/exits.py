@@ -21,8 +21,8 @@ from typing import Callable, Iterator
 
 from ckpt.errors import CheckpointError
 from ckpt.manager import CheckpointManager
-from trainer.config import ConfigError
-from trainer.parallel import ParallelismError
+from .config import ConfigError
+from .parallel import ParallelismError
 
 DONE, FAILED, REFUSED = 0, 1, 2
 

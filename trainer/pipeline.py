@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.parallel import ParallelismError
+from .parallel import ParallelismError
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
 

@@ -36,16 +36,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import ckpt
-from trainer import data as data_mod
-from trainer import exits
-from trainer import model as model_mod
-from trainer.checkpointing import RunCheckpoints
-from trainer.config import Config, help_text, load_config
-from trainer.device import device_name, init_distributed, peak_memory_gib, resolve_device_type, synchronize
-from trainer.metrics import MetricsLogger, peak_flops
-from trainer.scaler import ShardedGradScaler
-from trainer import pipeline as pipeline_mod
-from trainer.parallel import (
+from . import data as data_mod
+from . import exits
+from . import model as model_mod
+from .checkpointing import RunCheckpoints
+from .config import Config, help_text, load_config
+from .device import device_name, init_distributed, peak_memory_gib, resolve_device_type, synchronize
+from .metrics import MetricsLogger, peak_flops
+from .scaler import ShardedGradScaler
+from . import pipeline as pipeline_mod
+from .parallel import (
     COMPUTE_DTYPES,
     ParallelDims,
     all_reduce_mean,
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     """The command line; returns the exit code (see the module docstring)."""
     argv = sys.argv[1:] if argv is None else argv
     if "--dry-run" in argv:  # the memory and checkpoint plan of this config, no process group (trainer.plan)
-        from trainer.plan.cli import main as dry_run
+        from .plan.cli import main as dry_run
 
         return dry_run([arg for arg in argv if arg != "--dry-run"])
     if "-h" in argv or "--help" in argv:

@@ -23,7 +23,7 @@ from ..errors import (
     StorageError,
 )
 from .base import Storage
-from .posix_io import Writeback, fsync_dir, pread_into, write_all, write_file_durably
+from ._posix_io import Writeback, fsync_dir, pread_into, write_all, write_file_durably
 
 
 class LocalStorage(Storage):

@@ -12,32 +12,24 @@ Credentials come from ``storage_options`` or the environment (``AWS_ENDPOINT_URL
 ``AWS_ACCESS_KEY_ID``, ...) and stay inside the filesystem object: :meth:`display` and every error
 message name the mount by ``scheme://path`` only.
 
-The root's lock is a lease: ``.lock`` holds the holder's host, pid, a token and the time it was
-last renewed; a heartbeat renews it while held. A lock not renewed for :data:`LEASE_SECONDS`, or
-held by a dead process on this host, is taken over.
+The root's lock is a lease (:class:`~ckpt.storage.lease.LeaseLock`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import socket
-import threading
-import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
-from ..errors import CheckpointError, CheckpointLockedError, CorruptCheckpointError, StorageError
+from ..errors import CheckpointError, CorruptCheckpointError, StorageError
 from .base import Storage
+from .lease import LeaseLock
 
 log = logging.getLogger(__name__)
 
 PART_BYTES = 32 << 20  # multipart part size (S3 allows 5 MiB .. 5 GiB)
 PARALLEL_PARTS = 4  # parts in flight per file, which also bounds the writer's buffered bytes
 RANGE_BYTES = 16 << 20  # one ranged GET
-LEASE_SECONDS = 60.0
 
 
 class FsspecStorage(Storage):
@@ -294,75 +286,3 @@ class S3PartsWriter(_CheckedWriter):
                 log.warning("could not abort the upload of %s (%s)", self.storage.display(self.path),
                             type(exc).__name__)
             self.upload_id = None
-
-
-class LeaseLock:
-    """The writer lock of a root on an object store (see the module docstring)."""
-
-    def __init__(self, storage: FsspecStorage, path: str, holder: str):
-        self.storage, self.path, self.token = storage, path, uuid.uuid4().hex
-        self.record = {"holder": holder, "host": socket.gethostname(), "pid": os.getpid(), "token": self.token}
-        current = self._read()
-        if current is not None and not self._stale(current):
-            self._refuse(current)
-        self._renew()
-        current = self._read()
-        if current is None or current.get("token") != self.token:  # another writer won the race
-            self._refuse(current or {})
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._heartbeat, name="ckpt-lease", daemon=True)
-        self._thread.start()
-
-    def _read(self) -> dict | None:
-        directory, name = self.path.rsplit("/", 1)
-        try:
-            raw = self.storage.read_bytes(directory, name, 1 << 16)
-        except CorruptCheckpointError:  # missing
-            return None
-        try:
-            record = json.loads(raw)
-            return record if isinstance(record, dict) else {}
-        except ValueError:
-            return {}
-
-    def _renew(self) -> None:
-        self.storage.write_bytes(self.path, json.dumps({**self.record, "renewed": time.time()}).encode())
-
-    @staticmethod
-    def _stale(record: dict) -> bool:
-        renewed = record.get("renewed")
-        if not isinstance(renewed, (int, float)) or time.time() - renewed > LEASE_SECONDS:
-            return True
-        if record.get("host") == socket.gethostname() and isinstance(record.get("pid"), int):
-            try:
-                os.kill(record["pid"], 0)
-            except ProcessLookupError:
-                return True
-            except PermissionError:
-                return False
-        return False
-
-    def _refuse(self, record: dict) -> None:
-        root = self.storage.display(self.path.rsplit("/", 1)[0])
-        holder = record.get("holder") or "an unknown writer"
-        raise CheckpointLockedError(f"another CheckpointManager is writing to {root} (lock held by {holder})",
-                                    path=root)
-
-    def _heartbeat(self) -> None:
-        while not self._stop.wait(LEASE_SECONDS / 4):
-            try:
-                self._renew()
-            except CheckpointError as exc:
-                log.warning("could not renew the lock %s: %s", self.storage.display(self.path), exc)
-
-    def release(self) -> None:
-        if self._stop.is_set():
-            return
-        self._stop.set()
-        self._thread.join(timeout=30)
-        try:
-            current = self._read()
-            if current is not None and current.get("token") == self.token:
-                self.storage.remove(self.path)
-        except CheckpointError as exc:
-            log.warning("could not release the lock %s: %s", self.storage.display(self.path), exc)

@@ -16,7 +16,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ckpt import device
-from ckpt.snapshot_copy import SnapshotCopy
+from ckpt._snapshot_copy import SnapshotCopy
 from ckpt.staging import DoubleBufferStager
 
 REAL_ACCELERATOR = torch.cuda.is_available() or device.npu_available()

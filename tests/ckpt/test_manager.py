@@ -350,7 +350,7 @@ def _one_rank_notices_first(rank: int, world: int, root: str):
         except ckpt.CheckpointError as exc:
             return type(exc).__name__
         finally:
-            manager._errors.clear()
+            manager._failures.clear()
     return None
 
 

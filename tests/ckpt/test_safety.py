@@ -15,17 +15,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 import ckpt
 from ckpt.format.blobs import checksum
 from ckpt.format import seal
-from tests.support.checkpoints import WEIGHT
-
-
-class Booby:
-    """Pickles as ``open(marker, "w")``: unpickling it with weights_only=False creates the marker."""
-
-    def __init__(self, marker: Path):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
+from tests.support.checkpoints import WEIGHT, Booby
 
 
 def test_set_value_is_torch_save_and_round_trips(run_dir):

@@ -14,7 +14,7 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.multiprocessing.reductions import StorageWeakRef
 
 import ckpt
-from ckpt.host_buffers import plan_layout
+from ckpt._host_buffers import plan_layout
 from ckpt.staging import DoubleBufferStager
 
 
@@ -124,10 +124,10 @@ def test_pinned_sets_are_power_of_two_segments_with_little_waste():
 
 
 def test_a_layout_change_frees_the_old_set_first(monkeypatch):
-    import ckpt.host_buffers as host_buffers
+    import ckpt._host_buffers as _host_buffers
 
     emptied = []
-    monkeypatch.setattr(host_buffers, "empty_host_cache", lambda: emptied.append(True))
+    monkeypatch.setattr(_host_buffers, "empty_host_cache", lambda: emptied.append(True))
     stager = DoubleBufferStager(pin_memory=False)
     stager.stage({"w": torch.zeros(1000)}).result()
     stager.wait_snapshot()

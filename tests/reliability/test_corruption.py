@@ -31,10 +31,10 @@ from pathlib import Path
 import pytest
 
 import ckpt
-from ckpt.catalog import Catalog, open_catalog
-from ckpt.format import MANIFEST_NAME
+from ckpt.format import MANIFEST_NAME, step_name
 from ckpt.read import DataFiles
-from ckpt.root import CheckpointRoot, step_name
+from ckpt.root import CheckpointRoot
+from ckpt.root.catalog import Catalog, open_catalog
 from ckpt.storage import locate
 from ckpt.format import parse_manifest
 from tools import inspection

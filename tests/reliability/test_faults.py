@@ -45,7 +45,7 @@ import torch
 import ckpt
 from ckpt import commit
 from ckpt.read import ChunkSource
-from ckpt.replicate import COMMITTED
+from ckpt.root.replicate import COMMITTED
 from ckpt.root import CheckpointRoot
 from tests.support.checkpoints import assert_state_equal
 from tests.support.faults import install_faulty

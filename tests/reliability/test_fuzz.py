@@ -4,7 +4,7 @@ Start from the valid manifests of a small run (a full checkpoint and a delta on 
 structurally with hypothesis (types, values, keys, huge numbers, paths with ``..``/absolute/symlink
 names, deep nesting, a pickle that would run code), re-seal the digest so validation goes past the
 digest check (most of the time), and run ``ckpt.read_manifest``, ``ckpt.load``,
-``ckpt.replay.materialize`` and ``ckpt-inspect`` (summary and ``--verify``) on the result. Data files
+``ckpt.convert.materialize`` and ``ckpt-inspect`` (summary and ``--verify``) on the result. Data files
 get random bytes, truncations, flips and appends, with and without checksums fixed up to match.
 
 Every call must raise only :class:`ckpt.CheckpointError` subclasses (the CLI: exit 0/1, never an
@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 
 import ckpt
 from ckpt.format.blobs import checksum
-from ckpt.replay import materialize
+from ckpt.convert import materialize
 from tools import inspection
 
 EXAMPLES = int(os.environ.get("CKPT_FUZZ_EXAMPLES", "150"))

@@ -1,32 +1,24 @@
-"""Checkpoints straight on an object store (a real S3-protocol server on loopback): the storage seam,
-the object-store commit protocol, the lease lock, and credentials that never leak."""
+"""Checkpoints straight on an object store (a real S3-protocol server on loopback): the storage seam
+(ckpt.storage.remote: multipart uploads, size checks), a manager on an S3 root, and credentials that
+never leak. The object-store commit protocol is tested in tests/ckpt/commit/test_object_store.py, the
+lease lock in test_lease.py."""
 
 from __future__ import annotations
 
 import logging
-import os
 
-import fsspec
 import pytest
 import torch
 
 import ckpt
-from ckpt import commit
 from ckpt.format import MANIFEST_NAME
 from ckpt.root import CheckpointRoot
 from ckpt.storage import locate
 from ckpt.storage.remote import S3PartsWriter
 from tests.support.checkpoints import assert_state_equal, blank_state, make_state
 from tests.support.s3server import TEST_KEY, TEST_SECRET
-
-
-def _s3(bucket):
-    return fsspec.filesystem("s3", skip_instance_cache=True, **bucket.storage_options)
-
-
-def _objects(bucket, prefix="") -> dict[str, bytes]:
-    fs = _s3(bucket)
-    return {path: fs.cat_file(path) for path in fs.find(f"{bucket.name}/{prefix}")}
+from tests.support.s3server import bucket_fs as _s3
+from tests.support.s3server import bucket_objects as _objects
 
 
 def test_save_and_load_straight_to_s3_bitwise(s3_bucket):
@@ -49,26 +41,6 @@ def test_the_standard_aws_environment_variables_alone_are_enough(s3_bucket, aws_
     live = blank_state()
     ckpt.load(live, url)
     assert_state_equal(live, state)
-
-
-def test_a_prefix_without_manifest_does_not_exist_and_a_retry_never_mixes_attempts(s3_bucket):
-    options = s3_bucket.storage_options
-    target = locate(f"{s3_bucket.url}/run/step-00000002", options)
-    dead = commit.begin(target, overwrite=False)  # a save that died after writing its data
-    target.storage.write_bytes((target / f"data/{dead.tag}.rank-00000.bin").path, b"half a checkpoint")
-    with pytest.raises(ckpt.CheckpointNotFoundError, match="no manifest"):
-        ckpt.read_manifest(target)
-    assert CheckpointRoot(f"{s3_bucket.url}/run", options).steps() == []
-
-    first, second = make_state(3), make_state(4)
-    ckpt.save(first, str(target), storage_options=options)  # collects the dead attempt's object
-    ckpt.save(second, str(target), storage_options=options, overwrite=True)
-    data = [p for p in _objects(s3_bucket, "run/step-00000002") if "/data/" in p]
-    referenced = {f.split("/", 1)[1] for f in ckpt.read_manifest(target).data_files()}
-    assert len(data) == 1 and {p.rsplit("/", 1)[-1] for p in data} == referenced  # nothing of the others
-    live = blank_state()
-    ckpt.load(live, target)
-    assert_state_equal(live, second)
 
 
 def test_large_files_go_up_in_parallel_parts_and_their_size_is_checked(s3_bucket, monkeypatch):
@@ -99,32 +71,6 @@ def test_manager_on_an_s3_root_saves_retains_and_resumes(s3_bucket):
         live = blank_state()
         assert manager.load(live) == 4
     assert_state_equal(live, states[3])
-
-
-def test_two_managers_on_one_s3_root_the_second_is_refused_naming_the_holder(s3_bucket):
-    root = f"{s3_bucket.url}/locked"
-    with ckpt.CheckpointManager(root, storage_options=s3_bucket.storage_options):
-        with pytest.raises(ckpt.CheckpointLockedError, match=f"pid {os.getpid()}") as info:
-            ckpt.CheckpointManager(root, storage_options=s3_bucket.storage_options)
-        assert "host " in str(info.value)
-    with ckpt.CheckpointManager(root, storage_options=s3_bucket.storage_options):  # released at close
-        pass
-
-
-def test_a_lease_left_by_a_dead_process_on_this_host_is_taken_over(s3_bucket):
-    import json
-    import socket
-    import subprocess
-    import sys
-    import time
-
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    lock = locate(f"{s3_bucket.url}/stale/.lock", s3_bucket.storage_options)
-    lock.storage.write_bytes(lock.path, json.dumps({"holder": "a dead one", "host": socket.gethostname(),
-                                                    "pid": int(dead.stdout), "token": "x",
-                                                    "renewed": time.time()}).encode())
-    with ckpt.CheckpointManager(f"{s3_bucket.url}/stale", storage_options=s3_bucket.storage_options):
-        pass
 
 
 def test_credentials_never_reach_files_logs_or_errors(s3_bucket, caplog, tmp_path):

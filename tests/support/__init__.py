@@ -4,11 +4,14 @@ No test file imports another test file: what two of them share lives here, one c
 
 * ``launch``: free ports, the loopback interface, spawned gloo ranks (``run_ranks``), torchrun agents'
   environment, process trees.
-* ``models``: a tiny model with awkward shapes, its parallel layouts, bitwise comparison.
-* ``checkpoints``: small single-process checkpoints of plain tensors and the checks on a refused load.
+* ``models``: a tiny model with awkward shapes, its parallel layouts, bitwise comparison, flat tensors.
+* ``checkpoints``: small single-process checkpoints of plain tensors and the checks on a refused load;
+  a state of mixed dtypes for the exports.
 * ``chains``: delta chains saved through the manager and loaded back.
 * ``parallel``: TinyNet checkpoints saved from parallel layouts (resharding, merging).
 * ``trainer_runs``: the trainer's command line for the debug model and one in-process run.
+* ``dcp_sources``: plain DCP checkpoints the import tests convert or damage.
+* ``imports``: the import graph of our packages read from the source (circles, internal names reached).
 * ``faults``: fault injection behind the storage seam (``ckpt.storage.wrapped``), real tmpfs mounts.
 * ``s3server`` (moto on loopback), ``s3proxy`` (a proxy that drops, slows, errors or truncates) and
   ``http_framing`` (the proxy's HTTP/1.1 message framing).

@@ -1,6 +1,8 @@
 """Small single-process checkpoints of plain tensors, shared by the tests that damage, refuse, overwrite
 and clean up checkpoints: the state saved, a blank live state, the checks that a refused load
-touched nothing, and ``reseal`` (a manifest edited, then sealed again so that its digest holds)."""
+touched nothing, ``reseal`` (a manifest edited, then sealed again so that its digest holds), a
+state of mixed dtypes for the exports (``mixed_dtype_state``) and a value whose unpickling would
+run code (``Booby``)."""
 
 from __future__ import annotations
 
@@ -79,3 +81,22 @@ def reseal(path, mutate) -> None:
     doc.pop("digest", None)
     mutate(doc)
     manifest.write_bytes(seal(doc))
+
+
+def mixed_dtype_state() -> dict:
+    """A model of every awkward dtype and shape an export meets (int32, uint16, float8, a scalar,
+    an empty tensor), an optimizer tensor and a plain value."""
+    return {"model": {"a": torch.randn(5, 3), "i": torch.arange(4, dtype=torch.int32),
+                      "u": torch.arange(3).to(torch.uint16), "f8": torch.randn(4).to(torch.float8_e4m3fn),
+                      "s": torch.tensor(2.5), "e": torch.empty(0, 3)},
+            "optim": {"m": torch.randn(2)}, "step": 4}
+
+
+class Booby:
+    """Pickles as ``open(marker, "w")``: unpickling it with weights_only=False creates the marker."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))

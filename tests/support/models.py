@@ -1,4 +1,5 @@
-"""A tiny model with awkward shapes (vocab 13: uneven over 2 or 4 shards) and its parallel layouts."""
+"""A tiny model with awkward shapes (vocab 13: uneven over 2 or 4 shards) and its parallel layouts; states
+compared bitwise, and flattened as an export writes them."""
 
 from __future__ import annotations
 
@@ -86,6 +87,14 @@ def full_state(model: nn.Module, optim: torch.optim.Optimizer) -> dict:
         return node
 
     return {"model": full(get_model_state_dict(model)), "optim": full(get_optimizer_state_dict(model, optim))}
+
+
+def flat_tensors(nested: dict) -> dict[str, torch.Tensor]:
+    """The tensors of a nested state under their flat keys (``model.w``), as an export writes them."""
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    flat, _ = flatten_state_dict(nested)
+    return {k: v for k, v in flat.items() if isinstance(v, torch.Tensor)}
 
 
 def assert_same(actual, expected, where: str = "") -> None:

@@ -212,6 +212,19 @@ class S3Bucket:
         return f"S3Bucket({self.url!r} at {self.endpoint_url})"
 
 
+def bucket_fs(bucket: S3Bucket):
+    """A fresh s3fs filesystem on ``bucket``'s server (no instance cache)."""
+    import fsspec
+
+    return fsspec.filesystem("s3", skip_instance_cache=True, **bucket.storage_options)
+
+
+def bucket_objects(bucket: S3Bucket, prefix: str = "") -> dict[str, bytes]:
+    """Every object of ``bucket`` under ``prefix``: ``"<bucket>/<key>"`` -> bytes."""
+    fs = bucket_fs(bucket)
+    return {path: fs.cat_file(path) for path in fs.find(f"{bucket.name}/{prefix}")}
+
+
 def snapshot_bucket(endpoint_url: str, bucket: str) -> dict[str, bytes]:
     """Every object of ``bucket``, key -> bytes (moto keeps data in memory only: a stopped server
     comes back empty, so a test that wants "the server returned with its data" restores this)."""

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ckpt
-from ckpt.consolidate import full_tensors
+from ckpt.convert import full_tensors
 from tools import convert
 from trainer.hf import from_hf, model_args_of, rotary
 from trainer.model import Transformer
@@ -255,7 +255,7 @@ def test_help(capsys):
 
 
 def test_from_dcp(tmp_path, capsys):
-    pytest.importorskip("ckpt.dcp_import")
+    pytest.importorskip("ckpt.convert.dcp_import")
     import torch.distributed.checkpoint as dcp
 
     state = {"model": {"w": torch.arange(12.0).reshape(3, 4)}, "step": 7}

@@ -41,7 +41,8 @@ from pathlib import Path
 import pytest
 
 import ckpt
-from ckpt.root import CheckpointRoot, step_name
+from ckpt.format import step_name
+from ckpt.root import CheckpointRoot
 from tests.support import REPO
 from tests.support.launch import descendants, free_port, job_env
 TIMEOUT_S = 180  # one job (two agents): 10-26 s measured on a shared 2-core box

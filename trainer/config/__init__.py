@@ -18,10 +18,10 @@ line. The pieces, each with its contract in its docstring (each imports only tho
 
 from __future__ import annotations
 
-from trainer.config.fields import field_help
-from trainer.config.load import Config, load_config
-from trainer.config.parse import help_text
-from trainer.config.schema import (
+from .fields import field_help
+from .load import Config, load_config
+from .parse import help_text
+from .schema import (
     CheckpointConfig,
     ConfigError,
     JobConfig,

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.config.fields import coerce
-from trainer.config.schema import ConfigError
+from .fields import coerce
+from .schema import ConfigError
 
 SEED_SECTION = "distributed"
 """The seed's section that has no native counterpart of its own (its keys set ``parallelism``)."""

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.config.schema import ConfigError
-from trainer.model import FLAVORS, ModelArgs
-from trainer.model import model_args as flavor_args
+from .schema import ConfigError
+from ..model import FLAVORS, ModelArgs
+from ..model import model_args as flavor_args
 
 
 def model_args(cfg: Any, tokenizer_vocab_size: int | None) -> ModelArgs:

@@ -18,7 +18,7 @@ import types
 import typing
 from typing import Any
 
-from trainer.config.schema import CHOICES, SECTIONS, ConfigError
+from .schema import CHOICES, SECTIONS, ConfigError
 
 HINTS: dict[str, dict[str, Any]] = {name: typing.get_type_hints(cls) for name, cls in SECTIONS.items()}
 

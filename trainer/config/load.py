@@ -12,9 +12,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-import trainer.config.derive as derive
-from trainer.config.parse import apply, normalize, parse_cli, read_file
-from trainer.config.schema import (
+from . import derive
+from .parse import apply, normalize, parse_cli, read_file
+from .schema import (
     CheckpointConfig,
     JobConfig,
     MetricsConfig,
@@ -23,8 +23,8 @@ from trainer.config.schema import (
     ParallelismConfig,
     TrainingConfig,
 )
-from trainer.config.validate import validate
-from trainer.model import ModelArgs
+from .validate import validate
+from ..model import ModelArgs
 
 
 @dataclass

@@ -21,9 +21,9 @@ import dataclasses
 import os
 from typing import Any
 
-import trainer.config.aliases as aliases
-from trainer.config.fields import HINTS, coerce, help_lines, is_bool
-from trainer.config.schema import SECTIONS, ConfigError
+from . import aliases
+from .fields import HINTS, coerce, help_lines, is_bool
+from .schema import SECTIONS, ConfigError
 
 
 def _valid_sections() -> str:

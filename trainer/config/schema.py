@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.config.checkpoint import CHOICES as CHECKPOINT_CHOICES
-from trainer.config.checkpoint import CheckpointConfig
+from .checkpoint import CHOICES as CHECKPOINT_CHOICES
+from .checkpoint import CheckpointConfig
 
 
 class ConfigError(ValueError):

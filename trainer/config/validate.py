@@ -15,10 +15,10 @@ import dataclasses
 from typing import Any
 
 from ckpt.errors import InvalidOptionError
-from trainer.config.derive import model_args
-from trainer.config.fields import coerce
-from trainer.config.schema import CHOICES, SECTIONS, ConfigError, is_byte_tokenizer
-from trainer.model import BYTE_VOCAB_SIZE
+from .derive import model_args
+from .fields import coerce
+from .schema import CHOICES, SECTIONS, ConfigError, is_byte_tokenizer
+from ..model import BYTE_VOCAB_SIZE
 
 
 def _fail(section: str, key: str, value: Any, requirement: str) -> None:

@@ -19,7 +19,7 @@ before it):
 
 from __future__ import annotations
 
-from trainer.hf.config import (
+from .config import (
     HF_ARCHITECTURE,
     HF_MODEL_TYPE,
     UnsupportedHFConfig,
@@ -28,11 +28,11 @@ from trainer.hf.config import (
     generation_config,
     hf_config,
 )
-from trainer.hf.export import DEFAULT_HF_SHARD, Export, export_bytes, export_hf, export_weights
-from trainer.hf.importer import HFModel, Import, import_hf, open_hf, write_step
-from trainer.hf.names import HF_IGNORED, hf_name, our_name
-from trainer.hf.rotary import from_hf, permute_from_hf, permute_to_hf, to_hf
-from trainer.hf.run import (
+from .export import DEFAULT_HF_SHARD, Export, export_bytes, export_hf, export_weights
+from .importer import HFModel, Import, import_hf, open_hf, write_step
+from .names import HF_IGNORED, hf_name, our_name
+from .rotary import from_hf, permute_from_hf, permute_to_hf, to_hf
+from .run import (
     PREFIX,
     args_from_run_config,
     describe,

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from trainer.data import ByteTokenizer
-from trainer.model import FLAVORS, ModelArgs, ffn_hidden_dim
+from ..data import ByteTokenizer
+from ..model import FLAVORS, ModelArgs, ffn_hidden_dim
 
 HF_ARCHITECTURE = "LlamaForCausalLM"
 HF_MODEL_TYPE = "llama"

@@ -5,7 +5,7 @@ permuted (:mod:`trainer.hf.rotary`), sharded safetensors + index beyond ``max_sh
 ``config.json``, ``generation_config.json`` and the run's tokenizer files when it used a
 tokenizer.json; :func:`export_weights` writes them under our own names as one torch.save /
 safetensors file (or shards + index). Both read one whole tensor at a time through the engine's
-consolidation (:mod:`ckpt.consolidate`: every chunk verified, deltas replayed) and leave the output
+consolidation (:mod:`ckpt.convert`: every chunk verified, deltas replayed) and leave the output
 whole or not at all; :func:`export_bytes` is what they write, for a progress bar. The model's
 shapes come from the manifest (:func:`trainer.hf.run.model_args_of`).
 """
@@ -17,22 +17,21 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable, Iterator
 
 import torch
 
-from ckpt import CheckpointError, CheckpointExistsError, commit, read_manifest
-from ckpt.consolidate import TensorSpec, full_tensors, select_keys, tensor_specs, write_output
+from ckpt import CheckpointError, CheckpointExistsError, read_manifest
+from ckpt.convert import TensorSpec, full_tensors, select_keys, step_metadata, tensor_specs, write_output
 from ckpt.format import Manifest
 from ckpt.storage import Location, locate
-from trainer.config.schema import is_byte_tokenizer
-from trainer.hf.config import generation_config, hf_config
-from trainer.hf.names import hf_name
-from trainer.hf.rotary import to_hf
-from trainer.hf.run import PREFIX, model_args_of, tokenizer_files
-from trainer.model import ModelArgs
+from ..config.schema import is_byte_tokenizer
+from .config import generation_config, hf_config
+from .names import hf_name
+from .rotary import to_hf
+from .run import PREFIX, model_args_of, tokenizer_files
+from ..model import ModelArgs
 
 DEFAULT_HF_SHARD = 5 * 10**9
 """``max_shard_size`` of a Hugging Face export (transformers' own default, 5 GB)."""
@@ -63,7 +62,7 @@ def export_hf(source: str | Location, dst: str | os.PathLike, *, dtype: torch.dt
               max_shard_size: int = DEFAULT_HF_SHARD, overwrite: bool = False,
               progress: Callable[[int], object] | None = None, manifest: Manifest | None = None) -> Export:
     """The checkpoint ``source`` as a Hugging Face ``LlamaForCausalLM`` directory ``dst`` (local),
-    written under a temporary sibling and renamed at the end."""
+    published whole (:func:`ckpt.convert.write_output` with the config files beside the shards)."""
     source = locate(source)
     manifest = read_manifest(source) if manifest is None else manifest
     if "://" in os.fspath(dst):
@@ -85,24 +84,11 @@ def export_hf(source: str | Location, dst: str | os.PathLike, *, dtype: torch.dt
         for key, tensor in full_tensors(source, keys, dtype=dtype, manifest=manifest):
             yield to_hf(key[len(PREFIX):], tensor, args)
 
-    storage = target.storage
-    storage.makedirs(target.parent.path)
-    commit.collect_garbage(target)  # what dead exports to the same DST left
-    tmp = target.parent / f"{target.name}{commit.TMP_MARK}{os.urandom(6).hex()}"
-    try:
-        written = write_output(tmp, specs, stream(), format="safetensors", max_shard_size=max_shard_size,
-                               metadata=_step_metadata(manifest), progress=progress)
-        for name, data in files.items():
-            storage.write_bytes((tmp / name).path, data)
-        storage.sync_dir(tmp.path)
-        _publish(tmp, target, overwrite=overwrite)
-    except BaseException:
-        if tmp.exists():
-            storage.remove_tree(tmp.path)
-        raise
-    weights = [str(target / Path(p).name) for p in written if p.endswith(".safetensors")]
-    return Export(weights, [str(target / Path(p).name) for p in written] + [str(target / name) for name in files],
-                  args, len(specs), sum(s.nbytes for s in specs), note)
+    written = write_output(target, specs, stream(), format="safetensors", max_shard_size=max_shard_size,
+                           metadata=step_metadata(manifest), progress=progress, overwrite=overwrite,
+                           extra_files=files)
+    weights = [p for p in written if p.endswith(".safetensors")]
+    return Export(weights, written, args, len(specs), sum(s.nbytes for s in specs), note)
 
 
 def _in_order(specs: list[TensorSpec], keys: list[str]) -> list[TensorSpec]:
@@ -112,10 +98,6 @@ def _in_order(specs: list[TensorSpec], keys: list[str]) -> list[TensorSpec]:
 
 def _json(doc: dict) -> bytes:
     return (json.dumps(doc, indent=2) + "\n").encode()
-
-
-def _step_metadata(manifest: Manifest) -> dict[str, str]:
-    return {"ckpt.kind": manifest.kind, **({"ckpt.step": str(manifest.step)} if manifest.step is not None else {})}
 
 
 def _tokenizer_export(manifest: Manifest) -> tuple[dict[str, bytes], str, object]:
@@ -139,25 +121,6 @@ def _tokenizer_export(manifest: Manifest) -> tuple[dict[str, bytes], str, object
     return files, f"tokenizer {path} copied", tokenizer
 
 
-def _publish(tmp: Location, target: Location, *, overwrite: bool) -> None:
-    """Rename ``tmp`` to ``target``; an existing ``target`` (with ``overwrite``) is moved aside
-    first and deleted once the new one is in place."""
-    storage = target.storage
-    old = None
-    if target.exists():
-        if not overwrite:
-            raise CheckpointExistsError(f"{target} appeared while converting; not replaced", path=str(target))
-        old = target.parent / f"{target.name}{commit.OLD_MARK}{os.urandom(6).hex()}"
-        storage.rename(target.path, old.path)
-    storage.rename(tmp.path, target.path)
-    storage.sync_dir(target.parent.path)
-    if old is not None:
-        if old.is_dir():
-            storage.remove_tree(old.path)
-        else:
-            storage.remove(old.path)
-
-
 def export_weights(source: str | Location, dst: str | os.PathLike, *, format: str, dtype: torch.dtype | None = None,
                    max_shard_size: int | None = None, overwrite: bool = False,
                    progress: Callable[[int], object] | None = None, manifest: Manifest | None = None) -> Export:
@@ -167,7 +130,7 @@ def export_weights(source: str | Location, dst: str | os.PathLike, *, format: st
     manifest = read_manifest(source) if manifest is None else manifest
     keys = select_keys(manifest, "model")
     specs = [TensorSpec(s.key[len(PREFIX):], s.dtype, s.shape) for s in tensor_specs(manifest, keys, dtype=dtype)]
-    metadata = _step_metadata(manifest)
+    metadata = step_metadata(manifest)
     try:
         args = model_args_of(manifest, source)
         metadata["ckpt.model_args"] = json.dumps(dataclasses.asdict(args))

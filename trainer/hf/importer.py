@@ -5,8 +5,8 @@ read; only ``.safetensors``, which need no unpickling) and refuses, with a Check
 why, what our model cannot represent or what is not such a directory; :func:`import_hf` writes the
 weights under ``model.<our key>`` (q/k rows permuted back to our rotary layout, floats as
 ``dtype``) one tensor at a time as step ``step`` of a new checkpoint root, committed by the engine's
-protocol (:func:`write_step`), recording the model's exact arguments and, when a flavor builds it,
-the trainer's ``model`` config section.
+protocol (:func:`write_step`, through :class:`ckpt.assemble.NewCheckpoint`), recording the model's
+exact arguments and, when a flavor builds it, the trainer's ``model`` config section.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import dataclasses
 import json
 import math
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -23,17 +22,17 @@ from typing import Callable
 import torch
 from safetensors import safe_open
 
-from ckpt import CheckpointError, CheckpointExistsError, CheckpointNotFoundError, commit
-from ckpt.consolidate import converted_dtype
-from ckpt.format import Chunk, Manifest, TensorEntry, data_file_name
-from ckpt.root import CheckpointRoot
+from ckpt import CheckpointError, CheckpointExistsError, CheckpointNotFoundError, CheckpointRoot
+from ckpt.assemble import NewCheckpoint, new_manifest
+from ckpt.convert import converted_dtype
+from ckpt.format import Manifest
 from ckpt.storage import Location
-from ckpt.write import Payload, tensor_bytes, write_file
-from trainer.hf.config import UnsupportedHFConfig, args_from_hf_config
-from trainer.hf.names import HF_IGNORED, our_name
-from trainer.hf.rotary import from_hf
-from trainer.hf.run import PREFIX, shape_problems, trainer_model_config
-from trainer.model import ModelArgs
+from ckpt.write import Payload, Place, tensor_bytes
+from .config import UnsupportedHFConfig, args_from_hf_config
+from .names import HF_IGNORED, our_name
+from .rotary import from_hf
+from .run import PREFIX, shape_problems, trainer_model_config
+from ..model import ModelArgs
 
 HF_WEIGHTS, HF_INDEX = "model.safetensors", "model.safetensors.index.json"
 
@@ -198,23 +197,14 @@ def write_step(path: Location, specs: list[tuple[str, torch.dtype, tuple[int, ..
                producers: dict[str, Callable[[], torch.Tensor]], *, step: int, user: dict,
                overwrite: bool) -> Manifest:
     """A full checkpoint at ``path`` holding each spec's tensor (key, dtype, shape) as one chunk,
-    produced one at a time while it is written (one data file), committed by the engine's protocol."""
-    attempt = commit.begin(path, overwrite=overwrite)
-    try:
-        manifest = Manifest(step=step, kind="full", world_size=1, created=time.time(), user=user)
-        payloads = []
-        for key, dtype, shape in specs:
-            manifest.tensors[key] = TensorEntry(dtype, tuple(shape), [])
-            manifest.paths[key] = tuple(key.split(".", 1))
-            payloads.append(Payload(key, _checked(key, dtype, shape, producers[key]), dtype.itemsize * math.prod(shape)))
-        for key, blob in write_file(attempt.directory, data_file_name(0, 0, attempt.tag), payloads):
-            shape = manifest.tensors[key].shape
-            manifest.add_record(key, Chunk((0,) * len(shape), shape, blob))
-        manifest.sort_chunks()
-        commit.finish(attempt, manifest, overwrite=overwrite)
-    except BaseException:
-        commit.abort(attempt)
-        raise
+    produced one at a time while it is written (one data file), committed by the engine's protocol
+    (:class:`ckpt.assemble.NewCheckpoint`)."""
+    manifest = new_manifest(specs, step=step, world_size=1, user=user,
+                            paths={key: tuple(key.split(".", 1)) for key, _dtype, _shape in specs})
+    with NewCheckpoint(path, manifest, overwrite=overwrite) as new:
+        payloads = [Payload(Place(key, (0,) * len(shape), tuple(shape)), _checked(key, dtype, shape, producers[key]),
+                            dtype.itemsize * math.prod(shape)) for key, dtype, shape in specs]
+        new.write(new.data_file(0), payloads)
     return manifest
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from trainer.hf.names import OURS_LAYER, hf_name, our_name
-from trainer.model import ModelArgs
+from .names import OURS_LAYER, hf_name, our_name
+from ..model import ModelArgs
 
 
 def permute_to_hf(weight: torch.Tensor, n_heads: int) -> torch.Tensor:

@@ -18,9 +18,9 @@ import torch
 
 from ckpt import CheckpointError
 from ckpt.format import Manifest
-from trainer.config import Config, ConfigError
-from trainer.data import HFTokenizer, tokenizer_file
-from trainer.model import FLAVORS, ModelArgs, Transformer, ffn_hidden_dim, model_args
+from ..config import Config, ConfigError
+from ..data import HFTokenizer, tokenizer_file
+from ..model import FLAVORS, ModelArgs, Transformer, ffn_hidden_dim, model_args
 
 PREFIX = "model."
 """The trainer's state key for the model: its weights are the checkpoint's tensors under ``model.``."""

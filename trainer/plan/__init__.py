@@ -18,8 +18,8 @@ each with its contract in its docstring (each imports only rooms listed before i
 
 from __future__ import annotations
 
-from trainer.parallel import ParallelismError
-from trainer.plan.activations import (
+from ..parallel import ParallelismError
+from .activations import (
     Numerics,
     head_activation_bytes,
     korthikanti_layer_bytes,
@@ -28,15 +28,15 @@ from trainer.plan.activations import (
     layer_op_level_bytes,
     numerics,
 )
-from trainer.plan.build import plan
-from trainer.plan.checkpoint import SMALL_STATE_BYTES
-from trainer.plan.cli import main, split_flags
-from trainer.plan.devices import GIB, KNOWN_DEVICES, known_device
-from trainer.plan.layout import Layout, resolve_layout
-from trainer.plan.memory import peak_bytes
-from trainer.plan.params import LLAMA2_PARAMS, meta_model, model_args_for, shard_numel, tp_shape
-from trainer.plan.report import format_plan
-from trainer.plan.result import ITEMS, Plan, StagePlan
+from .build import plan
+from .checkpoint import SMALL_STATE_BYTES
+from .cli import main, split_flags
+from .devices import GIB, KNOWN_DEVICES, known_device
+from .layout import Layout, resolve_layout
+from .memory import peak_bytes
+from .params import LLAMA2_PARAMS, meta_model, model_args_for, shard_numel, tp_shape
+from .report import format_plan
+from .result import ITEMS, Plan, StagePlan
 
 __all__ = [
     "GIB", "ITEMS", "KNOWN_DEVICES", "LLAMA2_PARAMS", "SMALL_STATE_BYTES", "Layout", "Numerics",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.model import ModelArgs, ffn_hidden_dim
+from ..model import ModelArgs, ffn_hidden_dim
 
 @dataclass(frozen=True)
 class Numerics:

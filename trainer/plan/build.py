@@ -13,18 +13,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer import model as model_mod
-from trainer.config import Config, ConfigError
-from trainer.pipeline import layer_ranges, microbatch_count
-import trainer.plan.memory as memory
-import trainer.plan.params as params
-from trainer.plan.activations import Numerics, korthikanti_layer_bytes, numerics
-from trainer.plan.checkpoint import checkpoint_info
-from trainer.plan.devices import device as device_section
-from trainer.plan.devices import verdict
-from trainer.plan.layout import Layout, resolve_layout, schedule, virtual_stages
-from trainer.plan.report import mib
-from trainer.plan.result import Plan
+from .. import model as model_mod
+from ..config import Config, ConfigError
+from ..pipeline import layer_ranges, microbatch_count
+from . import memory
+from . import params
+from .activations import Numerics, korthikanti_layer_bytes, numerics
+from .checkpoint import checkpoint_info
+from .devices import device as device_section
+from .devices import verdict
+from .layout import Layout, resolve_layout, schedule, virtual_stages
+from .report import mib
+from .result import Plan
 
 
 def _batch(cfg: Config, dp: int, pp: int, problems: list[str]) -> dict[str, Any]:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.config import Config
-from trainer.plan.layout import Layout
-from trainer.plan.result import StagePlan
+from ..config import Config
+from .layout import Layout
+from .result import StagePlan
 
 
 RESULTS = "benchmarks/RESULTS.md, \"Incremental checkpoints\""

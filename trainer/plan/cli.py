@@ -33,12 +33,12 @@ import os
 import sys
 from typing import Any
 
-import trainer.plan.checkpoint as checkpoint
-import trainer.plan.memory as memory
-from trainer import exits
-from trainer.config import Config, ConfigError, load_config
-from trainer.plan.build import plan
-from trainer.plan.report import format_plan
+from . import checkpoint
+from . import memory
+from .. import exits
+from ..config import Config, ConfigError, load_config
+from .build import plan
+from .report import format_plan
 
 HELP = "\n".join((__doc__, memory.__doc__, checkpoint.__doc__))
 """``--help``: how to run it, then what each figure counts (the memory and checkpoint modules' own words)."""

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.config import Config, ConfigError
-from trainer.plan.result import StagePlan
+from ..config import Config, ConfigError
+from .result import StagePlan
 
 GIB = 2**30
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.config import Config
-from trainer.model import ModelArgs
-from trainer.parallel import ParallelDims, ParallelismError, check_tp_heads
+from ..config import Config
+from ..model import ModelArgs
+from ..parallel import ParallelDims, ParallelismError, check_tp_heads
 
 
 @dataclass(frozen=True)

@@ -60,18 +60,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.config import Config
-from trainer.model import ModelArgs
-from trainer.plan.activations import (
+from ..config import Config
+from ..model import ModelArgs
+from .activations import (
     Numerics,
     head_activation_bytes,
     layer_activation_bytes,
     layer_input_bytes,
     layer_op_level_bytes,
 )
-from trainer.plan.checkpoint import rank_checkpoint
-from trainer.plan.layout import Layout
-from trainer.plan.result import ITEMS, StagePlan
+from .checkpoint import rank_checkpoint
+from .layout import Layout
+from .result import ITEMS, StagePlan
 
 PERSISTENT = ("params", "grads", "optimizer", "ddp_buckets")
 STEP = ("optimizer_step",)

@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-from trainer import model as model_mod
-from trainer.config import Config, ConfigError
-from trainer.config.schema import is_byte_tokenizer
-from trainer.data import load_tokenizer
-from trainer.model import BYTE_VOCAB_SIZE, FLAVORS, ModelArgs, ffn_hidden_dim
-from trainer.parallel import tp_dim
-from trainer.plan.layout import Layout
+from .. import model as model_mod
+from ..config import Config, ConfigError
+from ..config.schema import is_byte_tokenizer
+from ..data import load_tokenizer
+from ..model import BYTE_VOCAB_SIZE, FLAVORS, ModelArgs, ffn_hidden_dim
+from ..parallel import tp_dim
+from .layout import Layout
 
 LLAMA2_PARAMS = {"7b": 6_738_415_616, "13b": 13_015_864_320, "70b": 68_976_648_192}
 """Parameters of Meta's Llama-2 checkpoints (vocabulary 32000), to check the flavors against."""

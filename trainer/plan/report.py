@@ -7,9 +7,9 @@ prints; the JSON of ``--json`` is :meth:`~trainer.plan.result.Plan.to_dict`); it
 
 from __future__ import annotations
 
-from trainer.plan.checkpoint import ENCODE_GBPS_PER_CORE
-from trainer.plan.devices import GIB, KNOWN_DEVICES
-from trainer.plan.result import ITEMS, Plan
+from .checkpoint import ENCODE_GBPS_PER_CORE
+from .devices import GIB, KNOWN_DEVICES
+from .result import ITEMS, Plan
 
 
 def _in(unit: int):

@@ -41,7 +41,7 @@ def test_data_file_names_round_trip(rank, part, tag, name):
 def test_numbered_files_and_foreign_names():
     name = names.numbered_file_name(2, "3f9c1a2b4d5e")
     assert name == "data/3f9c1a2b4d5e.file-00002.bin" and names.is_data_file_name(name)
-    assert names.data_file_rank(name) is None  # not a rank's: rank 0 copies it (ckpt.replicate)
+    assert names.data_file_rank(name) is None  # not a rank's: rank 0 copies it (ckpt.root.copy)
 
 
 @pytest.mark.parametrize("bad", ["../../outside.bin", "/etc/passwd", "data/../../x.bin", "data/.hidden.bin",

@@ -1,0 +1,109 @@
+"""The commit strategy of object stores (S3 and other fsspec mounts: no rename, no fsync): objects
+written in place under names no other attempt uses, the one object that makes them visible written
+last (the model: orbax's ``CommitFileTemporaryPath``).
+
+A checkpoint's data objects go straight under ``<name>/data/``, named with a tag unique to the
+attempt (``data/<tag>.rank-00000.bin``), so two attempts' objects never mix; each upload is completed
+and its size checked before the rank reports success. The manifest is then written in one PUT
+(atomic): the commit point. When it replaced an older manifest (an overwrite), the objects only the
+old one referenced go next. A prefix without a manifest does not exist for readers; objects no
+manifest references (a dead attempt's) are deleted by the next writer of the target or at start-up.
+
+A single file is one upload that appears whole when it completes. An output directory that is not a
+checkpoint is written in place, the file that makes it usable (an index) last; an overwrite then
+removes the files of the old output that were not rewritten, a failure the files it added.
+"""
+
+from __future__ import annotations
+
+from ..committed import read_manifest
+from ..errors import CheckpointError
+from ..format import DATA_DIR, MANIFEST_NAME, Manifest
+from ..storage import Location
+from .base import Attempt, CommitStrategy, DirectoryAttempt, log, new_tag, refuse_existing
+
+
+class ManifestLastCommit(CommitStrategy):
+    """Attempt-tagged objects, the manifest last (see the module docstring)."""
+
+    kind = "manifest-last"
+
+    # -- a checkpoint directory ------------------------------------------------------------------
+    def begin(self, target: Location, *, overwrite: bool) -> Attempt:
+        target.storage.makedirs(target.parent.path)
+        self.collect_garbage(target)
+        refuse_existing(target, overwrite=overwrite, committed_only=True)
+        return Attempt(target, target, new_tag(), overwrite=overwrite)
+
+    def finish(self, attempt: Attempt, raw: bytes, referenced: set[str], *, overwrite: bool) -> None:
+        target = attempt.target
+        refuse_existing(target, overwrite=overwrite, committed_only=True)
+        target.storage.write_bytes((target / MANIFEST_NAME).path, raw)
+        _remove_unreferenced(target, referenced)
+
+    def abort(self, attempt: Attempt) -> None:
+        target, storage = attempt.target, attempt.target.storage
+        if not (target / MANIFEST_NAME).is_file():
+            storage.remove_tree(target.path)
+            return
+        data = target / DATA_DIR
+        for name in data.list():
+            if name.startswith(attempt.tag + "."):
+                storage.remove((data / name).path)
+
+    # -- leftovers -------------------------------------------------------------------------------
+    def collect_garbage(self, target: Location) -> None:
+        """Delete the data objects under ``target`` that its manifest does not reference: all of
+        them (the whole prefix) when it has none."""
+        manifest = _readable_manifest(target)
+        if manifest is None and not (target / MANIFEST_NAME).is_file():
+            if target.is_dir():
+                log.info("removing %s: a save that never committed", target)
+                target.storage.remove_tree(target.path)
+        elif manifest is not None:
+            _remove_unreferenced(target, manifest.data_files())
+
+    def collect_uncommitted(self, path: Location) -> None:
+        self.collect_garbage(path)
+
+    # -- one file --------------------------------------------------------------------------------
+    def begin_file(self, target: Location, *, overwrite: bool) -> Location:
+        target.storage.makedirs(target.parent.path)
+        refuse_existing(target, overwrite=overwrite)
+        return target
+
+    def publish_file(self, written: Location, target: Location, *, overwrite: bool) -> None:
+        """Nothing left to do: the upload appeared whole when it completed."""
+
+    # -- a directory that is not a checkpoint ----------------------------------------------------
+    def begin_directory(self, target: Location, *, overwrite: bool) -> DirectoryAttempt:
+        existed = target.exists()
+        refuse_existing(target, overwrite=overwrite)
+        before = set(target.list()) if existed else set()
+        target.storage.makedirs(target.path)
+        return DirectoryAttempt(target, target, overwrite, before)
+
+    def publish_directory(self, attempt: DirectoryAttempt, written: set[str]) -> None:
+        storage = attempt.target.storage
+        for name in sorted(attempt.before - written):  # an overwritten output's other files
+            if storage.is_file((attempt.target / name).path):
+                storage.remove((attempt.target / name).path)
+
+    def abort_directory(self, attempt: DirectoryAttempt, written: set[str]) -> None:
+        for name in sorted(written - attempt.before):
+            attempt.target.storage.remove((attempt.target / name).path)
+
+
+def _remove_unreferenced(target: Location, referenced: set[str]) -> None:
+    data = target / DATA_DIR
+    for name in data.list():
+        if f"{DATA_DIR}/{name}" not in referenced:
+            log.info("removing %s: no manifest references it", data / name)
+            target.storage.remove((data / name).path)
+
+
+def _readable_manifest(target: Location) -> Manifest | None:
+    try:
+        return read_manifest(target)
+    except CheckpointError:
+        return None

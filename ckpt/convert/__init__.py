@@ -1,0 +1,31 @@
+"""The offline converters: a checkpoint's tensors out into other formats, other formats in.
+
+Each module states its contract; each imports only the engine below it and the rooms listed before it:
+
+    formats        the two weights-file formats, streamed: safetensors headers, the torch.save zip
+    consolidate    whole tensors from a checkpoint's chunks, one at a time (choose, read)
+    export         weights files written (one file or Hugging Face shards, whole or not at all);
+                   ``merge``: ckpt-merge's library call
+    merged         ``ckpt.save(..., merged=True)``: the live state gathered into one .safetensors file
+    replay         a delta chain's step materialised as a full checkpoint (ckpt-replay)
+    dcp_metadata   DCP's ``.metadata`` read by an allow-list unpickler, its shape checked
+    _dcp_items      the items of DCP's data files read with ``torch.load(weights_only=True)``, checked
+    dcp_import     a plain DCP checkpoint converted chunk by chunk into ours (ckpt-convert --from dcp)
+
+The names callers need are importable from here (``from ckpt.convert import merge, import_dcp``).
+"""
+
+from .consolidate import GROUPS, MMAP_MIN_BYTES, converted_dtype, empty_tensor, full_tensors, select_keys, tensor_specs
+from .dcp_import import import_dcp
+from .dcp_metadata import read_dcp_metadata, total_tensor_bytes
+from .export import HF_NAMES, merge, plan_shards, step_metadata, write_output
+from .formats import FORMATS, SAFETENSORS_DTYPES, TensorSpec, TorchZipWriter, safetensors_header
+from .merged import save_merged
+from .replay import materialize
+
+__all__ = [
+    "FORMATS", "GROUPS", "HF_NAMES", "MMAP_MIN_BYTES", "SAFETENSORS_DTYPES", "TensorSpec", "TorchZipWriter",
+    "converted_dtype", "empty_tensor", "full_tensors", "import_dcp", "materialize", "merge", "plan_shards",
+    "read_dcp_metadata", "safetensors_header", "save_merged", "select_keys", "step_metadata", "tensor_specs",
+    "total_tensor_bytes", "write_output",
+]

@@ -1,0 +1,185 @@
+"""What ``ckpt-inspect`` reports, as data: a run's steps across its mounts, one checkpoint's summary,
+and the verification of every stored byte. Nothing here prints: what a caller should be told (a
+catalog ignored, a replica that cannot be listed) goes to its ``note`` callback.
+
+* steps x mounts: the mounts (:func:`mount_list`: the root, the catalog's, any others) and the
+  steps committed on each (:func:`listings`; both: :func:`survey`), one row per step
+  (:func:`step_rows`). The states come from
+  the mounts themselves (committed, or missing), merged with what the catalog knows of steps in
+  flight (pending, copying, failed): the mounts are the truth; the catalog is only read
+  (:func:`read_catalog`: nothing when it is absent, unreadable or another primary's).
+* one checkpoint: :func:`summarize` (totals, tensors, values: a JSON-ready dict).
+* verify: :func:`open_manifests`, then :func:`verify_one` per checkpoint: every blob read and
+  checked against its checksum (:func:`ckpt.read.verify_blobs`) and a delta's base committed on some
+  mount; each failure a dict (:func:`failure`: mount, step, file, tensor, error).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable
+
+from .root import Catalog, CheckpointRoot, StepInfo, mount_id
+from .committed import is_committed, read_manifest, read_manifest_bytes
+from .errors import CheckpointError, CheckpointNotFoundError
+from .format import MANIFEST_NAME, Manifest
+from .read import verify_blobs
+from .storage import Location, locate
+
+Note = Callable[[str], None]
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+# -- mounts and the catalog ----------------------------------------------------------------------
+def read_catalog(path: str | None, root: Location, *, note: Note, explicit: bool = False, quiet: bool = False
+                 ) -> tuple[list[str], dict[int, StepInfo]]:
+    """The catalog's mounts and steps, read only; nothing when there is none, it is unreadable, or it
+    indexes another primary than ``root`` (a copied root carries its original's catalog)."""
+    if path is None or not os.path.isfile(os.path.join(path, "data.mdb")):
+        if explicit:
+            note(f"no catalog at {path}")
+        return [], {}
+    try:
+        with Catalog(path, readonly=True) as catalog:
+            mounts, steps = catalog.mounts(), {info.step: info for info in catalog.steps()}
+        if mounts and mounts[0] != mount_id(root):
+            if not quiet:
+                note(f"catalog ignored (it indexes {mounts[0]}, not {mount_id(root)}); run --rebuild-catalog")
+            return [], {}
+        return mounts, steps
+    except CheckpointError as exc:
+        if not quiet:
+            note(f"catalog ignored ({_one_line(exc)}); run --rebuild-catalog")
+        return [], {}
+
+
+def mount_list(root: Location, catalog_mounts: list[str], extra: list[str]) -> list[tuple[str, Location]]:
+    """ROOT first, then the catalog's mounts and further ones, each once: ``(url, location)``."""
+    found = {mount_id(root): root}
+    for url in catalog_mounts + extra:
+        location = locate(url)
+        found.setdefault(mount_id(location), location)
+    return list(found.items())
+
+
+def listings(mounts: list[tuple[str, Location]], *, note: Note) -> dict[str, list[int] | None]:
+    """Committed steps on each mount (None: a replica that cannot be listed; ROOT's failure raises)."""
+    found = {}
+    for index, (url, location) in enumerate(mounts):
+        try:
+            found[url] = CheckpointRoot(location).committed()
+        except CheckpointError as exc:
+            if index == 0:
+                raise
+            note(f"cannot list {url} ({_one_line(exc)})")
+            found[url] = None
+    return found
+
+
+def survey(root: Location, catalog_path: str | None, extra: list[str], *, note: Note, explicit: bool = False
+           ) -> tuple[list[tuple[str, Location]], dict[str, list[int] | None], dict[int, StepInfo]]:
+    """The run at ``root`` across its mounts: ``(mounts, committed steps on each, the catalog's
+    steps)`` (:func:`read_catalog`, :func:`mount_list`, :func:`listings`)."""
+    catalog_mounts, catalog = read_catalog(catalog_path, root, note=note, explicit=explicit)
+    mounts = mount_list(root, catalog_mounts, extra)
+    return mounts, listings(mounts, note=note), catalog
+
+
+def step_rows(mounts, listed, catalog: dict[int, StepInfo]) -> list[dict]:
+    """One row per step that some mount holds or the catalog has in flight (see the docstring)."""
+    rows = []
+    for step in sorted(set(catalog).union(*(set(s) for s in listed.values() if s))):
+        info = catalog.get(step)
+        states = {}
+        for url, _location in mounts:
+            recorded = info.mounts.get(url) if info else None
+            if listed[url] is None:
+                states[url] = "unknown"
+            elif step in listed[url]:
+                states[url] = "committed"
+            elif recorded is not None and recorded.state != "committed":
+                states[url] = recorded.state
+            else:
+                states[url] = "missing"
+        if all(state in ("missing", "deleted", "unknown") for state in states.values()):
+            continue
+        row = {"step": step, "kind": None, "base_step": None, "bytes": None, "created": None, "mounts": states,
+               "error": None}
+        if info is not None and info.kind is not None:
+            row.update(kind=info.kind, base_step=info.base_step, bytes=info.bytes, created=info.created)
+        else:
+            holder = next((loc for url, loc in mounts if listed[url] and step in listed[url]), None)
+            if holder is not None:
+                try:
+                    manifest = read_manifest(CheckpointRoot(holder).step_path(step))
+                    row.update(kind=manifest.kind, base_step=manifest.base_step, created=manifest.created,
+                               bytes=stored_bytes(manifest))
+                except CheckpointError as exc:
+                    row.update(kind="unreadable", error=_one_line(exc))
+        rows.append(row)
+    return rows
+
+
+def stored_bytes(manifest: Manifest) -> int:
+    return sum(blob.length for _key, blob in manifest.blobs())
+
+
+# -- one checkpoint ------------------------------------------------------------------------------
+def summarize(path: Location) -> dict:
+    """The checkpoint at ``path`` described: its header, totals, each tensor (dtype, shape, chunks,
+    stored and raw bytes, codecs) and each value's encoding."""
+    manifest, raw = read_manifest_bytes(path)
+    version = json.loads(raw).get("format_version")
+    tensors = {}
+    for key, entry in sorted(manifest.tensors.items()):
+        tensors[key] = {
+            "dtype": str(entry.dtype).removeprefix("torch."), "shape": list(entry.shape),
+            "chunks": len(entry.chunks), "stored_bytes": sum(c.blob.length for c in entry.chunks),
+            "raw_bytes": sum(c.blob.decoded_length for c in entry.chunks),
+            "codecs": sorted({c.blob.codec for c in entry.chunks}),
+        }
+    values = {key: {"encoding": entry.encoding} for key, entry in sorted(manifest.values.items())}
+    totals = {"tensors": len(tensors), "chunks": sum(t["chunks"] for t in tensors.values()), "values": len(values),
+              "stored_bytes": stored_bytes(manifest),
+              "raw_bytes": sum(blob.decoded_length for _key, blob in manifest.blobs()),
+              "files": len(manifest.files), "file_bytes": sum(manifest.files.values())}
+    return {"path": str(path), "step": manifest.step, "kind": manifest.kind, "base_step": manifest.base_step,
+            "base": manifest.base, "world_size": manifest.world_size, "created": manifest.created,
+            "format_version": version, "dcp_version": manifest.dcp_version, "totals": totals,
+            "tensors": tensors, "values": values}
+
+
+# -- verify --------------------------------------------------------------------------------------
+def failure(mount: str, step: int, file: str | None, tensor: str | None, exc: BaseException) -> dict:
+    return {"mount": mount, "step": step, "file": file, "tensor": tensor, "error": _one_line(exc)}
+
+
+def open_manifests(checkpoints: list[tuple[str, int | None, Location]], failures: tuple = (CheckpointError, OSError)
+                   ) -> tuple[list[tuple[str, int, Location, Manifest]], list[dict]]:
+    """``(url, step, path, manifest)`` of each ``(url, step, path)`` whose manifest reads, and a
+    failure for each one whose manifest does not (the exceptions ``failures`` names)."""
+    opened, found = [], []
+    for url, step, path in checkpoints:
+        try:
+            manifest = read_manifest(path)
+            opened.append((url, manifest.step if step is None else step, path, manifest))
+        except failures as exc:
+            found.append(failure(url, step, MANIFEST_NAME, None, exc))
+    return opened, found
+
+
+def verify_one(url: str, step: int, path: Location, manifest: Manifest, advance,
+               roots: list[Location]) -> list[dict]:
+    """Every blob of one checkpoint read and checked against its checksum (:func:`ckpt.read.verify_blobs`);
+    a delta's base must be committed beside it or, on a replica, on one of ``roots`` (the mounts)."""
+    found = []
+    verify_blobs(path, manifest, progress=advance,
+                 failed=lambda key, blob, exc: found.append(failure(url, step, blob.file, key, exc)))
+    if manifest.base is not None and not any(is_committed(root / manifest.base) for root in [path.parent, *roots]):
+        found.append(failure(url, step, MANIFEST_NAME, None, CheckpointNotFoundError(
+            f"delta chain broken: its base {manifest.base} is committed on no mount")))
+    return found

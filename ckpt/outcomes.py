@@ -1,0 +1,85 @@
+"""What a manager's saves come to, as the caller sees it: the counters (:class:`SaveStats`, the stall
+included), the report of each commit (:class:`CommitInfo`, given to ``on_commit``), and failures of
+background writes (:class:`BackgroundFailures`: recorded by the writer thread, raised — policy
+``stop`` — or warned about and counted — ``continue`` — on the training thread at the next due
+save, ``wait`` or ``close``; anything that is not a CheckpointError is wrapped in one).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from dataclasses import dataclass
+
+from .errors import CheckpointError, CheckpointWriteError
+from .options import FailurePolicy
+
+log = logging.getLogger("ckpt.manager")
+
+
+@dataclass
+class SaveStats:
+    """Counters of a manager. A save's *stall* is the time training was blocked by it: the host
+    inside ``save()`` and in any host wait for its snapshot (before the next optimizer step or a
+    forward that changes buffers), plus, on an accelerator, the time the compute stream waited for
+    the snapshot copy (``device_stall_s``, measured with timing events; counted once those have
+    completed, so a stall may show up a step later)."""
+
+    saves: int = 0
+    skipped: int = 0
+    failures: int = 0  # saves that failed (counted under on_error="continue")
+    stall_s: float = 0.0  # host + device
+    last_stall_s: float = 0.0
+    device_stall_s: float = 0.0
+    host_buffer_bytes: int = 0  # staging memory as the (pinned) host allocator reserves it
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    """What ``on_commit`` is told when a checkpoint committed on the primary (rank 0 only)."""
+
+    step: int
+    kind: str  # "full" or "delta"
+    bytes: int  # stored bytes of its data (after any encoding)
+    seconds: float  # from the start of its write to its commit
+    path: str
+    replicas: int  # mounts it is now being copied to
+
+
+class BackgroundFailures:
+    """Failures of background writes, oldest first, until the training thread takes them."""
+
+    def __init__(self, policy: FailurePolicy):
+        self.policy = policy
+        self._errors: list[BaseException] = []
+        self._lock = threading.Lock()
+
+    def add(self, error: BaseException) -> None:
+        with self._lock:
+            self._errors.append(error)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._errors.clear()
+
+    def __bool__(self) -> bool:
+        with self._lock:
+            return bool(self._errors)
+
+    def raise_or_warn(self, stats: SaveStats, *, stacklevel: int) -> None:
+        """Raise the oldest failure (policy stop), or warn about each and count it (continue)."""
+        while True:
+            with self._lock:
+                if not self._errors:
+                    return
+                error = self._errors.pop(0)
+            if not isinstance(error, CheckpointError):  # an OSError in retention, a bug
+                wrapped = CheckpointWriteError(f"a checkpoint write failed: {type(error).__name__}: {error}")
+                wrapped.__cause__, error = error, wrapped
+            if self.policy is FailurePolicy.STOP:
+                raise error
+            stats.failures += 1
+            log.warning("checkpoint save failed (%s); training continues, the next save retries", error)
+            warnings.warn(f"checkpoint save failed ({error}); continuing (on_error='continue')",
+                          stacklevel=stacklevel)

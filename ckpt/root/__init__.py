@@ -1,0 +1,23 @@
+"""A run's life across its mounts: the primary root and its replicas.
+
+| module | concept |
+|---|---|
+| :mod:`~ckpt.root.steps` | :class:`CheckpointRoot`: a root's step directories, committed steps, the writer's lock, start-up clean-up, delta bases |
+| :mod:`~ckpt.root.resolve` | which checkpoint an argument means (:func:`resolve_checkpoint`, :func:`open_root`) |
+| :mod:`~ckpt.root.retention` | which steps a policy deletes, applied the same way on the primary and every replica |
+| :mod:`~ckpt.root.resume` | which step to load, from which mount, falling back past damage |
+| :mod:`~ckpt.root.catalog` | the LMDB catalog: a cache of the mounts' manifests, never an authority |
+| :mod:`~ckpt.root.copy` | one step copied to another mount, verified as it streams (:func:`copy_step`) |
+| :mod:`~ckpt.root.replicate` | the background :class:`Replicator` (per-mount workers, backoff, catch-up, clean-up, retention) |
+
+Below the manager, above the commit protocol and the read side; nothing here imports the manager.
+"""
+
+from .catalog import Catalog, StepInfo, mount_id, open_catalog
+from .copy import SourceCorruptError, copy_step
+from .replicate import Replicator
+from .resolve import open_root, resolve_checkpoint
+from .steps import LOCK_NAME, CheckpointRoot, committed_steps, step_path
+
+__all__ = ["CheckpointRoot", "committed_steps", "step_path", "LOCK_NAME", "open_root", "resolve_checkpoint",
+           "Catalog", "StepInfo", "mount_id", "open_catalog", "copy_step", "SourceCorruptError", "Replicator"]

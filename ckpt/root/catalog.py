@@ -1,0 +1,332 @@
+"""The catalog: a local LMDB index of a run's steps across its mounts. A cache — the manifests on the
+mounts are the truth; :func:`open_catalog` rebuilds it from them whenever it is missing, unreadable,
+of another schema version, or disagrees with the primary's listing.
+
+    catalog = open_catalog(Catalog.default_path(primary), [primary, replica])
+    catalog.record_commit(str(primary), 100, manifest)       # the manager, after a commit
+    catalog.set_state(str(replica), 100, "copying")            # replication, as it goes
+    for info in catalog.steps(): print(info.step, info.kind, info.mounts)
+
+Records are JSON (utf-8) values in LMDB's main database (schema :data:`SCHEMA_VERSION`):
+
+    meta/schema              {"version": 1}
+    meta/mounts              ["<primary url>", "<replica url>", ...]
+    step/<step:012d>         {"kind", "base_step", "bytes", "raw_bytes", "tensors", "created"}
+    mount/<url>/<step:012d>  {"state", "when", "detail"}     state: one of :data:`STATES`
+    chunks/<step:012d>       [[key, [offsets...], file, checksum], ...]   every tensor chunk
+
+``bytes`` is the sum of the stored lengths of every blob (tensor chunks and values), ``raw_bytes``
+the same decoded. The step record and chunk checksums are the primary's where the primary has the
+step (data file names differ between mounts on object stores; checksums do not). A mount is named
+by its display URL (``str(location)``; an absolute path for a local mount), which never holds
+credentials; a URL given as text has any ``user:password@`` removed.
+
+Concurrency: every public write is one LMDB write transaction, so readers (other threads, other
+processes) see a call's records whole or not at all and never block the writer (LMDB MVCC; the
+environment is opened with ``lock=True``, which registers readers so pages they still see are not
+reused). Writers within one process are serialised by a :class:`threading.Lock` held for the whole
+transaction (LMDB's own writer mutex serialises processes). Manifests are read before a rebuild's
+transaction begins, so the lock is never held across mount I/O.
+
+Every LMDB failure is raised as :class:`~ckpt.errors.CheckpointError`; a damaged record or an
+invalid LMDB file as :class:`~ckpt.errors.CorruptCheckpointError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from contextlib import contextmanager
+
+import lmdb
+
+from ..committed import read_manifest
+from ..errors import CheckpointError, CorruptCheckpointError
+from ..format import Manifest
+from ..storage import Location
+from ._catalog_records import (ACTIVE_STATES, DIR_NAME, MOUNTS_KEY, SCHEMA_KEY, SCHEMA_VERSION, STATES, UNREADABLE,
+                               MountState, StepInfo, chunk_records, chunks_key, decode, encode, mount_id, mount_key,
+                               mount_state, step_info, step_key, step_record)
+from .steps import CheckpointRoot
+
+__all__ = ["Catalog", "open_catalog", "MountState", "StepInfo", "mount_id", "STATES", "ACTIVE_STATES",
+           "SCHEMA_VERSION", "DIR_NAME"]
+
+log = logging.getLogger(__name__)
+
+MAP_SIZE = 1 << 30  # sparse on Linux: the file grows with the data
+LMDB_FILES = ("data.mdb", "lock.mdb")
+_DAMAGE = (lmdb.InvalidError, lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.VersionMismatchError,
+           lmdb.BadValsizeError)  # the files are damaged (not: busy, missing, no permission)
+
+
+def _error(path: str, what: str, exc: BaseException) -> CheckpointError:
+    kind = CorruptCheckpointError if isinstance(exc, _DAMAGE) else CheckpointError
+    return kind(f"{what} the catalog {path} failed: {exc}", path=path)
+
+
+class Catalog:
+    """The LMDB environment in the local directory ``path`` (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike, *, readonly: bool = False):
+        self.path = os.fspath(path)
+        self.readonly = readonly
+        self._write_lock = threading.Lock()
+        self.created = False  # this call made a new, empty catalog
+        options = dict(map_size=MAP_SIZE, max_dbs=4, subdir=True, readonly=readonly, lock=True,
+                       create=not readonly, max_readers=256)
+        try:
+            if not readonly:
+                os.makedirs(self.path, exist_ok=True)
+            try:
+                self._env = lmdb.open(self.path, **options)
+            except lmdb.Error as exc:
+                if not readonly or isinstance(exc, _DAMAGE) or not os.path.isfile(os.path.join(self.path, "data.mdb")):
+                    raise
+                # lock.mdb cannot be opened (read-only media, no permission): read without the
+                # reader table; only safe while no writer is active, which such media implies
+                self._env = lmdb.open(self.path, **dict(options, lock=False))
+        except (lmdb.Error, OSError) as exc:
+            raise _error(self.path, "opening", exc) from None
+        try:
+            version = self._get(SCHEMA_KEY)
+            if version is None and not readonly:
+                with self._write() as txn:
+                    if txn.get(SCHEMA_KEY) is None:
+                        txn.put(SCHEMA_KEY, encode({"version": SCHEMA_VERSION}))
+                        self.created = True
+                version = {"version": SCHEMA_VERSION}
+            if version is None:
+                raise CheckpointError(f"{self.path} holds no catalog", path=self.path)
+            if not isinstance(version, dict) or version.get("version") != SCHEMA_VERSION:
+                raise CorruptCheckpointError(f"catalog {self.path} has schema {version!r}; this build reads "
+                                             f"version {SCHEMA_VERSION}", path=self.path)
+        except BaseException:
+            self._env.close()
+            raise
+
+    @staticmethod
+    def default_path(primary: Location) -> str | None:
+        """``<primary>/.catalog`` for a local primary; None for a URL (configure a local path)."""
+        return os.path.join(os.path.abspath(primary.path), DIR_NAME) if primary.is_local else None
+
+    # -- LMDB plumbing -------------------------------------------------------------------------
+    @contextmanager
+    def _write(self):
+        if self.readonly:
+            raise CheckpointError(f"catalog {self.path} is open read-only", path=self.path)
+        with self._write_lock:
+            try:
+                with self._env.begin(write=True) as txn:
+                    yield txn
+            except lmdb.Error as exc:
+                raise _error(self.path, "writing", exc) from None
+
+    @contextmanager
+    def _read(self):
+        try:
+            with self._env.begin() as txn:
+                yield txn
+        except lmdb.Error as exc:
+            raise _error(self.path, "reading", exc) from None
+
+    def _decode(self, key: bytes, raw: bytes | None):
+        return decode(self.path, key, raw)
+
+    def _get(self, key: bytes):
+        with self._read() as txn:
+            return self._decode(key, txn.get(key))
+
+    def _scan(self, txn, prefix: bytes):
+        cursor = txn.cursor()
+        if cursor.set_range(prefix):
+            for key, value in cursor:
+                if not key.startswith(prefix):
+                    break
+                yield bytes(key), self._decode(key, value)
+
+    # -- mounts --------------------------------------------------------------------------------
+    def set_mounts(self, urls: list) -> None:
+        """The run's mounts, primary first (URLs, paths or Locations)."""
+        with self._write() as txn:
+            txn.put(MOUNTS_KEY, encode([mount_id(u) for u in urls]))
+
+    def mounts(self) -> list[str]:
+        found = self._get(MOUNTS_KEY) or []
+        if not isinstance(found, list) or not all(isinstance(u, str) for u in found):
+            raise CorruptCheckpointError(f"catalog {self.path}: bad mount list", path=self.path)
+        return found
+
+    # -- writes --------------------------------------------------------------------------------
+    def record_commit(self, mount, step: int, manifest: Manifest, when: float | None = None) -> None:
+        """``step`` was committed on ``mount``: its record, chunk checksums and mount state, at once."""
+        mount = mount_id(mount)
+        with self._write() as txn:
+            self._put_commit(txn, mount, step, manifest, time.time() if when is None else when)
+
+    def _put_commit(self, txn, mount: str, step: int, manifest: Manifest, when: float) -> None:
+        primary = (self._decode(MOUNTS_KEY, txn.get(MOUNTS_KEY)) or [None])[0]
+        if mount == primary or txn.get(step_key(step)) is None:
+            txn.put(step_key(step), encode(step_record(manifest)))
+            txn.put(chunks_key(step), encode(chunk_records(manifest)))
+        txn.put(mount_key(mount, step), encode({"state": "committed", "when": when, "detail": ""}))
+
+    def set_state(self, mount, step: int, state: str, when: float | None = None, detail: str = "") -> None:
+        if state not in STATES:
+            raise ValueError(f"catalog state {state!r} is not one of {', '.join(STATES)}")
+        with self._write() as txn:
+            txn.put(mount_key(mount_id(mount), step),
+                    encode({"state": state, "when": time.time() if when is None else when, "detail": detail}))
+
+    def forget(self, mount, step: int) -> None:
+        """``step`` was deleted on ``mount``; when no mount still has it (or is copying it), the
+        step's records go too."""
+        mount = mount_id(mount)
+        with self._write() as txn:
+            txn.delete(mount_key(mount, step))
+            states = self._mount_states(txn).get(step, {})
+            if not any(s.state in ACTIVE_STATES for s in states.values()):
+                for url in states:
+                    txn.delete(mount_key(url, step))
+                txn.delete(step_key(step))
+                txn.delete(chunks_key(step))
+
+    # -- reads ---------------------------------------------------------------------------------
+    def _mount_states(self, txn) -> dict[int, dict[str, MountState]]:
+        found: dict[int, dict[str, MountState]] = {}
+        for key, doc in self._scan(txn, b"mount/"):
+            url, step, state = mount_state(self.path, key, doc)
+            found.setdefault(step, {})[url] = state
+        return found
+
+    def steps(self) -> list[StepInfo]:
+        """Every step with a record or a mount state, ascending."""
+        with self._read() as txn:
+            states = self._mount_states(txn)
+            records = {}
+            for key, doc in self._scan(txn, b"step/"):
+                try:
+                    records[int(key[len(b"step/"):])] = doc
+                except ValueError:
+                    raise CorruptCheckpointError(f"catalog {self.path}: bad key {key!r}", path=self.path) from None
+        return [step_info(self.path, step, records.get(step), states.get(step, {}))
+                for step in sorted(states.keys() | records.keys())]
+
+    def step(self, step: int) -> StepInfo | None:
+        with self._read() as txn:
+            doc = self._decode(step_key(step), txn.get(step_key(step)))
+            states = self._mount_states(txn).get(step, {})
+        return None if doc is None and not states else step_info(self.path, step, doc, states)
+
+    def checksums(self, step: int) -> dict[tuple[str, tuple[int, ...]], str]:
+        """``{(tensor key, chunk offsets): checksum}`` of the step's chunks (empty when unknown)."""
+        records = self._get(chunks_key(step)) or []
+        try:
+            return {(key, tuple(offsets)): digest for key, offsets, _file, digest in records}
+        except (TypeError, ValueError):
+            raise CorruptCheckpointError(f"catalog {self.path}: bad chunk records for step {step}",
+                                         path=self.path) from None
+
+    # -- the truth -----------------------------------------------------------------------------
+    def rebuild(self, mounts: list[Location]) -> None:
+        """Replace everything with what the mounts hold (primary first): every committed step's
+        manifest is read (an unreadable one is recorded "failed" with the error), then the whole
+        catalog is swapped in one transaction. A replica that cannot be listed is left out with a
+        warning; the primary's listing failing raises."""
+        found = []  # (mount, step, manifest or error text)
+        for index, location in enumerate(mounts):
+            root = CheckpointRoot(location)
+            try:
+                committed = root.committed()
+            except CheckpointError as exc:
+                if index == 0:
+                    raise
+                log.warning("catalog rebuild: cannot list %s (%s); its states are left out", location, exc)
+                continue
+            for step in committed:
+                try:
+                    found.append((mount_id(location), step, read_manifest(root.step_path(step))))
+                except CheckpointError as exc:
+                    found.append((mount_id(location), step, " ".join(str(exc).split())))
+        now = time.time()
+        with self._write() as txn:
+            with txn.cursor() as cursor:
+                keys = [bytes(key) for key in cursor.iternext(values=False)]
+            for key in keys:
+                if key != SCHEMA_KEY:
+                    txn.delete(key)
+            txn.put(MOUNTS_KEY, encode([mount_id(m) for m in mounts]))
+            for mount, step, manifest in found:
+                if isinstance(manifest, Manifest):
+                    self._put_commit(txn, mount, step, manifest, manifest.created or now)
+                else:
+                    txn.put(mount_key(mount, step),
+                            encode({"state": "failed", "when": now, "detail": UNREADABLE + manifest}))
+
+    def listed_on(self, mount) -> set[int]:
+        """Steps the catalog believes ``mount`` lists: committed, or committed but unreadable."""
+        mount = mount_id(mount)
+        return {step for step, states in self._mount_states_now().items()
+                if mount in states and (states[mount].state == "committed"
+                                        or states[mount].detail.startswith(UNREADABLE))}
+
+    def _mount_states_now(self):
+        with self._read() as txn:
+            return self._mount_states(txn)
+
+    def is_consistent_with(self, primary: Location) -> bool:
+        """Whether the steps recorded on ``primary`` are exactly those it lists (no manifest read)."""
+        return self.listed_on(primary) == set(CheckpointRoot(primary).committed())
+
+    def close(self) -> None:
+        self._env.close()
+
+    def __enter__(self) -> "Catalog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _discard(path: str) -> None:
+    """Remove the LMDB files of a damaged catalog (only those: the directory may hold other things)."""
+    if os.path.isfile(path) or os.path.islink(path):
+        raise CheckpointError(f"catalog path {path} is a file, not a directory; remove it or choose another",
+                              path=path)
+    for name in LMDB_FILES:
+        try:
+            os.remove(os.path.join(path, name))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise CheckpointError(f"cannot remove the damaged catalog file {name} in {path}: {exc}",
+                                  path=path) from None
+
+
+def open_catalog(path: str | os.PathLike, mounts: list[Location], *, rebuild: bool = False) -> Catalog:
+    """The catalog at ``path`` for ``mounts`` (primary first), rebuilt from the manifests when it is
+    new, unreadable (its LMDB files are then deleted, with a warning), of another schema, inconsistent
+    with the primary's listing, or when ``rebuild`` asks; its mount list set to ``mounts``."""
+    path = os.fspath(path)
+    try:
+        catalog = Catalog(path)
+        try:
+            catalog.mounts()
+            catalog.steps()  # every record parses
+        except BaseException:
+            catalog.close()
+            raise
+    except CorruptCheckpointError as exc:
+        log.warning("catalog %s is unreadable (%s); rebuilding it from the manifests", path, exc)
+        _discard(path)
+        catalog = Catalog(path)
+    try:
+        if (rebuild or catalog.created or [mount_id(m) for m in mounts] != catalog.mounts()
+                or not catalog.is_consistent_with(mounts[0])):
+            catalog.rebuild(mounts)
+    except BaseException:
+        catalog.close()
+        raise
+    return catalog

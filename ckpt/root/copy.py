@@ -1,0 +1,172 @@
+"""One committed step copied to another mount, verified as it streams.
+
+    copy_step(source, target)          one step, now (collective over ``group`` when given)
+
+Contract of one copy (:func:`copy_step`):
+
+1. Rank 0 reads the source manifest (its digest checked) and starts an attempt on the target with
+   that mount's commit protocol (:mod:`ckpt.commit`); a target already committed is left as it is,
+   anything there without a manifest (a killed copy or deletion) is replaced.
+2. Every rank copies its share of the data files — the files a rank wrote (``rank-00003`` in the
+   name; with another world size, rank index modulo world size) — streaming: every blob's xxh3-64
+   is computed over the bytes as they pass and compared with the manifest before the file is
+   finished, so corruption on the source is never committed on a replica. Each written file is
+   finished durably and its size checked; with ``read_back=True`` every blob is then read back from
+   the replica and verified (:func:`ckpt.read.verify_blobs`).
+3. Only when every rank succeeded does rank 0 write the manifest — the primary's bytes, unchanged —
+   on the replica: the commit point. Otherwise the attempt is removed.
+
+A source that fails verification raises :class:`SourceCorruptError` (copying it again cannot help);
+any other failure is the target's or the network's, worth a retry (:mod:`ckpt.root.replicate`).
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+import xxhash
+
+from .. import commit
+from .._collective import any_rank, broadcast_error, broadcast_value
+from ..committed import read_manifest_bytes
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError, StorageError
+from ..format import Blob, Manifest, data_file_rank
+from ..read import DataFiles, verify_blobs
+from ..storage import Location
+
+SLICE = 16 << 20
+
+
+class SourceCorruptError(CorruptCheckpointError):
+    """The primary's copy of a step fails verification: copying it again cannot help (final)."""
+
+
+def files_of_rank(manifest: Manifest, rank: int, world: int) -> list[str]:
+    """The data files ``rank`` of ``world`` copies: those it wrote (by the rank in their name)."""
+    mine = []
+    for name in sorted(manifest.data_files()):
+        owner = data_file_rank(name)
+        if (0 if owner is None else owner) % world == rank:
+            mine.append(name)
+    return mine
+
+
+def _blobs_by_file(manifest: Manifest) -> dict[str, list[tuple[str, Blob]]]:
+    by_file: dict[str, dict[tuple[int, int], tuple[str, Blob]]] = {}
+    for key, blob in manifest.blobs():
+        by_file.setdefault(blob.file, {})[(blob.offset, blob.length)] = (key, blob)
+    return {name: [blobs[k] for k in sorted(blobs)] for name, blobs in by_file.items()}
+
+
+def copy_file(source: DataFiles, target: Location, name: str, blobs: list[tuple[str, Blob]],
+              size: int | None = None) -> int:
+    """Stream the data file ``name`` (``size`` bytes, as its manifest records) from ``source`` to
+    ``target/name``, verifying every blob as it passes; returns the bytes written. A mismatch
+    aborts the file (nothing of it stays)."""
+    reader = source.open(name)
+    if size is not None and reader.size != size:
+        raise SourceCorruptError(f"{source.root}: {name} holds {reader.size} bytes, its manifest says {size}",
+                                 path=str(source.root), file=name)
+    out = target.storage.create((target / name).path)
+    buffer = memoryview(bytearray(min(SLICE, max(reader.size, 1))))
+    position = 0
+
+    def move(end: int, hasher=None) -> None:
+        nonlocal position
+        while position < end:
+            piece = buffer[: min(len(buffer), end - position)]
+            if reader.read_into(piece, position) != len(piece):
+                raise SourceCorruptError(f"{source.root}: {name} ended early at byte {position}",
+                                         path=str(source.root), file=name)
+            if hasher is not None:
+                hasher.update(piece)
+            out.write(piece)
+            position += len(piece)
+
+    try:
+        for what, blob in blobs:
+            if blob.offset < position or blob.offset + blob.length > reader.size:
+                raise SourceCorruptError(f"{source.root}: {what} lies outside {name} or overlaps another blob",
+                                         path=str(source.root), file=name, tensor=what)
+            move(blob.offset)  # alignment padding
+            hasher = xxhash.xxh3_64()
+            move(blob.offset + blob.length, hasher)
+            try:
+                source.verify(blob, f"{hasher.intdigest():016x}", what=what)
+            except CorruptCheckpointError as exc:
+                raise SourceCorruptError(str(exc), path=exc.path, file=exc.file, tensor=exc.tensor) from None
+        move(reader.size)
+        written = out.close()
+    except BaseException:
+        out.abort()
+        raise
+    if written != reader.size:
+        raise StorageError(f"{target / name} holds {written} bytes, the source {reader.size}", path=str(target))
+    return written
+
+
+def copy_step(source: Location, target: Location, *, read_back: bool = False, group=None,
+              distributed: bool = False) -> int:
+    """Copy the committed checkpoint ``source`` to ``target`` (see the module docstring); returns the
+    bytes this rank copied. Collective over ``group`` when ``distributed``."""
+    rank = dist.get_rank(group) if distributed else 0
+    world = dist.get_world_size(group) if distributed else 1
+    plan, attempt, error = None, None, None
+    if rank == 0:
+        try:
+            try:
+                manifest, raw = read_manifest_bytes(source)
+            except CheckpointNotFoundError:
+                raise
+            except CorruptCheckpointError as exc:  # the source's manifest: final, like its data
+                raise SourceCorruptError(str(exc), path=exc.path, file=exc.file) from None
+            if commit.is_committed(target):
+                plan = "done"
+            else:  # anything there without a manifest (a killed copy or deletion) is garbage: replaced
+                attempt = commit.begin(target, overwrite=True)
+                plan = (raw, attempt.directory.path)
+        except Exception as exc:
+            error = exc
+    error = broadcast_error(error, group, distributed=distributed)
+    if error is not None:
+        raise error
+    plan = broadcast_value(plan, group, distributed=distributed)
+    if plan == "done":
+        return 0
+    raw, directory = plan
+    manifest = Manifest.from_json(raw, source=str(source))
+    directory = Location(target.storage, directory)
+    copied, local = 0, None
+    try:
+        mine = files_of_rank(manifest, rank, world)
+        blobs = _blobs_by_file(manifest)
+        files = DataFiles(source)
+        try:
+            for name in mine:
+                copied += copy_file(files, directory, name, blobs.get(name, []), manifest.files.get(name))
+        finally:
+            files.close()
+        if read_back:
+            verify_blobs(directory, manifest, files=mine)
+    except Exception as exc:
+        local = exc
+    failed, corrupt = any_rank((local is not None, isinstance(local, SourceCorruptError)), group,
+                               distributed=distributed)
+    result = None
+    if rank == 0:
+        try:
+            if failed:
+                commit.abort(attempt)
+            else:
+                commit.finish(attempt, manifest, overwrite=True, raw=raw)  # replacing only what had no manifest
+        except Exception as exc:
+            result = exc
+    if local is not None:
+        raise local
+    result = broadcast_error(result, group, distributed=distributed)
+    if result is not None:
+        raise result
+    if corrupt:
+        raise SourceCorruptError(f"{source} failed verification on another rank; not replicated", path=str(source))
+    if failed:
+        raise StorageError(f"copying {source} to {target} failed on another rank", path=str(target))
+    return copied

@@ -1,0 +1,250 @@
+"""Replication: committed steps copied from the primary to replica mounts in the background.
+
+    Replicator(primary, replicas, ...)  the manager's background copier: submit(step), status(), close()
+
+The :class:`Replicator` runs one worker per replica mount (its own gloo group when distributed, so
+its collectives never meet training's or the writer's); each copy is :func:`~ckpt.root.copy.copy_step`.
+Every rank queues the same steps in the same order; a worker retries a failed copy with exponential
+backoff (``retry_initial`` doubling up to ``retry_max``) for as long as the mount is down, then
+catches up on what queued meanwhile. At start a worker cleans its mount up (what dead copies and
+interrupted deletions left: the same start-up clean-up the primary gets when it is locked) and queues
+the primary's steps the mount lacks. A delta's base is copied first when the mount lacks it. The
+backlog is bounded: when more than ``backlog`` steps wait, the oldest waiting one is dropped (the
+newest steps matter for resuming; a dropped step is still copied later if it is the base of a newer
+one). After each commit on a mount, retention is applied there with the primary's policy
+(:func:`ckpt.root.retention.apply`, as on the primary). State changes (pending, copying, committed,
+failed, dropped, deleted) are logged one line each and handed to ``on_state`` (the catalog). Nothing
+here ever blocks training.
+
+The primary is the manager's own :class:`~ckpt.root.steps.CheckpointRoot` (one object per mount and
+run: its base map is shared, never read twice).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Callable
+
+import torch.distributed as dist
+
+from .._collective import any_rank, broadcast_error, broadcast_value
+from ..errors import CheckpointError, CheckpointNotFoundError
+from . import retention
+from .copy import SourceCorruptError, copy_step
+from .steps import CheckpointRoot
+
+log = logging.getLogger(__name__)
+
+PENDING, COPYING, COMMITTED, FAILED, DROPPED = "pending", "copying", "committed", "failed", "dropped"
+DELETED = "deleted"  # told to on_state only: retention removed the step from the mount
+
+
+class _MountWorker:
+    """Copies queued steps to one replica mount (see the module docstring)."""
+
+    def __init__(self, owner: "Replicator", mount: CheckpointRoot, group):
+        self.owner, self.mount, self.group = owner, mount, group
+        self.url = str(mount.path)
+        self.queue: deque[int] = deque()
+        self.states: dict[int, str] = {}
+        self.cleaned = False  # the mount's start-up clean-up done (rank 0)
+        self.thread = threading.Thread(target=self._run, name=f"ckpt-replica-{self.url}", daemon=True)
+
+    def set_state(self, step: int, state: str, detail: str = "") -> None:
+        with self.owner.lock:
+            if self.states.get(step) == state:
+                return
+            self.states[step] = state
+        log.info("replica %s step %d: %s%s", self.url, step, state, f" ({detail})" if detail else "")
+        if self.owner.on_state is not None:
+            try:
+                self.owner.on_state(self.url, step, state, detail)
+            except Exception as exc:  # the catalog is a cache: never let it stop replication
+                log.warning("recording the replication state of step %d failed: %s", step, exc)
+
+    def enqueue(self, step: int) -> None:
+        with self.owner.lock:
+            if step in self.queue:
+                return
+            self.queue.append(step)
+            dropped = self.queue.popleft() if len(self.queue) > self.owner.backlog else None
+            self.owner.lock.notify_all()
+        self.set_state(step, PENDING)
+        if dropped is not None:
+            self.set_state(dropped, DROPPED, f"backlog of {self.owner.backlog} steps full")
+
+    def _next(self) -> int | None:
+        with self.owner.lock:
+            while not self.queue and not self.owner.closing:
+                self.owner.lock.wait()
+            return self.queue.popleft() if self.queue else None
+
+    def _run(self) -> None:
+        try:
+            self._work()
+        except Exception:  # a bug or a broken process group: say so loudly, training goes on
+            log.exception("replication to %s stopped", self.url)
+            with self.owner.lock:
+                waiting, self.queue = list(self.queue), deque()
+            for step in waiting:
+                self.set_state(step, PENDING, "replication stopped; copied when a manager next starts")
+
+    def _work(self) -> None:
+        self._clean_up()
+        self._catch_up()
+        while (step := self._next()) is not None:
+            late = self.owner.deadline is not None and time.monotonic() >= self.owner.deadline
+            if any_rank((late,), self.group, distributed=self.owner.distributed)[0]:  # every rank stops together
+                self.set_state(step, PENDING, "abandoned at close; copied when a manager next starts")
+                return
+            if not self._replicate(step):
+                return
+
+    def _clean_up(self) -> None:
+        """Rank 0: what dead copies and interrupted deletions left on the mount goes, once (the
+        replica's start-up clean-up, :meth:`~ckpt.root.steps.CheckpointRoot.clean_up`); a mount that
+        cannot be cleaned now (down) is tried again before the next copy."""
+        if self.owner.rank != 0 or self.cleaned:
+            return
+        try:
+            self.mount.clean_up()
+            self.cleaned = True
+        except (CheckpointError, OSError) as exc:
+            log.warning("replica %s: start-up clean-up failed (%s); tried again before the next copy", self.url, exc)
+
+    def _catch_up(self) -> None:
+        """Queue the primary's steps this mount lacks (all ranks queue the same list)."""
+        missing, error = [], None
+        if self.owner.rank == 0:
+            try:
+                have = set(self.mount.committed())
+                missing = [s for s in self.owner.primary.steps() if s not in have]
+            except CheckpointError as exc:
+                error = exc
+        missing = broadcast_value(missing, self.group, distributed=self.owner.distributed)
+        if error is not None:
+            log.warning("replica %s cannot be listed (%s); copies will retry", self.url, error)
+        for step in missing[-self.owner.backlog:]:
+            self.enqueue(step)
+
+    def _replicate(self, step: int) -> bool:
+        """Copy ``step`` (its missing bases first) until it is committed or dropped; False when
+        closing abandoned it."""
+        failures = 0
+        while True:
+            self.set_state(step, COPYING)
+            try:
+                self._copy_with_bases(step)
+                self.set_state(step, COMMITTED)
+                self._retain()
+                return True
+            except CheckpointNotFoundError as exc:
+                self.set_state(step, DROPPED, f"gone from the primary: {exc}")
+                return True
+            except SourceCorruptError as exc:  # never replicate corruption; later steps go on
+                log.error("replica %s step %d: not copied, the primary's copy is corrupt (%s)", self.url, step, exc)
+                self.set_state(step, DROPPED, f"corrupt on the primary: {exc}")
+                return True
+            except Exception as exc:
+                failures += 1
+                delay = min(self.owner.retry_initial * 2 ** (failures - 1), self.owner.retry_max)
+                self.set_state(step, FAILED, f"attempt {failures}: {exc}; retrying in {delay:.1f} s")
+            give_up = self.owner.wait_or_deadline(delay)
+            if any_rank((give_up,), self.group, distributed=self.owner.distributed)[0]:
+                self.set_state(step, PENDING, "abandoned at close; copied when a manager next starts")
+                return False
+
+    def _copy_with_bases(self, step: int) -> None:
+        self._clean_up()
+        chain, error = [step], None
+        if self.owner.rank == 0:
+            try:
+                bases = self.owner.primary.bases(self.owner.primary.committed())
+                while isinstance(bases.get(chain[-1]), int) and not self.mount.is_committed(bases[chain[-1]]):
+                    chain.append(bases[chain[-1]])
+            except CheckpointError as exc:
+                error = exc
+        error = broadcast_error(error, self.group, distributed=self.owner.distributed)
+        if error is not None:
+            raise error
+        for link in reversed(broadcast_value(chain, self.group, distributed=self.owner.distributed)):
+            copy_step(self.owner.primary.step_path(link), self.mount.step_path(link),
+                      read_back=self.owner.read_back, group=self.group, distributed=self.owner.distributed)
+            if link != step:
+                self.set_state(link, COMMITTED, f"base of step {step}")
+
+    def _retain(self) -> None:
+        """Rank 0: the primary's retention policy applied to this mount (:func:`~ckpt.root.retention.apply`)."""
+        if self.owner.rank != 0 or self.owner.keep is None:
+            return
+        try:
+            retention.apply(self.mount, keep=self.owner.keep, keep_every=self.owner.keep_every, deleted=self._deleted)
+        except Exception as exc:
+            log.warning("retention on replica %s failed: %s", self.url, exc)
+
+    def _deleted(self, step: int) -> None:
+        with self.owner.lock:
+            self.states.pop(step, None)
+        if self.owner.on_state is not None:
+            self.owner.on_state(self.url, step, DELETED, "retention")
+
+
+class Replicator:
+    """Background replication of a primary root to replica roots (see the module docstring).
+
+    Every rank constructs it with the same mounts and submits the same steps in the same order;
+    ``groups`` holds one process group per mount (None entries when not distributed)."""
+
+    def __init__(self, primary: CheckpointRoot, replicas: list[CheckpointRoot], *, groups: list | None = None,
+                 distributed: bool = False, keep: int | None = None, keep_every: int | None = None,
+                 read_back: bool = False, backlog: int = 16, retry_initial: float = 1.0, retry_max: float = 60.0,
+                 on_state: Callable[[str, int, str, str], None] | None = None):
+        self.primary, self.distributed = primary, distributed
+        self.rank = dist.get_rank() if distributed else 0
+        self.keep, self.keep_every, self.read_back, self.backlog = keep, keep_every, read_back, max(1, backlog)
+        self.retry_initial, self.retry_max, self.on_state = retry_initial, retry_max, on_state
+        self.lock = threading.Condition()
+        self.closing, self.deadline = False, None
+        self.groups = groups = list(groups or [None] * len(replicas))
+        self.workers = [_MountWorker(self, mount, group) for mount, group in zip(replicas, groups)]
+        for worker in self.workers:
+            worker.thread.start()
+
+    def submit(self, step: int) -> None:
+        """Queue a step just committed on the primary for every replica."""
+        for worker in self.workers:
+            worker.enqueue(step)
+
+    def status(self) -> dict[int, dict[str, str]]:
+        """``{step: {replica url: state}}`` for every step seen since start."""
+        with self.lock:
+            table: dict[int, dict[str, str]] = {}
+            for worker in self.workers:
+                for step, state in worker.states.items():
+                    table.setdefault(step, {})[worker.url] = state
+            return dict(sorted(table.items()))
+
+    def wait_or_deadline(self, delay: float) -> bool:
+        """Sleep ``delay`` seconds (less when closing); True when a close's deadline has passed."""
+        with self.lock:
+            end = time.monotonic() + delay
+            while not (self.deadline is not None and time.monotonic() >= self.deadline):
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                wait = left if self.deadline is None else min(left, max(0.0, self.deadline - time.monotonic()))
+                self.lock.wait(wait)
+            return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def close(self, timeout: float) -> bool:
+        """Let the workers finish what is queued, for at most ``timeout`` seconds; True when every
+        queued step reached a final state."""
+        with self.lock:
+            self.closing, self.deadline = True, time.monotonic() + timeout
+            self.lock.notify_all()
+        for worker in self.workers:
+            worker.thread.join()
+        return all(not w.queue and all(s in (COMMITTED, DROPPED) for s in w.states.values()) for w in self.workers)

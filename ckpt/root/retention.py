@@ -1,0 +1,63 @@
+"""Retention: which committed steps a policy deletes, and deleting them on one mount.
+
+Keep the newest ``keep`` committed steps, plus every step that is a multiple of ``keep_every``.
+Never delete the newest committed step, nor a step that is being written (``protected``), nor any
+link of the delta chain of a kept step (``bases`` maps a delta step to its base step).
+
+:func:`steps_to_delete` is the policy (a pure function); :func:`apply` applies it to one mount — the
+primary after each commit (the manager, with the steps in flight protected and their bases added)
+and every replica after each copy (:mod:`ckpt.root.replicate`), the same way: the mount's listing
+(:meth:`~ckpt.root.steps.CheckpointRoot.steps`: a delta whose chain lost a link is neither counted
+nor deleted), its delta bases from the manifests, deletions newest first (dependents before their
+bases: a crash between two deletions never leaves a listed delta whose base is gone).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+
+from .steps import CheckpointRoot
+
+log = logging.getLogger(__name__)
+
+
+def steps_to_delete(
+    committed: list[int],
+    *,
+    keep: int,
+    keep_every: int | None = None,
+    protected: set[int] = frozenset(),
+    bases: Mapping[int, int | None] | None = None,
+) -> list[int]:
+    if keep < 1:
+        raise ValueError("keep must be at least 1 (the newest committed step is never deleted)")
+    ordered = sorted(set(committed))
+    kept = set(ordered[-keep:]) | set(protected)
+    if keep_every:
+        kept |= {s for s in ordered if s % keep_every == 0}
+    pending = list(kept)
+    while pending and bases:
+        base = bases.get(pending.pop())
+        if base is not None and base not in kept:
+            kept.add(base)
+            pending.append(base)
+    return [s for s in ordered if s not in kept]
+
+
+def apply(root: CheckpointRoot, *, keep: int, keep_every: int | None = None, protected: set[int] = frozenset(),
+          bases_in_flight: Mapping[int, int | None] | None = None,
+          deleted: Callable[[int], None] | None = None) -> list[int]:
+    """Delete on ``root`` what the policy does not keep, newest first; ``bases_in_flight``: the bases
+    of the steps being written (not yet in any manifest); ``deleted(step)`` is called after each
+    deletion. Returns the deleted steps, ascending. An error stops it where it struck (raised)."""
+    listed = root.steps()
+    bases = {**root.bases(listed), **(bases_in_flight or {})}
+    doomed = steps_to_delete(listed, keep=keep, keep_every=keep_every, protected=protected,
+                             bases={s: b for s, b in bases.items() if isinstance(b, int)})
+    for step in sorted(doomed, reverse=True):
+        log.info("retention on %s: deleting step %d", root.path, step)
+        root.delete(step)
+        if deleted is not None:
+            deleted(step)
+    return doomed

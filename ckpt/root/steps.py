@@ -1,0 +1,165 @@
+"""A checkpoint root: the directory holding one run's checkpoints, one per step.
+
+    <root>/step-00000100/              committed (it holds manifest.json; see ckpt.commit)
+    <root>/step-00000100.tmp-<id>/     a save in progress, or a dead one: invisible to readers
+    <root>/step-00000100.old-<id>/     a committed copy moved aside by an overwriting save
+    <root>/.lock                       the one writer's lock (flock on POSIX, a lease on object
+                                       stores: ckpt.storage.lease); it names the holder's host and pid
+
+The root is a directory or a URL (``s3://bucket/run``); every access goes through its mount
+(:mod:`ckpt.storage`).
+
+:class:`CheckpointRoot` owns the step directories (named and parsed by :mod:`ckpt.format.names`), the
+list of committed steps (the manifests are the truth), the writer's lock, the start-up clean-up after
+dead saves and interrupted deletions (:meth:`CheckpointRoot.clean_up`: run by :meth:`lock` on the
+primary and by the replica worker on each replica, :mod:`ckpt.root.replicate`) and the delta bases of
+committed steps (step -> base step, read once from their manifests) that retention needs. One object
+per mount and run: the manager, its retention and its replicator share it (its base map is
+thread-safe); the tools build their own.
+
+Listing never offers a delta whose chain lost a link (:meth:`CheckpointRoot.steps`); retention
+deletes newest first, so no listed step ever depends on one already gone (:mod:`ckpt.root.retention`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from .. import commit
+from ..committed import is_committed, read_manifest
+from ..errors import CheckpointError, StorageError
+from ..format import parse_step_name, step_name
+from ..storage import Location, holder_text, locate
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = ".lock"
+UNREADABLE = "unreadable"  # in the base map: the step's manifest could not be read
+
+
+def step_path(root: str | os.PathLike | Location, step: int, storage_options: dict | None = None) -> Location:
+    return locate(root, storage_options) / step_name(step)
+
+
+def committed_steps(root: str | os.PathLike | Location, storage_options: dict | None = None) -> list[int]:
+    """Steps with a committed checkpoint under ``root`` that can be loaded as far as the listing
+    can tell (:meth:`CheckpointRoot.steps`), ascending."""
+    return CheckpointRoot(root, storage_options).steps()
+
+
+class CheckpointRoot:
+    """The checkpoints of one run under ``path``, a directory or URL (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike | Location, storage_options: dict | None = None):
+        self.path = locate(path, storage_options)
+        self._bases: dict[int, int | None] = {}
+        self._bases_lock = threading.Lock()  # the writer thread and replica workers share the map
+        self._lock = None
+        self._directory_id = None  # set by lock()
+
+    def step_path(self, step: int) -> Location:
+        return self.path / step_name(step)
+
+    def step_dirs(self) -> dict[int, Location]:
+        """Every ``step-N`` entry under the root, committed or not."""
+        found = {}
+        for name in self.path.list():
+            step = parse_step_name(name)
+            if step is not None:
+                found[step] = self.path / name
+        return found
+
+    def committed(self) -> list[int]:
+        """Steps whose directory holds a manifest, ascending (loadable or not)."""
+        return sorted(step for step, path in self.step_dirs().items() if is_committed(path))
+
+    def steps(self) -> list[int]:
+        """Committed steps that can be loaded as far as the listing can tell, ascending: a delta
+        is listed only when its base is, down to a full checkpoint (a delta whose chain lost a
+        link is never offered). A step whose manifest cannot be read is listed; loading it
+        reports why."""
+        committed = self.committed()
+        bases = self.bases(committed)
+        return [step for step in committed if bases[step] is UNREADABLE or self._chain_resolves(step, bases)]
+
+    @staticmethod
+    def _chain_resolves(step: int, bases: dict) -> bool:
+        """Whether every link from ``step`` down to a full checkpoint is committed and readable."""
+        seen = set()
+        while step in bases and step not in seen and bases[step] is not UNREADABLE:
+            if bases[step] is None:
+                return True
+            seen.add(step)
+            step = bases[step]
+        return False
+
+    def is_committed(self, step: int) -> bool:
+        return is_committed(self.step_path(step))
+
+    # -- the writer's side -------------------------------------------------------------------
+    def lock(self) -> None:
+        """Become the root's one writer: create it, take ``.lock`` (refused with the holder's host
+        and pid while another writer has it) and :meth:`clean_up`."""
+        storage = self.path.storage
+        storage.makedirs(self.path.path)
+        self._lock = storage.lock((self.path / LOCK_NAME).path, holder=holder_text())
+        self._directory_id = storage.directory_id(self.path.path)
+        try:
+            self.clean_up()
+        except BaseException:
+            self.unlock()
+            raise
+
+    def clean_up(self) -> None:
+        """Delete what dead saves and interrupted deletions left under the root: tmp dirs,
+        moved-aside copies (a committed one is moved back), step dirs without a manifest (an
+        interrupted deletion or, on object stores, a save that never committed) and objects no
+        manifest references. Only the root's writer may call it."""
+        commit.collect_root_garbage(self.path)
+        for step, path in self.step_dirs().items():
+            commit.collect_uncommitted(path)
+            if not is_committed(path):
+                self._forget(step)
+
+    def check_unchanged(self) -> None:
+        """Refuse to write when the root is no longer the directory that was locked (its file system
+        was unmounted, or it was deleted): a save would otherwise re-create it underneath, report
+        success, and vanish when the file system comes back."""
+        locked = self._directory_id
+        if locked is not None and self.path.storage.directory_id(self.path.path) != locked:
+            raise StorageError(f"{self.path} is no longer the directory this manager locked (its file system "
+                               "was unmounted, or it was deleted); not writing there", path=str(self.path))
+
+    def unlock(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def bases(self, steps: list[int]) -> dict[int, int | None]:
+        """Base step of each of ``steps``: None for a full one, :data:`UNREADABLE` when its manifest
+        cannot be read; read from the manifest, once (the steps being written are the manager's
+        :class:`~ckpt.delta.DeltaChain`'s to tell)."""
+        with self._bases_lock:
+            known = {step: self._bases[step] for step in steps if step in self._bases}
+        found = {}
+        for step in steps:  # read outside the lock: manifests may be on a slow mount
+            if step not in known and step not in found:
+                try:
+                    found[step] = read_manifest(self.step_path(step)).base_step
+                except CheckpointError:
+                    found[step] = UNREADABLE
+        with self._bases_lock:
+            for step, base in found.items():
+                self._bases.setdefault(step, base)
+        known.update(found)
+        return {step: known[step] for step in steps}
+
+    def delete(self, step: int) -> None:
+        commit.delete(self.step_path(step))
+        self._forget(step)
+
+    def _forget(self, step: int) -> None:
+        with self._bases_lock:
+            self._bases.pop(step, None)

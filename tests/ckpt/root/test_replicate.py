@@ -1,0 +1,106 @@
+"""ckpt.root.replicate: replication to other mounts in the background — a local primary, a second
+directory standing in for a shared file system, and an S3 replica on a real S3-protocol server behind
+a loopback proxy that can cut the connection; retention and start-up clean-up on every replica."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import ckpt
+from ckpt.root import CheckpointRoot
+from ckpt.root.replicate import COMMITTED
+from ckpt.storage import locate
+from tests.support.checkpoints import step_path
+from tests.support.launch import run_ranks
+from tests.support.replicas import FAST_RETRY
+from tests.support.replicas import train as _train
+from tests.support.replicas import verify_every_blob as _verify_every_blob
+
+
+def _wait_committed(manager, steps, mounts: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = manager.replication_status()
+        if all(len(status.get(s, {})) == mounts and set(status[s].values()) == {COMMITTED} for s in steps):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"replication did not finish: {manager.replication_status()}")
+
+
+def test_steps_reach_every_mount_and_an_s3_outage_is_caught_up(tmp_path, s3_bucket, s3_proxy, caplog):
+    caplog.set_level(logging.INFO, logger="ckpt")
+    primary, shared = tmp_path / "nvme", tmp_path / "shared"
+    s3 = f"{s3_bucket.url}/run"
+    with ckpt.CheckpointManager(primary, interval=1, keep=2, full_every=2, replicas=[str(shared), s3],
+                                storage_options=s3_proxy.storage_options, **FAST_RETRY) as manager:
+        _train(manager, [1, 2])
+        manager.wait()
+        _wait_committed(manager, [1, 2], mounts=2)
+        s3_proxy.drop()  # the object store goes away during replication
+        _train(manager, [3, 4], seed0=1)
+        manager.wait()
+        deadline = time.monotonic() + 30
+        while "failed" not in manager.replication_status().get(3, {}).values() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert manager.replication_status()[3][s3] == "failed"
+        s3_proxy.restore()
+        _wait_committed(manager, [3, 4], mounts=2)
+    for mount in (shared, s3):
+        root = CheckpointRoot(mount, s3_bucket.storage_options)
+        assert root.steps() == [3, 4]  # retention applied there too (4 is a delta on 3)
+        for step in root.steps():
+            _verify_every_blob(root.step_path(step))
+            assert ckpt.read_manifest(root.step_path(step)).to_json() == \
+                ckpt.read_manifest(step_path(primary, step)).to_json()
+    lines = [r.getMessage() for r in caplog.records if r.name == "ckpt.root.replicate" and "step 3:" in r.getMessage()]
+    assert any("failed" in line for line in lines) and lines[-1].endswith("committed")
+
+
+@pytest.mark.slow
+def test_close_waits_up_to_its_timeout_and_the_next_manager_catches_up(tmp_path, s3_bucket, s3_proxy):
+    primary, s3 = tmp_path / "a", f"{s3_bucket.url}/late"
+    s3_proxy.drop()
+    with ckpt.CheckpointManager(primary, interval=1, keep=2, replicas=[s3], storage_options=s3_proxy.storage_options,
+                                close_timeout=0.5, replica_backlog=1, **FAST_RETRY) as manager:
+        _train(manager, [1, 2, 3])
+        manager.wait()
+    status = manager.replication_status()
+    assert status[3][s3] == "pending" and "dropped" in (status[1][s3], status[2][s3])  # backlog of 1
+    s3_proxy.restore()
+    with ckpt.CheckpointManager(primary, interval=1, keep=2, replicas=[s3], storage_options=s3_proxy.storage_options,
+                                **FAST_RETRY) as manager:
+        _wait_committed(manager, [2, 3], mounts=1)
+    assert CheckpointRoot(s3, s3_bucket.storage_options).steps() == [2, 3]
+
+
+def _replicate_on_two_ranks(rank: int, world: int, primary: str, s3: str, options: dict) -> list[str]:
+    with ckpt.CheckpointManager(primary, interval=1, keep=2, replicas=[s3], storage_options=options,
+                                **FAST_RETRY) as manager:
+        state = {f"w{rank}": torch.full((4, 8), float(rank)), "step": 0}  # each rank writes its own tensor
+        for step in (1, 2):
+            manager.before_step()
+            state[f"w{rank}"] += 1
+            manager.save(step, state)
+    return sorted(locate(s3, options).storage.list(f"{locate(s3, options).path}/step-00000002/data"))
+
+
+@pytest.mark.slow
+def test_every_rank_uploads_what_it_wrote(tmp_path, s3_bucket):
+    s3 = f"{s3_bucket.url}/ranks"
+    listed = run_ranks(2, _replicate_on_two_ranks, str(tmp_path / "a"), s3, s3_bucket.storage_options)
+    assert listed[0] == sorted(Path(p).name for p in (tmp_path / "a" / "step-00000002" / "data").iterdir())
+    assert len(listed[0]) == 2 and listed[0] == listed[1]
+    assert {n.split(".")[-2][-5:] for n in listed[0]} == {"00000", "00001"}
+    for step in (1, 2):
+        _verify_every_blob(CheckpointRoot(s3, s3_bucket.storage_options).step_path(step))
+
+
+def test_a_replica_that_is_the_root_itself_is_refused(tmp_path):
+    with pytest.raises(ckpt.InvalidOptionError, match="replicas"):
+        ckpt.CheckpointManager(tmp_path / "run", replicas=[str(tmp_path / "run" / ".." / "run")])
+    ckpt.CheckpointManager(tmp_path / "run").close()  # nothing held by the refused one
