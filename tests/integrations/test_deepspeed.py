@@ -13,8 +13,8 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 pytest.importorskip("deepspeed", reason="the deepspeed extra (CI installs it through dev)")
 
 import ckpt  # noqa: E402
-from tests.integrations.damage import flip_byte, forbid_unpickling  # noqa: E402
-from tests.integrations.deepspeed_runs import scenario, train  # noqa: E402
+from tests.support.checkpoints import flip_byte, forbid_unpickling  # noqa: E402
+from tests.support.deepspeed_runs import scenario, train  # noqa: E402
 from tests.support.launch import run_ranks  # noqa: E402
 
 

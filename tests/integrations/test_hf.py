@@ -14,9 +14,9 @@ import torch
 pytest.importorskip("transformers", reason="the hf extra (CI installs it through dev)")
 
 import ckpt  # noqa: E402
-from tests.integrations.damage import flip_byte, forbid_unpickling  # noqa: E402
+from tests.support.checkpoints import flip_byte, forbid_unpickling  # noqa: E402
 from ckpt.integrations.hf import CkptCallback  # noqa: E402
-from tests.integrations.hf_models import StopAt, parameters, trainer  # noqa: E402
+from tests.support.hf_runs import StopAt, parameters, trainer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,7 @@ def test_a_trainer_written_checkpoint_still_loads_the_trainers_way(tmp_path):
 def test_accelerate_save_state_writes_the_weights_through_the_engine(tmp_path):
     accelerate = pytest.importorskip("accelerate")
     from ckpt.integrations.hf import register_accelerate_hooks
-    from tests.integrations.hf_models import tiny_llama
+    from tests.support.hf_runs import tiny_llama
 
     accelerator = accelerate.Accelerator(cpu=True)
     model = accelerator.prepare(tiny_llama())

@@ -13,9 +13,9 @@ import torch
 pytest.importorskip("lightning", reason="the lightning extra (CI installs it through dev)")
 
 import ckpt  # noqa: E402
-from tests.integrations.damage import flip_byte, forbid_unpickling  # noqa: E402
+from tests.support.checkpoints import flip_byte, forbid_unpickling  # noqa: E402
 from ckpt.integrations.lightning import CkptCheckpointIO  # noqa: E402
-from tests.integrations.lightning_models import TinyModule, parameters, trainer  # noqa: E402
+from tests.support.lightning_runs import TinyModule, parameters, trainer  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:lightning")
 
@@ -91,7 +91,7 @@ def test_missing_extra_is_named(monkeypatch):
 
 @pytest.mark.slow
 def test_model_parallel_sharded_save_on_two_ranks_loads_resharded_on_one(tmp_path):
-    from tests.integrations.lightning_models import sharded_fit
+    from tests.support.lightning_runs import sharded_fit
     from tests.support.launch import run_ranks
 
     root = str(tmp_path / "sharded")

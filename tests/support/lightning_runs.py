@@ -1,5 +1,5 @@
-"""Tiny Lightning modules and runs for tests/integrations/test_lightning.py and the benchmark
-(not a test file: importable by spawned ranks)."""
+"""Tiny Lightning modules and runs for tests/integrations/test_lightning.py (importable by
+spawned ranks)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A tiny LlamaForCausalLM and Trainer runs for tests/integrations/test_hf.py and the benchmark."""
+"""A tiny LlamaForCausalLM and Trainer runs for tests/integrations/test_hf.py."""
 
 from __future__ import annotations
 
