@@ -32,6 +32,7 @@ import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -165,11 +166,7 @@ class PathStore:
         """Block until every started save is committed; raise the first background error."""
         with self._lock:
             pending = list(self._pending.values())
-        for future in pending:
-            try:
-                future.result()
-            except BaseException:
-                pass
+        wait_futures(pending)  # their errors are recorded by _finished
         self._before_change()
         self._raise_background_error()
 
@@ -280,10 +277,7 @@ class PathStore:
         with self._lock:
             future = self._pending.get(path)
         if future is not None:
-            try:
-                future.result()
-            except BaseException:
-                pass
+            wait_futures([future])
 
     def _collect(self, path: str) -> None:
         """Delete ``path`` unless a delta on disk builds on it; then its base, if the framework removed

@@ -4,7 +4,8 @@ through our engine.
     from ckpt.integrations import deepspeed as ckpt_deepspeed
     config["checkpoint"] = {"engine": "ckpt", "ckpt": {"full_every": 4}}    # in the DeepSpeed config
     engine, optimizer, _, _ = ckpt_deepspeed.initialize(model=model, optimizer=opt, config=config)
-    engine.save_checkpoint(save_dir)                  # as before; engine.load_checkpoint(save_dir) too
+    engine.save_checkpoint(save_dir)                  # as before
+    ckpt_deepspeed.load_checkpoint(engine, save_dir)  # engine.load_checkpoint(save_dir), past a damaged newest tag
 
 DeepSpeed builds its checkpoint engine itself, from a fixed list; :func:`initialize` is
 ``deepspeed.initialize`` plus, when the config's ``checkpoint.engine`` is ``"ckpt"``, ours in its place
@@ -16,7 +17,9 @@ allow-listed classes, rebuilt from their attributes, never unpickled). Saves sna
 host buffers and write in the background; the engine is *decoupled*: DeepSpeed commits the tag
 (writes ``latest``) at its next optimizer step, and the commit waits for what is left of the writes,
 so ``latest`` never names a tag that is not committed; ``engine.destroy()`` at the end commits the
-last one (``cleanup``).
+last one (``cleanup``). :func:`load_checkpoint` verifies a tag on all ranks before DeepSpeed loads
+it and falls back to the newest older tag that verifies (``engine.load_checkpoint`` works too, and
+raises :class:`ckpt.CorruptCheckpointError` on a damaged file).
 
 Not supported: deltas (``full_every``): each tag is a directory of its own, and a delta's base must
 be a sibling of it, so every file is written full. ``zero_to_fp32.py`` and DeepSpeed's universal checkpoints read ``torch.save`` files
@@ -30,6 +33,7 @@ import copy
 import json
 import logging
 import os
+import warnings
 from typing import Any
 
 from ._optional import require
@@ -38,12 +42,12 @@ deepspeed = require("deepspeed", extra="deepspeed", integration="ckpt.integratio
 
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine  # noqa: E402
 
-from .. import SaveOptions  # noqa: E402
+from .. import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, SaveOptions, read_manifest  # noqa: E402
 from ._store import PathStore  # noqa: E402
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CkptCheckpointEngine", "initialize", "use_ckpt_engine", "ENGINE_NAME"]
+__all__ = ["CkptCheckpointEngine", "initialize", "load_checkpoint", "use_ckpt_engine", "ENGINE_NAME"]
 
 ENGINE_NAME = "CkptCheckpointEngine"
 CONFIG_VALUE = "ckpt"
@@ -87,6 +91,19 @@ class CkptCheckpointEngine(CheckpointEngine):
             else map_location
         return self.store.load(path, map_tensor=None if device is None else (lambda t: t.to(device)))
 
+    def verify_share(self, tag_dir: str, rank: int = 0, world_size: int = 1) -> BaseException | None:
+        """Read and verify this rank's share of the files in ``tag_dir`` (every ``world_size``-th
+        one, from ``rank``); the first problem, or None. A tag without any file of ours is a problem."""
+        names = _files(tag_dir)
+        if not names:
+            return CheckpointNotFoundError(f"no checkpoint of ours in {tag_dir}", path=tag_dir)
+        for name in names[rank::world_size]:
+            try:
+                self.store.load(os.path.join(tag_dir, name))
+            except (CheckpointError, OSError) as exc:
+                return exc
+        return None
+
     def commit(self, info: CheckpointCommitInfo) -> bool:
         """Every file of the tag is committed (waits for the background writes); then DeepSpeed
         writes ``latest``."""
@@ -122,6 +139,92 @@ def _rank() -> int:
     import torch.distributed as dist
 
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def load_checkpoint(engine: Any, load_dir: str | os.PathLike, tag: str | None = None, **kwargs: Any):
+    """``engine.load_checkpoint(load_dir, tag, **kwargs)`` of the newest tag that verifies on every rank.
+
+    ``tag`` (default: the one ``latest`` names) is tried first, then the other tags under ``load_dir``
+    written by us, by step, newest first. Before DeepSpeed reads a tag, the ranks read and verify
+    its files (each rank a share of them: one extra read of the tag in all) and agree, so a damaged
+    newest tag is passed over, with a warning, on every rank alike, and DeepSpeed never loads half
+    of one. Returns what ``engine.load_checkpoint`` returns; ``(None, None)`` when there is no tag;
+    raises :class:`ckpt.CorruptCheckpointError` when there are tags but none verifies."""
+    ours = engine.checkpoint_engine
+    if not isinstance(ours, CkptCheckpointEngine):
+        return engine.load_checkpoint(load_dir, tag, **kwargs)
+    load_dir = os.fspath(load_dir)
+    first = tag if tag is not None else _read_latest(load_dir)
+    candidates = _tags(load_dir, first)
+    for candidate in candidates:
+        problem = ours.verify_share(os.path.join(load_dir, candidate), _rank(), _world_size())
+        if _all_ranks(problem is None, engine):
+            if candidate != first:
+                warnings.warn(f"checkpoint tag {first} under {load_dir} cannot be loaded; loading {candidate} instead",
+                              stacklevel=2)
+            return engine.load_checkpoint(load_dir, candidate, **kwargs)
+        log.warning("checkpoint tag %s under %s cannot be loaded (%s); trying an older one", candidate, load_dir,
+                    problem or "on another rank")
+    if candidates:
+        raise CorruptCheckpointError(f"no checkpoint tag under {load_dir} verifies (tried {', '.join(candidates)})",
+                                     path=load_dir)
+    return None, None
+
+
+def _read_latest(load_dir: str) -> str | None:
+    try:
+        with open(os.path.join(load_dir, "latest")) as f:
+            return f.read().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def _tags(load_dir: str, first: str | None) -> list[str]:
+    """``first``, then the tags holding checkpoints of ours with a lower step, newest first (all of
+    them, newest first, without ``first``)."""
+    steps = {}
+    for name in sorted(os.listdir(load_dir)) if os.path.isdir(load_dir) else ():
+        tag_dir = os.path.join(load_dir, name)
+        found = [s for s in (_step(os.path.join(tag_dir, f)) for f in _files(tag_dir)) if s is not None]
+        if found:
+            steps[name] = max(found)
+    newest_first = sorted(steps, key=lambda n: steps[n], reverse=True)
+    if first is None:
+        return newest_first
+    limit = steps.get(first)
+    return [first, *(n for n in newest_first if n != first and (limit is None or steps[n] < limit))]
+
+
+def _files(tag_dir: str) -> list[str]:
+    """The names in ``tag_dir`` that are checkpoint directories of ours (committed or not)."""
+    if not os.path.isdir(tag_dir):
+        return []
+    return sorted(n for n in os.listdir(tag_dir) if os.path.isfile(os.path.join(tag_dir, n, "manifest.json")))
+
+
+def _step(path: str) -> int | None:
+    try:
+        return read_manifest(path).step
+    except CheckpointError:
+        return None
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _all_ranks(ok: bool, engine: Any) -> bool:
+    """Whether ``ok`` holds on every rank (one all-reduce; this rank's answer alone without a group)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return ok
+    flag = torch.tensor([1 if ok else 0], device=getattr(engine, "device", None) or "cpu")
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
 
 
 def use_ckpt_engine(engine: Any, options: SaveOptions | None = None, **fields: Any) -> CkptCheckpointEngine:

@@ -1,6 +1,6 @@
 """ckpt.integrations.deepspeed against the real DeepSpeed on its CPU accelerator (gloo): ZeRO 1 and 2,
 one and two ranks, selected from the DeepSpeed config; resume bitwise; `latest` only for committed
-tags; deltas; a damaged file refused; no unpickling."""
+tags; a damaged file refused, a damaged newest tag passed over on every rank; no unpickling."""
 
 from __future__ import annotations
 
@@ -43,6 +43,16 @@ def test_zero2_on_two_ranks_each_rank_writes_its_partition_and_resumes_bitwise(t
     names = sorted(os.listdir(tmp_path / "run" / "global_step4"))
     assert sum("optim_states" in n for n in names) == 2  # one ZeRO partition per rank
     for run in runs:
+        _same(run["reference"], run["resumed"])
+
+
+@pytest.mark.slow
+def test_a_damaged_newest_tag_is_passed_over_on_every_rank_and_the_resume_is_bitwise(tmp_path):
+    # rank 1's optimizer file of global_step4 is damaged; rank 0 verifies it (its share), both fall back
+    runs = run_ranks(2, scenario, str(tmp_path), 1, 6, 4, True)
+    for run in runs:
+        assert any("loading global_step2 instead" in w for w in run["warnings"]), run["warnings"]
+        assert run["resumed"]["step"] == 6
         _same(run["reference"], run["resumed"])
 
 

@@ -44,7 +44,7 @@ def train(rank: int, world_size: int, save_dir: str, stage: int, steps: int, sav
     engine, _, _, _ = ckpt_deepspeed.initialize(model=net, optimizer=optimizer, config=config(stage, **section))
     start = 0
     if load:
-        engine.load_checkpoint(save_dir)
+        ckpt_deepspeed.load_checkpoint(engine, save_dir)
         start = engine.global_steps
     data = batches(rank, steps)
     for step in range(start, steps):
@@ -59,10 +59,28 @@ def train(rank: int, world_size: int, save_dir: str, stage: int, steps: int, sav
             "step": engine.global_steps, "partition": partition, "engine": type(engine.checkpoint_engine).__name__}
 
 
-def scenario(rank: int, world_size: int, root: str, stage: int, steps: int, stop: int) -> dict:
+def scenario(rank: int, world_size: int, root: str, stage: int, steps: int, stop: int, damage: bool = False) -> dict:
     """In one process (DeepSpeed imported once): an uninterrupted run with DeepSpeed's own engine,
-    a run through ours that saves every 2 steps and stops after ``stop``, and one resumed from it."""
+    a run through ours that saves every 2 steps and stops after ``stop``, and one resumed from it;
+    with ``damage``, a byte of the last rank's optimizer file of the newest tag is flipped first
+    (by rank 0), and the warnings of the resumed run come back too."""
+    import warnings
+
+    import torch.distributed as dist
+
+    from tests.support.checkpoints import flip_byte
+
     reference = train(rank, world_size, os.path.join(root, "reference"), stage, steps, (), False, False)
     saved = train(rank, world_size, os.path.join(root, "run"), stage, stop, tuple(range(2, stop + 1, 2)), False)
-    resumed = train(rank, world_size, os.path.join(root, "run"), stage, steps, (), True)
-    return {"reference": reference, "saved": saved, "resumed": resumed}
+    if damage:
+        if rank == 0:
+            newest = os.path.join(root, "run", f"global_step{stop}")
+            (optim,) = [n for n in os.listdir(newest) if f"zero_pp_rank_{world_size - 1}_" in n]
+            flip_byte(os.path.join(newest, optim))
+        if dist.is_initialized():
+            dist.barrier()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = train(rank, world_size, os.path.join(root, "run"), stage, steps, (), True)
+    return {"reference": reference, "saved": saved, "resumed": resumed,
+            "warnings": [str(w.message) for w in caught]}
