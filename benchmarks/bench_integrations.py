@@ -1,12 +1,13 @@
 #!/usr/bin/env python
 """Integrations: our plug-ins against each framework's default saving, same model, same run (issue 24).
 
-    python benchmarks/bench_integrations.py --quick                 # smoke run (~2 min on 2 cores)
-    python benchmarks/bench_integrations.py                         # 3 repeats, a larger model (~10 min)
+    python benchmarks/bench_integrations.py --quick                 # smoke run, one repeat (~4 min on 2 idle cores)
+    python benchmarks/bench_integrations.py                         # 3 repeats (run.py's full run; ~12 min)
+    python benchmarks/bench_integrations.py --hidden 256 --layers 4 --steps 42 --every 10   # a larger model
     python benchmarks/bench_integrations.py --json /tmp/integrations.json   # the runner's record, elsewhere
 
 One process on CPU, ``torch.set_num_threads(--threads)``. The model is the same for both frameworks:
-a tiny ``LlamaForCausalLM`` (``--hidden``, ``--layers``: 256 x 4 by default, ~3.7 M parameters; vocab 1024, sequence 64, batch 4) with AdamW,
+a tiny ``LlamaForCausalLM`` (``--hidden``, ``--layers``: 128 x 2 by default, ~0.66 M parameters; vocab 1024, sequence 64, batch 4) with AdamW,
 trained ``--steps`` steps on random tokens. Per framework, after one unmeasured warm-up run of each
 variant (first-call costs), these variants run interleaved (every
 repeat runs each once, in an order rotated per repeat; the tables show medians over repeats):
@@ -22,8 +23,9 @@ tokens/s: window steps x batch x sequence / the time from the start of the first
 ``--warmup`` steps) to the start of the last step, taken at each step's start (Lightning's
 ``on_train_batch_start``, the Trainer's ``on_step_begin``), so the window holds the saves, their
 snapshot waits and any slowdown they cause, not the final flush. Blocked per checkpoint: (window time
-with checkpoints - window time without) / saves in the window, from the same repeat; also the time
-inside the save call itself (Lightning: ``strategy.save_checkpoint``; HF: ``Trainer._save_checkpoint``
+with checkpoints - window time without) / saves in the window, from the same repeat; "counted": the
+plug-in's own stall count for ours (``stats.stall_s / stats.saves``: the save call and the wait for
+its snapshot), the save call for the synchronous default; also the time inside the save call itself (Lightning: ``strategy.save_checkpoint``; HF: ``Trainer._save_checkpoint``
 for the default, the callback's save for ours). Both frameworks keep 2 checkpoints
 (``save_top_k=2``/``save_total_limit=2``).
 """
@@ -46,7 +48,7 @@ BENCH_NAME = "integrations"
 SECTION = "## Integrations: Lightning and the HF Trainer, ours vs the default saving (issue 24)"
 VOCAB, SEQ, BATCH = 1024, 64, 4
 QUICK = {"hidden": 128, "layers": 2, "steps": 26, "every": 8, "warmup": 3, "repeats": 1}
-FULL = {"hidden": 256, "layers": 4, "steps": 42, "every": 10, "warmup": 3, "repeats": 3}
+FULL = {"hidden": 128, "layers": 2, "steps": 26, "every": 8, "warmup": 3, "repeats": 3}  # minutes on 2 shared cores
 VARIANTS = ("none", "default", "ours")
 
 warnings.filterwarnings("ignore")
@@ -72,6 +74,14 @@ class Marks:
     def __init__(self):
         self.starts: list[float] = []
         self.save_s: list[float] = []
+        self.stats = None  # ours: the plug-in's stall counter (StoreStats / SaveStats: saves, stall_s)
+
+    def stall_per_save(self) -> float:
+        """Blocked per checkpoint as counted: ours, the engine's stall (the save call and the wait
+        for its snapshot before the next step); the default saves synchronously: its save call."""
+        if self.stats is not None:
+            return self.stats.stall_s / max(self.stats.saves, 1)
+        return sum(self.save_s) / len(self.save_s) if self.save_s else 0.0
 
     def wrap(self, owner, name: str) -> None:
         inner = getattr(owner, name)
@@ -114,6 +124,8 @@ def run_lightning(variant: str, work, p: dict) -> Marks:
     callbacks = [] if variant == "none" else [ModelCheckpoint(dirpath=str(work), every_n_train_steps=p["every"],
                                                               save_top_k=2, monitor="step", mode="max")]
     plugins = [CkptCheckpointIO()] if variant == "ours" else []
+    if plugins:
+        marks.stats = plugins[0].stats
     trainer = pl.Trainer(max_steps=p["steps"], accelerator="cpu", devices=1, callbacks=callbacks, plugins=plugins,
                          logger=False, enable_progress_bar=False, enable_model_summary=False,
                          enable_checkpointing=variant != "none")
@@ -160,6 +172,7 @@ def run_hf(variant: str, work, p: dict) -> Marks:
                 return inner(a, s, control, kw)
             finally:
                 marks.save_s.append(time.perf_counter() - start)
+                marks.stats = ours.manager.stats
 
         ours._maybe_save = timed
     else:
@@ -174,7 +187,7 @@ FRAMEWORKS = {"lightning": ("Lightning (CheckpointIO)", run_lightning), "hf": ("
 def measure(framework: str, p: dict, parent: str | None) -> dict:
     """Per variant: window seconds, saves in the window, save-call seconds, per repeat."""
     runner = FRAMEWORKS[framework][1]
-    found = {v: {"window": [], "saves": [], "call": []} for v in VARIANTS}
+    found = {v: {"window": [], "saves": [], "call": [], "stall": []} for v in VARIANTS}
     for variant in VARIANTS:  # warm-up (not measured): first-call costs of the framework and of each saver
         with work_dir(parent, f"integrations-{framework}-warmup-") as work:
             runner(variant, work, {**p, "steps": p["every"] + 2})
@@ -189,8 +202,10 @@ def measure(framework: str, p: dict, parent: str | None) -> dict:
             found[variant]["window"].append(window)
             found[variant]["saves"].append(saves if variant != "none" else 0)
             found[variant]["call"].append(median(marks.save_s) if marks.save_s else 0.0)
+            found[variant]["stall"].append(marks.stall_per_save())
             print(f"  {framework} {variant}: window {window:.2f} s, {saves} saves, "
-                  f"save call {found[variant]['call'][-1] * 1e3:.1f} ms", flush=True)
+                  f"save call {found[variant]['call'][-1] * 1e3:.1f} ms, "
+                  f"stall {found[variant]['stall'][-1] * 1e3:.1f} ms", flush=True)
     return found
 
 
@@ -213,8 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [SECTION, "", f"Tiny LlamaForCausalLM, {params / 1e6:.2f} M parameters (~{state_mib:.0f} MiB of "
              f"weights + AdamW state), batch {BATCH} x {SEQ} tokens, {p['steps']} steps, a checkpoint every "
              f"{p['every']} steps, {args.threads} threads, median of {p['repeats']} repeat(s).", "",
-             *table_head(["framework", "saving", "tokens/s", "vs none", "blocked per checkpoint",
-                          "in the save call"], "llrrrr")]
+             *table_head(["framework", "saving", "tokens/s", "vs none", "blocked per checkpoint (window)",
+                          "blocked per checkpoint (counted)", "in the save call"], "llrrrrr")]
     metrics = []
     for fw, found in results.items():
         none = found["none"]["window"]
@@ -222,17 +237,23 @@ def main(argv: list[str] | None = None) -> int:
             w = found[variant]["window"]
             tps = [window_steps * BATCH * SEQ / x for x in w]
             blocked = [(x - n) / s for x, n, s in zip(w, none, found[variant]["saves"]) if s]
-            call = found[variant]["call"]
+            call, stall = found[variant]["call"], found[variant]["stall"]
             label = {"none": "none", "default": "framework default", "ours": "ours (plug-in)"}[variant]
             lines.append(f"| {FRAMEWORKS[fw][0]} | {label} | {median(tps):,.0f} | {median([n / x for n, x in zip(none, w)]):.3f}x | "
-                         + (f"{median(blocked) * 1e3:.1f} ms | {median(call) * 1e3:.1f} ms |" if blocked else "- | - |"))
+                         + (f"{median(blocked) * 1e3:.1f} ms | {median(stall) * 1e3:.1f} ms | {median(call) * 1e3:.1f} ms |"
+                            if blocked else "- | - | - |"))
             system = f"{fw} {variant}"
             metrics.append(metric(system, "tokens_per_s", "tokens/s", tps))
             if blocked:
                 metrics.append(metric(system, "blocked_per_checkpoint_s", "s", blocked))
                 metrics.append(metric(system, "save_call_s", "s", call))
-    lines += ["", "Blocked per checkpoint = (window with checkpoints - window without) / saves in the window, same "
-              "repeat; it can come out slightly negative when the difference is in the noise.", "",
+                metrics.append(metric(system, "stall_per_checkpoint_s", "s", stall))
+    lines += ["", "Blocked per checkpoint (window) = (window with checkpoints - window without) / saves in the window, "
+              "same repeat: everything a save costs the run, and everything the machine's other load did to that "
+              "window; it can come out negative when the difference is in the noise. Blocked per checkpoint "
+              "(counted): ours, the plug-in's own stall count (the save call plus the wait for its snapshot "
+              "before the next step); the default saves synchronously, so its save call. In the save call: the "
+              "median time inside the framework's save call.", "",
               *provenance(machine_description(REPO / "benchmarks"), command_line("bench_integrations.py", argv),
                           load.describe())]
     section = "\n".join(lines)

@@ -5,7 +5,7 @@
     ckpt.integrations.hf          CkptCallback (a transformers TrainerCallback), register_accelerate_hooks
                                   (accelerate's save_state/load_state pre-hooks)       extras: hf, accelerate
     ckpt.integrations.deepspeed   CkptCheckpointEngine (DeepSpeed's CheckpointEngine), initialize,
-                                  use_ckpt_engine                                        extra: deepspeed
+                                  use_ckpt_engine, load_checkpoint (past a damaged tag)  extra: deepspeed
 
 Nothing here is imported by ``import ckpt``; importing a module imports its framework, and a missing
 one raises an ImportError naming the extra to install. They build on the engine's public names only
