@@ -24,8 +24,8 @@ tokens/s: window steps x batch x sequence / the time from the start of the first
 ``on_train_batch_start``, the Trainer's ``on_step_begin``), so the window holds the saves, their
 snapshot waits and any slowdown they cause, not the final flush. Blocked per checkpoint: (window time
 with checkpoints - window time without) / saves in the window, from the same repeat; "counted": the
-plug-in's own stall count for ours (``stats.stall_s / stats.saves``: the save call and the wait for
-its snapshot), the save call for the synchronous default; also the time inside the save call itself (Lightning: ``strategy.save_checkpoint``; HF: ``Trainer._save_checkpoint``
+save call plus, for ours, the waits for its snapshot that the plug-in's stall counter saw after the
+call returned (the synchronous default: its save call); also the time inside the save call itself (Lightning: ``strategy.save_checkpoint``; HF: ``Trainer._save_checkpoint``
 for the default, the callback's save for ours). Both frameworks keep 2 checkpoints
 (``save_top_k=2``/``save_total_limit=2``).
 """
@@ -69,29 +69,44 @@ def tokens(n: int) -> torch.Tensor:
 
 
 class Marks:
-    """Step-start times and the time spent inside the wrapped save calls."""
+    """Step-start times, the time spent inside the wrapped save calls and, for ours, the plug-in's
+    stall counter (``stats_of()``: a StoreStats / SaveStats with ``stall_s``, or None before the first save)."""
 
     def __init__(self):
         self.starts: list[float] = []
         self.save_s: list[float] = []
-        self.stats = None  # ours: the plug-in's stall counter (StoreStats / SaveStats: saves, stall_s)
+        self.stats_of = lambda: None
+        self._inside = 0.0  # the plug-in's stall counted during the wrapped calls
+        self._stall_at_start = 0.0  # ... in all, at the start of the latest step (not the final flush)
+
+    def step_started(self) -> None:
+        self.starts.append(time.perf_counter())
+        self._stall_at_start = self._stall()
+
+    def _stall(self) -> float:
+        stats = self.stats_of()
+        return 0.0 if stats is None else stats.stall_s
 
     def stall_per_save(self) -> float:
-        """Blocked per checkpoint as counted: ours, the engine's stall (the save call and the wait
-        for its snapshot before the next step); the default saves synchronously: its save call."""
-        if self.stats is not None:
-            return self.stats.stall_s / max(self.stats.saves, 1)
-        return sum(self.save_s) / len(self.save_s) if self.save_s else 0.0
+        """Blocked per checkpoint as counted: the save call, plus (ours) the waits for the snapshot
+        the plug-in counted after the call returned (before the next optimizer step or forward); the
+        default saves synchronously, so its save call is all of it."""
+        if not self.save_s:
+            return 0.0
+        return (sum(self.save_s) + self._stall_at_start - self._inside) / len(self.save_s)
 
-    def wrap(self, owner, name: str) -> None:
+    def wrap(self, owner, name: str, when=lambda *args: True) -> None:
         inner = getattr(owner, name)
 
         def timed(*args, **kwargs):
-            start = time.perf_counter()
+            if not when(*args):
+                return inner(*args, **kwargs)
+            start, before = time.perf_counter(), self._stall()
             try:
                 return inner(*args, **kwargs)
             finally:
                 self.save_s.append(time.perf_counter() - start)
+                self._inside += self._stall() - before
 
         setattr(owner, name, timed)
 
@@ -113,7 +128,7 @@ def run_lightning(variant: str, work, p: dict) -> Marks:
             return self.model(input_ids=batch, labels=batch).loss
 
         def on_train_batch_start(self, *_):
-            marks.starts.append(time.perf_counter())
+            marks.step_started()
 
         def configure_optimizers(self):
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
@@ -125,7 +140,7 @@ def run_lightning(variant: str, work, p: dict) -> Marks:
                                                               save_top_k=2, monitor="step", mode="max")]
     plugins = [CkptCheckpointIO()] if variant == "ours" else []
     if plugins:
-        marks.stats = plugins[0].stats
+        marks.stats_of = lambda: plugins[0].stats
     trainer = pl.Trainer(max_steps=p["steps"], accelerator="cpu", devices=1, callbacks=callbacks, plugins=plugins,
                          logger=False, enable_progress_bar=False, enable_model_summary=False,
                          enable_checkpointing=variant != "none")
@@ -143,7 +158,7 @@ def run_hf(variant: str, work, p: dict) -> Marks:
 
     class Starts(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
-            marks.starts.append(time.perf_counter())
+            marks.step_started()
 
     class Data(torch.utils.data.Dataset):
         ids = tokens(p["steps"] * BATCH)
@@ -162,19 +177,15 @@ def run_hf(variant: str, work, p: dict) -> Marks:
     trainer = Trainer(model=llama(p["hidden"], p["layers"]), args=args, train_dataset=Data(),
                       callbacks=[Starts(), *([ours] if ours else [])])
     if ours is not None:  # the callback runs every step: time the calls that save
-        inner = ours._maybe_save
+        seen = {}
 
-        def timed(a, s, control, kw):
-            if not control.should_save:
-                return inner(a, s, control, kw)
-            start = time.perf_counter()
-            try:
-                return inner(a, s, control, kw)
-            finally:
-                marks.save_s.append(time.perf_counter() - start)
-                marks.stats = ours.manager.stats
+        def stats_of():  # the manager exists from the first save to the end of train()
+            if ours.manager is not None:
+                seen["stats"] = ours.manager.stats
+            return seen.get("stats")
 
-        ours._maybe_save = timed
+        marks.stats_of = stats_of
+        marks.wrap(ours, "_maybe_save", when=lambda args, state, control, kw: control.should_save)
     else:
         marks.wrap(trainer, "_save_checkpoint")
     trainer.train()
@@ -251,8 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", "Blocked per checkpoint (window) = (window with checkpoints - window without) / saves in the window, "
               "same repeat: everything a save costs the run, and everything the machine's other load did to that "
               "window; it can come out negative when the difference is in the noise. Blocked per checkpoint "
-              "(counted): ours, the plug-in's own stall count (the save call plus the wait for its snapshot "
-              "before the next step); the default saves synchronously, so its save call. In the save call: the "
+              "(counted): the save call plus, for ours, the waits for its snapshot that the plug-in counted "
+              "after the call (before the next step); the default saves synchronously, so its save call. In the save call: the "
               "median time inside the framework's save call.", "",
               *provenance(machine_description(REPO / "benchmarks"), command_line("bench_integrations.py", argv),
                           load.describe())]
