@@ -65,6 +65,8 @@ BENCHES = [
     Bench("trainer", "bench_trainer.py", ["--quick"],
           ["--threads", "2", "--repeats", "3", "2", "--window", "40", "10", "--breakdown", "20", "0"],
           "trainer tokens/s with and without checkpointing"),
+    Bench("integrations", "bench_integrations.py", ["--quick"], [],
+          "Lightning and HF Trainer plug-ins vs their default saving"),
     Bench("layouts", "bench_layouts.py", ["--quick"], ["--repeats", "3"],
           "trainer tokens/s per parallel layout", in_quick=False),
 ]

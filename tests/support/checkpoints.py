@@ -1,8 +1,9 @@
 """Small single-process checkpoints of plain tensors, shared by the tests that damage, refuse, overwrite
 and clean up checkpoints: the state saved, a blank live state, the checks that a refused load
 touched nothing, ``reseal`` (a manifest edited, then sealed again so that its digest holds), a
-state of mixed dtypes for the exports (``mixed_dtype_state``) and a value whose unpickling would
-run code (``Booby``)."""
+state of mixed dtypes for the exports (``mixed_dtype_state``), a value whose unpickling would
+run code (``Booby``), one byte of a committed checkpoint flipped (``flip_byte``) and ``torch.load``
+made to fail the test (``forbid_unpickling``: loading ours must never unpickle)."""
 
 from __future__ import annotations
 
@@ -100,3 +101,20 @@ class Booby:
 
     def __reduce__(self):
         return (open, (self.marker, "w"))
+
+
+def flip_byte(checkpoint: Path, fraction: float = 0.5) -> None:
+    """Flip one byte of the checkpoint's first data file, ``fraction`` of the way in."""
+    data = sorted((Path(checkpoint) / "data").iterdir())[0]
+    raw = bytearray(data.read_bytes())
+    raw[min(int(len(raw) * fraction), len(raw) - 1)] ^= 0xFF
+    data.write_bytes(bytes(raw))
+
+
+def forbid_unpickling(monkeypatch) -> None:
+    """Make any ``torch.load`` fail the test: loading our checkpoints must never unpickle."""
+
+    def no_unpickling(*args, **kwargs):
+        raise AssertionError("torch.load called")
+
+    monkeypatch.setattr(torch, "load", no_unpickling)

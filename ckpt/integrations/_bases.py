@@ -1,0 +1,45 @@
+"""Delta bases beside a framework's checkpoints, read from the manifests on disk (so a restarted
+run knows them too): which sibling checkpoints build on a path, which base a delta names, and the
+deletion of a checkpoint directory. :mod:`ckpt.integrations._store` keeps a removed checkpoint while
+:func:`dependents` lists any.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from .. import CheckpointError, read_manifest
+
+
+def dependents(path: str) -> list[str]:
+    """Sibling checkpoints whose manifest names ``path`` as their delta base."""
+    parent, name = os.path.split(path)
+    found = []
+    for entry in sorted(os.listdir(parent)) if os.path.isdir(parent) else ():
+        sibling = os.path.join(parent, entry)
+        if sibling == path or not os.path.isdir(sibling):
+            continue
+        try:
+            if read_manifest(sibling).base == name:
+                found.append(sibling)
+        except CheckpointError:
+            continue
+    return found
+
+
+def recorded_base(path: str) -> str | None:
+    """The base of the delta at ``path`` as its manifest names it (None: a full one, or unreadable)."""
+    try:
+        manifest = read_manifest(path)
+    except CheckpointError:
+        return None
+    return None if manifest.base is None else os.path.join(os.path.dirname(path), manifest.base)
+
+
+def delete_checkpoint(path: str) -> None:
+    """Remove a checkpoint directory (or a file or link a framework left at the path)."""
+    if os.path.islink(path) or os.path.isfile(path):
+        os.unlink(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path)

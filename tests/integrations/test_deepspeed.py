@@ -1,0 +1,80 @@
+"""ckpt.integrations.deepspeed against the real DeepSpeed on its CPU accelerator (gloo): ZeRO 1 and 2,
+one and two ranks, selected from the DeepSpeed config; resume bitwise; `latest` only for committed
+tags; a damaged file refused, a damaged newest tag passed over on every rank; no unpickling."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+pytest.importorskip("deepspeed", reason="the deepspeed extra (CI installs it through dev)")
+
+import ckpt  # noqa: E402
+from tests.support.checkpoints import flip_byte, forbid_unpickling  # noqa: E402
+from tests.support.deepspeed_runs import scenario, train  # noqa: E402
+from tests.support.launch import run_ranks  # noqa: E402
+
+
+def _same(a: dict, b: dict) -> None:
+    for key, value in a["params"].items():
+        assert torch.equal(value, b["params"][key]), key
+    for x, y in zip(a["partition"], b["partition"]):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("stage", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_zero_resume_is_bitwise_on_one_rank(tmp_path, stage):
+    run = run_ranks(1, scenario, str(tmp_path), stage, 6, 4)[0]
+    assert run["saved"]["engine"] == "CkptCheckpointEngine"
+    tag = tmp_path / "run" / "global_step4"
+    assert (tmp_path / "run" / "latest").read_text() == "global_step4"
+    names = sorted(os.listdir(tag))
+    assert names and all((tag / name / "manifest.json").is_file() for name in names)  # ours, not torch.save files
+    assert run["resumed"]["step"] == 6
+    _same(run["reference"], run["resumed"])
+
+
+@pytest.mark.slow
+def test_zero2_on_two_ranks_each_rank_writes_its_partition_and_resumes_bitwise(tmp_path):
+    runs = run_ranks(2, scenario, str(tmp_path), 2, 6, 4)
+    names = sorted(os.listdir(tmp_path / "run" / "global_step4"))
+    assert sum("optim_states" in n for n in names) == 2  # one ZeRO partition per rank
+    for run in runs:
+        _same(run["reference"], run["resumed"])
+
+
+@pytest.mark.slow
+def test_a_damaged_newest_tag_is_passed_over_on_every_rank_and_the_resume_is_bitwise(tmp_path):
+    # rank 1's optimizer file of global_step4 is damaged; rank 0 verifies it (its share), both fall back
+    runs = run_ranks(2, scenario, str(tmp_path), 1, 6, 4, True)
+    for run in runs:
+        assert any("loading global_step2 instead" in w for w in run["warnings"]), run["warnings"]
+        assert run["resumed"]["step"] == 6
+        _same(run["reference"], run["resumed"])
+
+
+def test_a_damaged_file_is_refused_and_nothing_is_unpickled(tmp_path, monkeypatch):
+    from ckpt.integrations.deepspeed import CkptCheckpointEngine
+
+    run_ranks(1, train, str(tmp_path), 1, 4, (2, 4), False)
+    optim = [n for n in os.listdir(tmp_path / "global_step4") if "optim" in n][0]
+    engine = CkptCheckpointEngine()
+
+    forbid_unpickling(monkeypatch)
+    state = engine.load(str(tmp_path / "global_step2" / optim))
+    assert type(state["optimizer_state_dict"]["loss_scaler"]).__name__ == "LossScaler"  # allow-listed, rebuilt
+    assert isinstance(state["optimizer_state_dict"]["base_optimizer_state"]["state"][0]["exp_avg"], torch.Tensor)
+    flip_byte(tmp_path / "global_step4" / optim, 1.0)
+    with pytest.raises(ckpt.CorruptCheckpointError):
+        engine.load(str(tmp_path / "global_step4" / optim))
+    engine.cleanup()
+
+
+def test_config_selects_the_engine_and_rejects_an_unknown_one():
+    from ckpt.integrations import deepspeed as ckpt_deepspeed
+
+    with pytest.raises(ValueError, match="knows only 'ckpt'"):
+        ckpt_deepspeed.initialize(model=torch.nn.Linear(2, 2), config={"checkpoint": {"engine": "other"}})

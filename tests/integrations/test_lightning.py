@@ -1,0 +1,111 @@
+"""ckpt.integrations.lightning against the real Lightning: CkptCheckpointIO under ModelCheckpoint
+(save_top_k, every_n_train_steps, save_last, ckpt_path="last"), deltas, a damaged newest checkpoint
+passed over, pickle-free loading; CkptModelParallelStrategy sharded on 2 gloo ranks, resharded."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+import torch
+
+pytest.importorskip("lightning", reason="the lightning extra (CI installs it through dev)")
+
+import ckpt  # noqa: E402
+from tests.support.checkpoints import flip_byte, forbid_unpickling  # noqa: E402
+from ckpt.integrations.lightning import CkptCheckpointIO  # noqa: E402
+from tests.support.lightning_runs import TinyModule, parameters, trainer  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:lightning")
+
+
+def _fit(root, steps, io=None, ckpt_path=None, **kwargs):
+    module = TinyModule()
+    run = trainer(root, steps, plugins=[io] if io is not None else [], **kwargs)
+    run.fit(module, ckpt_path=ckpt_path)
+    return module, run
+
+
+@pytest.mark.slow
+def test_resume_from_last_is_bitwise_and_retention_is_lightnings(tmp_path):
+    reference, _ = _fit(tmp_path / "ref", 10)
+    _fit(tmp_path / "run", 6, CkptCheckpointIO())
+    names = sorted(os.listdir(tmp_path / "run"))
+    assert names == ["epoch=1-step=4.ckpt", "epoch=2-step=6.ckpt", "last.ckpt"]  # save_top_k=2 + last
+    for name in names:  # our committed directories, not torch.save files
+        assert (tmp_path / "run" / name / "manifest.json").is_file()
+    assert ckpt.read_manifest(tmp_path / "run" / "last.ckpt").step == 6
+    resumed, _ = _fit(tmp_path / "run", 10, CkptCheckpointIO(), ckpt_path="last")
+    for key, value in parameters(reference).items():
+        assert torch.equal(value, parameters(resumed)[key]), key
+
+
+def test_deltas_through_the_plugin_and_their_bases_kept(tmp_path):
+    io = CkptCheckpointIO(full_every=3)
+    # A delta names its base by a plain sibling name (no "="): Lightning's filename option gives one.
+    _, run = _fit(tmp_path, 8, io, None, filename="step{step:03d}")
+    kinds = {name: ckpt.read_manifest(tmp_path / name).kind for name in os.listdir(tmp_path)}
+    assert "delta" in kinds.values(), kinds
+    assert kinds["last.ckpt"] == "full"  # saved over every time: never a base, never a delta of one
+    for name, kind in kinds.items():
+        manifest = ckpt.read_manifest(tmp_path / name)
+        if kind == "delta":  # its base is still there although save_top_k removed it
+            assert (tmp_path / manifest.base / "manifest.json").is_file()
+    assert io.stats.deltas >= 1
+    newest = max(n for n in kinds if n.startswith("step"))
+    tree = CkptCheckpointIO().load_checkpoint(tmp_path / newest)
+    assert tree["global_step"] == 8
+    module = TinyModule()
+    module.load_state_dict(tree["state_dict"])
+    for key, value in parameters(run.lightning_module).items():
+        assert torch.equal(value, parameters(module)[key]), key
+
+
+def test_damaged_newest_is_passed_over_and_load_never_unpickles(tmp_path, monkeypatch):
+    _fit(tmp_path, 6, CkptCheckpointIO())
+    flip_byte(tmp_path / "last.ckpt")
+
+    forbid_unpickling(monkeypatch)
+    with pytest.warns(UserWarning, match="cannot be loaded"):
+        tree = CkptCheckpointIO().load_checkpoint(tmp_path / "last.ckpt")
+    assert tree["global_step"] == 6 and "loops" in tree and "optimizer_states" in tree
+    with pytest.raises(ckpt.CorruptCheckpointError):
+        CkptCheckpointIO(fallback=False).load_checkpoint(tmp_path / "last.ckpt")
+
+
+def test_sync_mode_and_a_manual_save(tmp_path):
+    module, run = _fit(tmp_path, 2, CkptCheckpointIO(async_mode="sync"))
+    run.save_checkpoint(tmp_path / "manual.ckpt")
+    tree = CkptCheckpointIO().load_checkpoint(tmp_path / "manual.ckpt")
+    assert tree["global_step"] == 2
+    assert isinstance(tree["optimizer_states"][0]["state"], dict) and 0 in tree["optimizer_states"][0]["state"]
+
+
+def test_missing_extra_is_named(monkeypatch):
+    from ckpt.integrations._optional import require
+
+    with pytest.raises(ImportError, match=r"ckpt-engine\[lightning\]"):
+        require("lightning_not_installed_here", extra="lightning", integration="ckpt.integrations.lightning")
+
+
+@pytest.mark.slow
+def test_model_parallel_sharded_save_on_two_ranks_loads_resharded_on_one(tmp_path):
+    from tests.support.lightning_runs import sharded_fit
+    from tests.support.launch import run_ranks
+
+    root = str(tmp_path / "sharded")
+    saved = run_ranks(2, sharded_fit, root, 4, None)[0]
+    (step4,) = (tmp_path / "sharded").glob("*-step=4.ckpt")  # each rank sees one batch an epoch
+    manifest = ckpt.read_manifest(step4)
+    assert manifest.world_size == 2 and manifest.step == 4
+    assert any(len(entry.chunks) == 2 for entry in manifest.tensors.values())  # shards of both ranks
+    # 2 ranks -> 1 rank: the same strategy reshards into a one-rank mesh and continues to step 6,
+    # where a one-rank run resumed from our checkpoint must agree with a two-rank continuation.
+    assert set(saved["model"]) and all(v.dtype == torch.float32 for v in saved["model"].values())
+    one = run_ranks(1, sharded_fit, root, 4, str(step4))[0]  # resumed at step 4: no step left, state as saved
+    for key, value in saved["model"].items():
+        assert torch.equal(value, one["model"][key]), key
+    for key, state in saved["optim"].items():
+        for name, value in state.items():
+            assert torch.equal(value, one["optim"][key][name]), (key, name)
