@@ -36,3 +36,35 @@ def test_a_lease_left_by_a_dead_process_on_this_host_is_taken_over(s3_bucket):
                                                     "renewed": time.time()}).encode())
     with ckpt.CheckpointManager(f"{s3_bucket.url}/stale", storage_options=s3_bucket.storage_options):
         pass
+
+
+def test_the_losers_of_simultaneous_lease_races_get_checkpoint_locked_error_naming_the_holder(s3_bucket):
+    """Issue 22: 7 of 30 simultaneous takers raised a bare StorageError; now exactly one holds the lease
+    and every other one is refused with CheckpointLockedError naming a holder."""
+    import threading
+
+    from ckpt.storage.lease import LeaseLock
+
+    for race in range(10):
+        lock = locate(f"{s3_bucket.url}/race{race}/.lock", s3_bucket.storage_options)
+        barrier, results = threading.Barrier(3), {}
+
+        def take(name: str) -> None:
+            barrier.wait()
+            try:
+                results[name] = LeaseLock(lock.storage, lock.path, holder=name)
+            except Exception as exc:  # noqa: BLE001 - what escapes is the point
+                results[name] = exc
+
+        threads = [threading.Thread(target=take, args=(f"taker-{i}",)) for i in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        held = [name for name, result in results.items() if isinstance(result, LeaseLock)]
+        refused = {name: result for name, result in results.items() if not isinstance(result, LeaseLock)}
+        assert len(held) == 1, results
+        for name, error in refused.items():
+            assert isinstance(error, ckpt.CheckpointLockedError), (name, repr(error))
+            assert "lock held by taker-" in str(error)
+        results[held[0]].release()
