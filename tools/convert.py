@@ -47,7 +47,7 @@ import ckpt
 from ckpt import CheckpointError, CheckpointNotFoundError
 from ckpt.convert import import_dcp, read_dcp_metadata, total_tensor_bytes
 from ckpt.root import resolve_checkpoint
-from .cli import DTYPES, EXPECTED_FAILURES, fail, implied_format, parse_size, progress, trainer_module
+from .cli import DTYPES, EXPECTED_FAILURES, command, fail, implied_format, parse_size, progress, trainer_module
 
 hf = trainer_module("hf")
 ConfigError = trainer_module("config").ConfigError
@@ -106,6 +106,7 @@ def _check_arguments(p: argparse.ArgumentParser, args) -> None:
             p.error(f"--max-shard-size writes a directory; name DST without a file extension (not {suffix})")
 
 
+@command(PROG)
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)

@@ -30,7 +30,8 @@ import sys
 from ckpt import CheckpointError, read_manifest
 from ckpt.convert import merge, select_keys, tensor_specs
 from ckpt.root import resolve_checkpoint
-from .cli import DTYPES, EXPECTED_FAILURES, fail, implied_format, parse_size, progress
+from ckpt.units import human_bytes
+from .cli import DTYPES, EXPECTED_FAILURES, command, fail, implied_format, parse_size, progress
 
 PROG = "ckpt-merge"
 EPILOG = """examples:
@@ -77,6 +78,7 @@ def output_format(p: argparse.ArgumentParser, args) -> tuple[str, int | None]:
     return args.format or "safetensors", args.max_shard_size or sys.maxsize
 
 
+@command(PROG)
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
@@ -99,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         left = f"; {len(manifest.values)} plain value(s) not exported" if manifest.values else ""
         files = f"{len(written)} files in " if len(written) > 1 else ""
         step = "" if manifest.step is None else f"step {manifest.step} "
-        print(f"{step}({manifest.kind}): {len(keys)} tensors, {total / 1e9:.3f} GB as {fmt} -> "
+        print(f"{step}({manifest.kind}): {len(keys)} tensors, {human_bytes(total)} as {fmt} -> "
               f"{files}{args.dst}{left}")
     return 0
 
