@@ -231,12 +231,19 @@ def primary_run(root: Location) -> str | None:
     return None if record is None else record["run"]
 
 
-def compare_mounts(opened: list[tuple[str, int, Location, Manifest]], primary: str, run: str | None) -> list[dict]:
-    """Each replica's manifest against the primary's copy of the same step (``primary``: its url):
-    the same run and the same digest (the replica holds the primary's bytes); a step the primary no
-    longer holds must be of the primary's run (``run``) when both name one."""
+def compare_mounts(opened: list[tuple[str, int, Location, Manifest]], primary: str, root: Location) -> list[dict]:
+    """Each replica's manifest against the primary's copy of the same step (``primary``: its url,
+    ``root``: its location): the same run and the same digest (the replica holds the primary's
+    bytes); a step the primary no longer holds must be of the primary's run (:func:`primary_run`,
+    read only then) when both name one."""
     mine = {step: manifest for url, step, _path, manifest in opened if url == primary}
-    found = []
+    found, known = [], []
+
+    def run() -> str | None:
+        if not known:
+            known.append(primary_run(root))
+        return known[0]
+
     for url, step, _path, manifest in opened:
         if url == primary:
             continue
@@ -246,9 +253,9 @@ def compare_mounts(opened: list[tuple[str, int, Location, Manifest]], primary: s
             found.append(failure(url, step, MANIFEST_NAME, None, ForeignRunError(
                 f"its manifest differs from the primary's copy of step {step} ({runs}; digest "
                 f"{_digest(manifest)} vs {_digest(theirs)}): not a replica of it")))
-        elif theirs is None and run is not None and manifest.run is not None and manifest.run != run:
+        elif theirs is None and manifest.run is not None and run() not in (None, manifest.run):
             found.append(failure(url, step, MANIFEST_NAME, None, ForeignRunError(
-                f"another run's checkpoint (run {manifest.run}; the primary's is run {run})")))
+                f"another run's checkpoint (run {manifest.run}; the primary's is run {run()})")))
     return found
 
 

@@ -31,7 +31,6 @@ from ckpt.inspection import (
     compare_mounts,
     mount_list,
     open_manifests,
-    primary_run,
     read_catalog,
     step_rows,
     stored_bytes,
@@ -134,7 +133,7 @@ def verify(args, target: Location) -> int:
         for url, step, path, manifest in opened:
             failures += verify_one(url, step, path, manifest, bar.update, roots)
     if not is_committed(target):  # every mount's copy against the primary's
-        failures += compare_mounts(opened, mounts[0], primary_run(target))
+        failures += compare_mounts(opened, mounts[0], target)
     steps = {str(path.name) if step is None else step for _url, step, path in checkpoints}
     summary = {"steps": len(steps), "mounts": len(mounts), "checkpoints": len(checkpoints), "bytes": total,
                "failures": failures, "ok": not failures}

@@ -35,7 +35,7 @@ from typing import Callable
 import torch.distributed as dist
 
 from .._collective import any_rank, broadcast_error, broadcast_value
-from ..errors import CheckpointError, CheckpointNotFoundError, ForeignRunError, StorageError
+from ..errors import CheckpointError, CheckpointLockedError, CheckpointNotFoundError, ForeignRunError, StorageError
 from . import retention
 from ._catalog_records import mount_id
 from .claim import claim_replica, foreign, read_claim
@@ -60,6 +60,7 @@ class _MountWorker:
         self.cleaned = False  # claimed for the run and cleaned up (rank 0)
         self.foreign: ForeignRunError | None = None  # rank 0 found the mount is another run's
         self.refused: ForeignRunError | None = None  # ... and every rank knows it: final
+        self.unclaimed: BaseException | None = None  # why the last claim failed (rank 0)
         self.thread = threading.Thread(target=self._run, name=f"ckpt-replica-{self.url}", daemon=True)
 
     def set_state(self, step: int, state: str, detail: str = "") -> None:
@@ -132,6 +133,7 @@ class _MountWorker:
             self.foreign = exc
             log.error("replica %s refused: %s", self.url, exc)
         except (CheckpointError, OSError) as exc:
+            self.unclaimed = exc
             log.warning("replica %s: cannot be claimed and cleaned up now (%s); tried again before the next copy",
                         self.url, exc)
 
@@ -186,6 +188,9 @@ class _MountWorker:
                 self.set_state(step, DROPPED, f"corrupt on the primary: {exc}")
                 return True
             except Exception as exc:
+                if isinstance(exc, CheckpointLockedError) and self.owner.rank == 0:  # its lease lost: claim anew
+                    self.mount.unlock()
+                    self.cleaned = False
                 failures += 1
                 delay = min(self.owner.retry_initial * 2 ** (failures - 1), self.owner.retry_max)
                 self.set_state(step, FAILED, f"attempt {failures}: {exc}; retrying in {delay:.1f} s")
@@ -202,7 +207,7 @@ class _MountWorker:
                 if self.foreign is not None:
                     raise self.foreign
                 if not self.cleaned:
-                    raise StorageError(f"{self.url} is not claimed for this run yet (see the warning above)",
+                    raise StorageError(f"{self.url} cannot be claimed for this run now ({self.unclaimed})",
                                        path=self.url)
                 bases = self.owner.primary.bases(self.owner.primary.committed())
                 while isinstance(bases.get(chain[-1]), int) and not self.mount.is_committed(bases[chain[-1]]):
