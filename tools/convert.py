@@ -54,8 +54,8 @@ ConfigError = trainer_module("config").ConfigError
 
 PROG = "ckpt-convert"
 EPILOG = """examples:
-  ckpt-convert outputs/debug/checkpoints hf-out --to hf                 newest step as a Hugging Face llama
-  ckpt-convert ckpts/run1 hf-out --to hf --step 1200 --dtype bf16 --max-shard-size 2GB
+  ckpt-convert outputs/debug/checkpoints hf-debug --to hf               newest step as a Hugging Face llama
+  ckpt-convert ckpts/run1 hf-1200-bf16 --to hf --step 1200 --dtype bf16 --max-shard-size 2GB
   ckpt-convert s3://bucket/run1 model.safetensors --to safetensors      our names, one file, read from S3
   ckpt-convert ckpts/run1/step-00001200 model.pt --to torch             Transformer.load_state_dict(torch.load(...))
   ckpt-convert hf-llama ckpts/init --from hf                            then: python -m trainer.train ... \\
