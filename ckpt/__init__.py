@@ -29,6 +29,7 @@ from .errors import (
     CheckpointWriteError,
     CorruptCheckpointError,
     DeviceUnavailableError,
+    ForeignRunError,
     IncompatibleCheckpointError,
     InvalidManifestError,
     InvalidOptionError,
@@ -53,7 +54,7 @@ __all__ = [
     "CheckpointManager", "CommitInfo", "SaveStats", "SaveOptions", "AsyncMode", "BusyPolicy", "Compression", "FailurePolicy",
     "CheckpointRoot", "DeltaBase", "DoubleBufferStager",
     "CheckpointError", "CheckpointExistsError", "CheckpointLockedError", "CheckpointNotFoundError",
-    "CheckpointWriteError", "CorruptCheckpointError", "DeviceUnavailableError", "IncompatibleCheckpointError",
-    "InvalidManifestError", "InvalidOptionError", "SnapshotSkipped", "StorageError", "UnsafeCheckpointError",
+    "CheckpointWriteError", "CorruptCheckpointError", "DeviceUnavailableError", "ForeignRunError",
+    "IncompatibleCheckpointError", "InvalidManifestError", "InvalidOptionError", "SnapshotSkipped", "StorageError", "UnsafeCheckpointError",
     "UnsupportedFormatError",
 ]

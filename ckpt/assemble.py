@@ -34,21 +34,22 @@ from .write import Payload, write_file
 
 def new_manifest(tensors: Iterable[tuple[str, torch.dtype, Sequence[int]]], *, step: int | None, world_size: int,
                  base: DeltaBase | None = None, created: float | None = None, dcp_version: str | None = None,
-                 user: dict | None = None, paths: dict[str, tuple] | None = None) -> Manifest:
+                 user: dict | None = None, paths: dict[str, tuple] | None = None, run: str | None = None) -> Manifest:
     """The manifest of a checkpoint being written, before its records: a full checkpoint, or a
     delta against ``base``; ``created`` defaults to now; one empty entry per ``(key, dtype, shape)``."""
     manifest = Manifest(world_size=world_size, created=time.time() if created is None else created,
                         dcp_version=dcp_version, step=step, kind="full" if base is None else "delta",
                         base_step=None if base is None else base.step, base=None if base is None else base.name,
-                        user=dict(user or {}), paths=dict(paths or {}))
+                        user=dict(user or {}), paths=dict(paths or {}), run=run)
     for key, dtype, shape in tensors:
         manifest.tensors[key] = TensorEntry(dtype, tuple(shape), [])
     return manifest
 
 
 def build_manifest(metadata: Metadata, results: list[list[WriteResult]], *, step: int | None,
-                   base: DeltaBase | None, user: dict) -> Manifest:
-    """The manifest of a save from DCP's global metadata and every rank's records."""
+                   base: DeltaBase | None, user: dict, run: str | None = None) -> Manifest:
+    """The manifest of a save from DCP's global metadata and every rank's records (``run``: the
+    identity of the run saving it, :mod:`ckpt.root.claim`)."""
     paths = {}
     if isinstance(metadata.planner_data, dict):
         paths = {key: tuple(path) for key, path in metadata.planner_data.items()
@@ -56,7 +57,7 @@ def build_manifest(metadata: Metadata, results: list[list[WriteResult]], *, step
     manifest = new_manifest(((key, md.properties.dtype, md.size) for key, md in metadata.state_dict_metadata.items()
                              if isinstance(md, TensorStorageMetadata)),
                             step=step, world_size=len(results), base=base, dcp_version=metadata.version, user=user,
-                            paths=paths)
+                            paths=paths, run=run)
     for rank_results in results:
         for result in rank_results:
             manifest.add_record(result.index.fqn, result.storage_data)

@@ -99,6 +99,8 @@ class Writer(StorageWriter):
         self.attempt: commit.Attempt | None = None
         self.manifest: Manifest | None = None  # the committed manifest, on the coordinator
         self.before_begin = None  # a check the coordinator runs before anything is written (the manager's)
+        self.before_commit = None  # the fence the coordinator runs right before the commit point (the manager's)
+        self.run: str | None = None  # the run identity recorded in the manifest (the manager's)
 
     # -- DCP protocol ------------------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
@@ -129,8 +131,9 @@ class Writer(StorageWriter):
         return _done(write_rank(directory, target.rank, plan.items, planner, self.options, self.base, target.tag))
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        manifest = build_manifest(metadata, results, step=self.step, base=self.base, user=self.options.user_metadata)
-        commit.finish(self.attempt, manifest, overwrite=self.overwrite)
+        manifest = build_manifest(metadata, results, step=self.step, base=self.base, user=self.options.user_metadata,
+                                  run=self.run)
+        commit.finish(self.attempt, manifest, overwrite=self.overwrite, fence=self.before_commit)
         self.manifest = manifest
 
     def abort(self) -> None:

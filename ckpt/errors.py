@@ -111,6 +111,11 @@ class CheckpointLockedError(CheckpointError):
     """Another CheckpointManager holds the lock on this checkpoint root; two writers are refused."""
 
 
+class ForeignRunError(CheckpointError):
+    """A mount or a step belongs to another run (``.run`` or its manifest's ``run`` names another
+    one): nothing of this run is written there, and nothing there is loaded as this run's."""
+
+
 class InvalidOptionError(CheckpointError, ValueError):
     """A save option (:class:`~ckpt.options.SaveOptions` field) has a value it cannot take.
 

@@ -11,8 +11,11 @@ catalog ignored, a replica that cannot be listed) goes to its ``note`` callback.
   (:func:`read_catalog`: nothing when it is absent, unreadable or another primary's).
 * one checkpoint: :func:`summarize` (totals, tensors, values: a JSON-ready dict).
 * verify: :func:`open_manifests`, then :func:`verify_one` per checkpoint: every blob read and
-  checked against its checksum (:func:`ckpt.read.verify_blobs`) and a delta's base committed on some
-  mount; each failure a dict (:func:`failure`: mount, step, file, tensor, error).
+  checked against its checksum (:func:`ckpt.read.verify_blobs`) and a delta's whole chain walked, link
+  by link down to a full checkpoint, each link committed and readable on some mount and of the same
+  run (:func:`chain_failures`); then :func:`compare_mounts`: each replica's manifest against the
+  primary's (the same run, the same digest: a replica holds the primary's manifest bitwise); each
+  failure a dict (:func:`failure`: mount, step, file, tensor, error).
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from typing import Callable
 
 from .root import Catalog, CheckpointRoot, StepInfo, mount_id
 from .committed import is_committed, read_manifest, read_manifest_bytes
-from .errors import CheckpointError, CheckpointNotFoundError
-from .format import MANIFEST_NAME, Manifest
+from .errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, ForeignRunError
+from .format import MANIFEST_NAME, Manifest, unseal
+from .root.claim import read_claim
 from .read import verify_blobs
 from .storage import Location, locate
 
@@ -181,11 +185,85 @@ def open_manifests(checkpoints: list[tuple[str, int | None, Location]], failures
 def verify_one(url: str, step: int, path: Location, manifest: Manifest, advance,
                roots: list[Location]) -> list[dict]:
     """Every blob of one checkpoint read and checked against its checksum (:func:`ckpt.read.verify_blobs`);
-    a delta's base must be committed beside it or, on a replica, on one of ``roots`` (the mounts)."""
+    a delta's whole chain must resolve (:func:`chain_failures`)."""
     found = []
     verify_blobs(path, manifest, progress=advance,
                  failed=lambda key, blob, exc: found.append(failure(url, step, blob.file, key, exc)))
-    if manifest.base is not None and not any(is_committed(root / manifest.base) for root in [path.parent, *roots]):
-        found.append(failure(url, step, MANIFEST_NAME, None, CheckpointNotFoundError(
-            f"delta chain broken: its base {manifest.base} is committed on no mount")))
+    return found + chain_failures(url, step, path, manifest, roots)
+
+
+def chain_failures(url: str, step: int, path: Location, manifest: Manifest, roots: list[Location]) -> list[dict]:
+    """A delta's chain walked link by link down to a full checkpoint: each link committed beside the
+    link before it or on one of ``roots`` (the mounts), its manifest readable, of the same run; the
+    first broken link is the failure (a load could not get past it)."""
+    seen, current, where, child = {path.name}, manifest, path, None
+    while current.base is not None:
+        name, what = current.base, "its base" if child is None else f"{current.base}, the base of its link {child},"
+        copies = [root / name for root in dict.fromkeys([where.parent, path.parent, *roots]) if is_committed(root / name)]
+        if name in seen:
+            return [failure(url, step, MANIFEST_NAME, None, CorruptCheckpointError(
+                f"delta chain broken: {what} loops back into the chain"))]
+        if not copies:
+            return [failure(url, step, MANIFEST_NAME, None, CheckpointNotFoundError(
+                f"delta chain broken: {what} {name} is committed on no mount" if child is None else
+                f"delta chain broken: {what} is committed on no mount"))]
+        link, error = None, None
+        for copy in copies:
+            try:
+                candidate = read_manifest(copy)
+            except CheckpointError as exc:
+                error = error or CorruptCheckpointError(f"delta chain broken: {what} at {copy} cannot be read "
+                                                        f"({_one_line(exc)})")
+                continue
+            if candidate.run is not None and manifest.run is not None and candidate.run != manifest.run:
+                error = error or ForeignRunError(f"delta chain broken: {what} at {copy} belongs to another run "
+                                                 f"(run {candidate.run}; this step's is run {manifest.run})")
+                continue
+            link, where = candidate, copy
+            break
+        if link is None:
+            return [failure(url, step, MANIFEST_NAME, None, error)]
+        seen.add(name)
+        child, current = name, link
+    return []
+
+
+def primary_run(root: Location) -> str | None:
+    """The run the primary ``root`` belongs to (its ``.run`` record, :mod:`ckpt.root.claim`), or None."""
+    try:
+        record = read_claim(root)
+    except (CheckpointError, OSError):
+        return None
+    return None if record is None else record["run"]
+
+
+def compare_mounts(opened: list[tuple[str, int, Location, Manifest]], primary: str, root: Location) -> list[dict]:
+    """Each replica's manifest against the primary's copy of the same step (``primary``: its url,
+    ``root``: its location): the same run and the same digest (the replica holds the primary's
+    bytes); a step the primary no longer holds must be of the primary's run (:func:`primary_run`,
+    read only then) when both name one."""
+    mine = {step: manifest for url, step, _path, manifest in opened if url == primary}
+    found, known = [], []
+
+    def run() -> str | None:
+        if not known:
+            known.append(primary_run(root))
+        return known[0]
+
+    for url, step, _path, manifest in opened:
+        if url == primary:
+            continue
+        theirs = mine.get(step)
+        if theirs is not None and manifest.to_json() != theirs.to_json():
+            runs = f"run {manifest.run or 'unnamed'} vs the primary's run {theirs.run or 'unnamed'}"
+            found.append(failure(url, step, MANIFEST_NAME, None, ForeignRunError(
+                f"its manifest differs from the primary's copy of step {step} ({runs}; digest "
+                f"{_digest(manifest)} vs {_digest(theirs)}): not a replica of it")))
+        elif theirs is None and manifest.run is not None and run() not in (None, manifest.run):
+            found.append(failure(url, step, MANIFEST_NAME, None, ForeignRunError(
+                f"another run's checkpoint (run {manifest.run}; the primary's is run {run()})")))
     return found
+
+
+def _digest(manifest: Manifest) -> str:
+    return unseal(manifest.to_json())[1] or "none"

@@ -17,7 +17,8 @@ The manager only schedules; each concept lives in its module. One save, top to b
    (:mod:`ckpt.dcp` → :mod:`ckpt.write` → :mod:`ckpt.commit`) on its own gloo process group, so
    its collectives never interleave with training's;
 3. rank 0 applies retention (:mod:`ckpt.root.retention`) to the root (:mod:`ckpt.root.steps`: step
-   names, lock, start-up clean-up, delta bases); the replicator (:mod:`ckpt.root.replicate`) copies
+   names, lock, start-up clean-up, delta bases; the run identity every manifest records and every
+   mount is claimed for: :mod:`ckpt.root.claim`); the replicator (:mod:`ckpt.root.replicate`) copies
    the step to each replica and applies the same retention there.
 
 A background failure is raised by the next ``save``/``wait``/``close``. ``async_mode="sync"``
@@ -38,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from .api import load as load_checkpoint, write_tree
-from ._collective import any_rank, run_on_src
+from ._collective import any_rank, broadcast_value, run_on_src
 from .dcp import Writer
 from .delta import DeltaBase, DeltaChain, tensor_signature
 from .errors import CheckpointError, InvalidOptionError
@@ -46,6 +47,7 @@ from .options import AsyncMode, BusyPolicy, SaveOptions
 from .outcomes import BackgroundFailures, CommitInfo, SaveStats
 from .root import resume, retention
 from .root.catalog import Catalog, open_catalog
+from .root.claim import claim_primary
 from .root.replicate import Replicator
 from .root.steps import CheckpointRoot
 from ._snapshot_copy import single_threaded_aten
@@ -83,8 +85,14 @@ class CheckpointManager:
         # Background writes and the main thread's agreements each get their own gloo group.
         self._control_pg = dist.new_group(backend="gloo") if self._distributed else None
         self._write_pg = dist.new_group(backend="gloo") if self._distributed else None
-        run_on_src(self._root.lock if self.rank == 0 else lambda: None, self._control_pg,
+        for replica in self._mounts[1:]:  # one that can never be written is refused up front
+            problem = replica.path.storage.never_writable(replica.path.path)
+            if problem is not None:
+                raise InvalidOptionError("replicas", list(options.replicas),
+                                         f"{problem}: replication to {replica.path} can never work")
+        run_on_src(self._lock_primary if self.rank == 0 else lambda: None, self._control_pg,
                    distributed=self._distributed)
+        self.run = self._root.run = broadcast_value(self._root.run, self._control_pg, distributed=self._distributed)
         self._catalog = self._open_catalog() if self.rank == 0 else None
         self._replicator = None
         if options.replicas:
@@ -93,7 +101,7 @@ class CheckpointManager:
                 self._root, self._mounts[1:], groups=groups, distributed=self._distributed,
                 keep=options.keep, keep_every=options.keep_every, read_back=options.replica_read_back,
                 backlog=options.replica_backlog, retry_initial=options.replica_retry_initial,
-                retry_max=options.replica_retry_max, on_state=self._record_replica_state)
+                retry_max=options.replica_retry_max, on_state=self._record_replica_state, run=self.run)
         self._deltas = DeltaChain(options.full_every)
         self._stager = None
         if options.async_mode is AsyncMode.DOUBLE_BUFFER:
@@ -215,8 +223,8 @@ class CheckpointManager:
             load_checkpoint(target, path, strict=strict, process_group=self._control_pg, mirrors=mirrors)
 
         if step is not None:
-            return resume.load_step(self._mounts, state, step, load)
-        return resume.load_latest(self._mounts, state, load)
+            return resume.load_step(self._mounts, state, step, load, run=self.run)
+        return resume.load_latest(self._mounts, state, load, run=self.run)
 
     def discard_after(self, step: int) -> list[int]:
         """Delete every committed step after ``step`` on every mount (rank 0; collective), so that
@@ -289,6 +297,15 @@ class CheckpointManager:
             log.error("checkpoint error while closing after a failure: %s", background)
 
     # -- internals ---------------------------------------------------------------------------------
+    def _lock_primary(self) -> None:
+        """Rank 0: lock the root and claim it for this run (:mod:`ckpt.root.claim`)."""
+        self._root.lock(claim=lambda root: claim_primary(root, self._mounts[1:]))
+
+    def _check_writable(self) -> None:
+        """Before a save begins: the root is still the directory locked, and still this writer's."""
+        self._root.check_unchanged()
+        self._root.check_held()
+
     def _open_catalog(self) -> Catalog | None:
         """Rank 0's LMDB catalog (a cache of the mounts' manifests; see ckpt.root.catalog), or None."""
         path = self.options.catalog if self.options.catalog is not None else Catalog.default_path(self._root.path)
@@ -319,7 +336,7 @@ class CheckpointManager:
 
     def _write(self, step: int, tree: dict, base: DeltaBase | None = None) -> None:
         writer = Writer(self._root.step_path(step), overwrite=True, step=step, base=base, options=self.options)
-        writer.before_begin = self._root.check_unchanged
+        writer.before_begin, writer.before_commit, writer.run = self._check_writable, self._root.check_held, self.run
         start = time.perf_counter()
         write_tree(tree, writer, process_group=self._write_pg, no_dist=not self._distributed)
         if writer.manifest is not None:  # the coordinator

@@ -29,6 +29,7 @@ from ckpt import CheckpointNotFoundError, CheckpointRoot
 from ckpt.committed import is_committed
 from ckpt.root import Catalog, mount_id, open_catalog, open_root
 from ckpt.inspection import (
+    compare_mounts,
     mount_list,
     open_manifests,
     step_rows,
@@ -130,6 +131,8 @@ def verify(args, target: Location) -> int:
     with progress(total, "verify", quiet=args.quiet or args.json) as bar:
         for url, step, path, manifest in opened:
             failures += verify_one(url, step, path, manifest, bar.update, roots)
+    if not is_committed(target):  # every mount's copy against the primary's
+        failures += compare_mounts(opened, mounts[0], target)
     steps = {str(path.name) if step is None else step for _url, step, path in checkpoints}
     summary = {"steps": len(steps), "mounts": len(mounts), "checkpoints": len(checkpoints), "bytes": total,
                "failures": failures, "ok": not failures}

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ..errors import CheckpointExistsError
 from ..format import MANIFEST_NAME
@@ -78,9 +79,11 @@ class CommitStrategy:
         start a fresh attempt."""
         raise NotImplementedError
 
-    def finish(self, attempt: Attempt, raw: bytes, referenced: set[str], *, overwrite: bool) -> None:
+    def finish(self, attempt: Attempt, raw: bytes, referenced: set[str], *, overwrite: bool,
+               fence: Callable[[], None] | None = None) -> None:
         """The commit point: the manifest ``raw`` (which references the data files ``referenced``)
-        written last, making the attempt visible as its target."""
+        written last, making the attempt visible as its target; ``fence()``, when given, right
+        before it (it raises when the writer lost the root: nothing is committed)."""
         raise NotImplementedError
 
     def abort(self, attempt: Attempt) -> None:

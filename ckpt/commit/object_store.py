@@ -5,9 +5,12 @@ last (the model: orbax's ``CommitFileTemporaryPath``).
 A checkpoint's data objects go straight under ``<name>/data/``, named with a tag unique to the
 attempt (``data/<tag>.rank-00000.bin``), so two attempts' objects never mix; each upload is completed
 and its size checked before the rank reports success. The manifest is then written in one PUT
-(atomic): the commit point. When it replaced an older manifest (an overwrite), the objects only the
+(atomic): the commit point, right before which the writer's fence (``fence``: its lease on the root
+still its own, :mod:`ckpt.storage.lease`) is checked — a writer that lost the root commits nothing.
+When it replaced an older manifest (an overwrite), the objects only the
 old one referenced go next. A prefix without a manifest does not exist for readers; objects no
-manifest references (a dead attempt's) are deleted by the next writer of the target or at start-up.
+manifest references (a dead attempt's) are deleted by the next writer of the target or at start-up;
+a failed attempt removes only its own objects (never the prefix: another writer's may be there).
 
 A single file is one upload that appears whole when it completes. An output directory that is not a
 checkpoint is written in place, the file that makes it usable (an index) last; an overwrite then
@@ -15,6 +18,8 @@ removes the files of the old output that were not rewritten, a failure the files
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 from ..committed import read_manifest
 from ..errors import CheckpointError
@@ -35,17 +40,19 @@ class ManifestLastCommit(CommitStrategy):
         refuse_existing(target, overwrite=overwrite, committed_only=True)
         return Attempt(target, target, new_tag(), overwrite=overwrite)
 
-    def finish(self, attempt: Attempt, raw: bytes, referenced: set[str], *, overwrite: bool) -> None:
+    def finish(self, attempt: Attempt, raw: bytes, referenced: set[str], *, overwrite: bool,
+               fence: Callable[[], None] | None = None) -> None:
         target = attempt.target
         refuse_existing(target, overwrite=overwrite, committed_only=True)
+        if fence is not None:  # the writer still holds the root's lease, or nothing is committed
+            fence()
         target.storage.write_bytes((target / MANIFEST_NAME).path, raw)
         _remove_unreferenced(target, referenced)
 
     def abort(self, attempt: Attempt) -> None:
+        """Remove this attempt's own objects only: another writer may be saving the same target
+        (the one that took the root's lease from a paused holder), and what it wrote is not ours."""
         target, storage = attempt.target, attempt.target.storage
-        if not (target / MANIFEST_NAME).is_file():
-            storage.remove_tree(target.path)
-            return
         data = target / DATA_DIR
         for name in data.list():
             if name.startswith(attempt.tag + "."):

@@ -15,6 +15,8 @@ whole new root away with the steps committed in it.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from ..committed import is_committed
 from ..errors import CheckpointExistsError
 from ..format import DATA_DIR, MANIFEST_NAME, OLD_MARK, TMP_MARK, aside_name, attempt_name
@@ -46,11 +48,14 @@ class RenameCommit(CommitStrategy):
         target.storage.makedirs((tmp / DATA_DIR).path)
         return Attempt(target, tmp, overwrite=overwrite)
 
-    def finish(self, attempt: Attempt, raw: bytes, referenced: set[str], *, overwrite: bool) -> None:
+    def finish(self, attempt: Attempt, raw: bytes, referenced: set[str], *, overwrite: bool,
+               fence: Callable[[], None] | None = None) -> None:
         storage, tmp = attempt.target.storage, attempt.directory
         storage.sync_dir((tmp / DATA_DIR).path)
         storage.write_bytes((tmp / MANIFEST_NAME).path, raw)
         storage.sync_dir(tmp.path)
+        if fence is not None:  # the root still the writer's (flock cannot be lost; a lease can)
+            fence()
         self.rename_into_place(tmp, attempt.target, overwrite=overwrite)
 
     def abort(self, attempt: Attempt) -> None:

@@ -8,7 +8,7 @@ any other :class:`~ckpt.commit.object_store.ManifestLastCommit`. This is the onl
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from ..format import Manifest, leftover_target
@@ -40,13 +40,15 @@ def begin(target: Location | str | os.PathLike, *, overwrite: bool) -> Attempt:
     return strategy_for(target.storage).begin(target, overwrite=overwrite)
 
 
-def finish(attempt: Attempt, manifest: Manifest, *, overwrite: bool | None = None, raw: bytes | None = None) -> None:
+def finish(attempt: Attempt, manifest: Manifest, *, overwrite: bool | None = None, raw: bytes | None = None,
+           fence: Callable[[], None] | None = None) -> None:
     """Make the fully written attempt visible as its target (the commit point). ``raw``: the
     manifest's bytes when they already exist (a replica gets the primary's manifest bitwise);
-    ``overwrite`` defaults to the attempt's."""
+    ``overwrite`` defaults to the attempt's; ``fence``: called right before the commit point, it
+    raises when the writer no longer holds the root (a lost lease), and nothing is committed."""
     raw = manifest.to_json() if raw is None else raw
     overwrite = attempt.overwrite if overwrite is None else overwrite
-    strategy_for(attempt.target.storage).finish(attempt, raw, manifest.data_files(), overwrite=overwrite)
+    strategy_for(attempt.target.storage).finish(attempt, raw, manifest.data_files(), overwrite=overwrite, fence=fence)
 
 
 def abort(attempt: Attempt) -> None:

@@ -43,6 +43,7 @@ from .names import (
     data_file_rank,
     is_data_file_name,
     is_leftover,
+    is_run_id,
     is_sibling_name,
     leftover_target,
     numbered_file_name,
@@ -56,6 +57,6 @@ __all__ = [
     "DTYPE_NAMES", "DTYPES", "FORMAT_NAME", "FORMAT_VERSION", "KINDS", "MAX_BYTES", "MAX_DIMS", "READABLE_VERSIONS",
     "Blob", "Chunk", "TensorEntry", "ValueEntry", "dtype_name", "Manifest", "parse_manifest",
     "DATA_DIR", "MANIFEST_NAME", "OLD_MARK", "TMP_MARK", "aside_name", "attempt_name", "data_file_name",
-    "data_file_rank", "is_data_file_name", "is_leftover", "is_sibling_name", "leftover_target", "numbered_file_name",
+    "data_file_rank", "is_data_file_name", "is_leftover", "is_run_id", "is_sibling_name", "leftover_target", "numbered_file_name",
     "parse_step_name", "step_name", "step_of_entry",
 ]

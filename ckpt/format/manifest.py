@@ -44,6 +44,7 @@ class Manifest:
     created: float = 0.0
     dcp_version: str | None = None
     user: dict = field(default_factory=dict)
+    run: str | None = None  # the run that wrote it (optional: absent before runs were identified)
 
     # -- serialisation ------------------------------------------------------------------------
     def to_json(self) -> bytes:
@@ -59,6 +60,7 @@ class Manifest:
             "created": self.created,
             "dcp_version": self.dcp_version,
             "user": self.user,
+            **({"run": self.run} if self.run is not None else {}),
             "files": dict(sorted(self.files.items())),
             "tensors": {
                 key: {

@@ -27,6 +27,7 @@ OLD_MARK = ".old-"  # <name>.old-<id>: a committed copy moved aside by an overwr
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
 _DATA_FILE = re.compile(r"^data/[A-Za-z0-9][A-Za-z0-9._-]{0,127}\.bin$")
 _RANK = re.compile(r"rank-(\d+)")
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _SIBLING = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # one path component, no "..", no "/"
 
 
@@ -98,3 +99,8 @@ def is_data_file_name(name: Any) -> bool:
 def is_sibling_name(name: Any) -> bool:
     """A delta's base: one path component beside the checkpoint (no "..", no separators)."""
     return isinstance(name, str) and _SIBLING.fullmatch(name) is not None
+
+
+def is_run_id(name: Any) -> bool:
+    """A run identity (a manifest's ``run``, a mount's ``.run`` claim): 1 to 64 of ``[A-Za-z0-9._-]``."""
+    return isinstance(name, str) and _RUN_ID.fullmatch(name) is not None

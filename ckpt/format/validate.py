@@ -41,7 +41,7 @@ from .entries import (
     TensorEntry,
     ValueEntry,
 )
-from .names import MANIFEST_NAME, is_data_file_name, is_sibling_name
+from .names import MANIFEST_NAME, is_data_file_name, is_run_id, is_sibling_name
 
 
 def _no_constants(name: str):
@@ -214,6 +214,9 @@ def _parse(doc: Any, *, sealed: bool) -> dict[str, Any]:
     if (kind == "delta") != (base_dir is not None) or (base_dir is None) != (base is None):
         raise InvalidManifestError("a delta checkpoint, and only a delta, names its base and base step")
     created, dcp_version, user = doc["created"], doc["dcp_version"], doc["user"]
+    run = doc.get("run")  # optional (FORMAT.md): a run identity, absent in older manifests
+    if run is not None and not is_run_id(run):
+        raise InvalidManifestError(f"run must be a run identity (1 to 64 of [A-Za-z0-9._-]) or absent, got {run!r}")
     if isinstance(created, bool) or not isinstance(created, (int, float)) or not math.isfinite(created):
         raise InvalidManifestError(f"created must be a time in seconds, got {created!r}")
     if dcp_version is not None and not isinstance(dcp_version, str):
@@ -231,6 +234,7 @@ def _parse(doc: Any, *, sealed: bool) -> dict[str, Any]:
         created=float(created),
         dcp_version=dcp_version,
         user=_mapping(user, "user"),
+        run=run,
     )
 
 

@@ -3,6 +3,7 @@
 | module | concept |
 |---|---|
 | :mod:`~ckpt.root.steps` | :class:`CheckpointRoot`: a root's step directories, committed steps, the writer's lock, start-up clean-up, delta bases |
+| :mod:`~ckpt.root.claim` | which run a mount belongs to (``.run``): every mount a manager writes claimed for one run |
 | :mod:`~ckpt.root.resolve` | which checkpoint an argument means (:func:`resolve_checkpoint`, :func:`open_root`) |
 | :mod:`~ckpt.root.retention` | which steps a policy deletes, applied the same way on the primary and every replica |
 | :mod:`~ckpt.root.resume` | which step to load, from which mount, falling back past damage |

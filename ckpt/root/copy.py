@@ -16,11 +16,16 @@ Contract of one copy (:func:`copy_step`):
 3. Only when every rank succeeded does rank 0 write the manifest — the primary's bytes, unchanged —
    on the replica: the commit point. Otherwise the attempt is removed.
 
-A source that fails verification raises :class:`SourceCorruptError` (copying it again cannot help);
-any other failure is the target's or the network's, worth a retry (:mod:`ckpt.root.replicate`).
+A blob (or the manifest) that fails its checksum on the way is read again from the source: only a
+source whose copy fails again raises :class:`SourceCorruptError` (copying it again cannot help); a
+source that verifies the second time means the bytes were damaged in passing (a corrupted GET), a
+:class:`~ckpt.errors.StorageError` like any other failure of the target or the network, worth a retry
+(:mod:`ckpt.root.replicate`).
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch.distributed as dist
 import xxhash
@@ -28,7 +33,7 @@ import xxhash
 from .. import commit
 from .._collective import any_rank, broadcast_error, broadcast_value
 from ..committed import read_manifest_bytes
-from ..errors import CheckpointNotFoundError, CorruptCheckpointError, StorageError
+from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, StorageError
 from ..format import Blob, Manifest, data_file_rank
 from ..read import DataFiles, verify_blobs
 from ..storage import Location
@@ -93,7 +98,7 @@ def copy_file(source: DataFiles, target: Location, name: str, blobs: list[tuple[
             try:
                 source.verify(blob, f"{hasher.intdigest():016x}", what=what)
             except CorruptCheckpointError as exc:
-                raise SourceCorruptError(str(exc), path=exc.path, file=exc.file, tensor=exc.tensor) from None
+                raise _mismatch(source, blob, what, exc) from None
         move(reader.size)
         written = out.close()
     except BaseException:
@@ -104,21 +109,50 @@ def copy_file(source: DataFiles, target: Location, name: str, blobs: list[tuple[
     return written
 
 
+def _mismatch(source: DataFiles, blob: Blob, what: str, exc: CorruptCheckpointError) -> CheckpointError:
+    """A blob that failed its checksum on the way: read again from the source, it is final only when
+    the source's copy fails too (:class:`SourceCorruptError`); otherwise the bytes were damaged in
+    passing (a corrupted GET) and the copy is worth another try (a :class:`StorageError`)."""
+    fresh = DataFiles(source.root)
+    try:
+        fresh.read(blob, what=what)
+    except CorruptCheckpointError as again:
+        return SourceCorruptError(str(again), path=again.path, file=again.file, tensor=again.tensor)
+    except (CheckpointError, OSError) as again:  # the source unreachable now: worth another try
+        return StorageError(f"{exc}; the source cannot be read again now ({again})", path=str(source.root))
+    finally:
+        fresh.close()
+    return StorageError(f"{' '.join(str(exc).split())} while copying, but the source verifies when read again: "
+                        "damaged in passing, copied again", path=str(source.root), file=blob.file)
+
+
+def _source_manifest(source: Location) -> tuple[Manifest, bytes]:
+    """The source's manifest; one that fails its digest is read once more (a corrupted GET) before
+    the source counts as corrupt (final)."""
+    try:
+        return read_manifest_bytes(source)
+    except CheckpointNotFoundError:
+        raise
+    except CorruptCheckpointError:
+        try:
+            return read_manifest_bytes(source)
+        except CheckpointNotFoundError:
+            raise
+        except CorruptCheckpointError as exc:
+            raise SourceCorruptError(str(exc), path=exc.path, file=exc.file) from None
+
+
 def copy_step(source: Location, target: Location, *, read_back: bool = False, group=None,
-              distributed: bool = False) -> int:
+              distributed: bool = False, fence: Callable[[], None] | None = None) -> int:
     """Copy the committed checkpoint ``source`` to ``target`` (see the module docstring); returns the
-    bytes this rank copied. Collective over ``group`` when ``distributed``."""
+    bytes this rank copied. Collective over ``group`` when ``distributed``. ``fence``: the target
+    root's (:meth:`~ckpt.root.steps.CheckpointRoot.check_held`), checked before its commit point."""
     rank = dist.get_rank(group) if distributed else 0
     world = dist.get_world_size(group) if distributed else 1
     plan, attempt, error = None, None, None
     if rank == 0:
         try:
-            try:
-                manifest, raw = read_manifest_bytes(source)
-            except CheckpointNotFoundError:
-                raise
-            except CorruptCheckpointError as exc:  # the source's manifest: final, like its data
-                raise SourceCorruptError(str(exc), path=exc.path, file=exc.file) from None
+            manifest, raw = _source_manifest(source)
             if commit.is_committed(target):
                 plan = "done"
             else:  # anything there without a manifest (a killed copy or deletion) is garbage: replaced
@@ -157,7 +191,8 @@ def copy_step(source: Location, target: Location, *, read_back: bool = False, gr
             if failed:
                 commit.abort(attempt)
             else:
-                commit.finish(attempt, manifest, overwrite=True, raw=raw)  # replacing only what had no manifest
+                commit.finish(attempt, manifest, overwrite=True, raw=raw,  # replacing only what had no manifest
+                              fence=fence)
         except Exception as exc:
             result = exc
     if local is not None:

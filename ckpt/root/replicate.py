@@ -6,14 +6,18 @@ The :class:`Replicator` runs one worker per replica mount (its own gloo group wh
 its collectives never meet training's or the writer's); each copy is :func:`~ckpt.root.copy.copy_step`.
 Every rank queues the same steps in the same order; a worker retries a failed copy with exponential
 backoff (``retry_initial`` doubling up to ``retry_max``) for as long as the mount is down, then
-catches up on what queued meanwhile. At start a worker cleans its mount up (what dead copies and
-interrupted deletions left: the same start-up clean-up the primary gets when it is locked) and queues
-the primary's steps the mount lacks. A delta's base is copied first when the mount lacks it. The
+catches up on what queued meanwhile. At start (and, while the mount is down, again before each copy)
+a worker claims its mount for the run: the mount's lock, taken as the primary's is (flock, or a lease
+on object stores, whose fence guards each commit and deletion there), then its ``.run`` record
+(:mod:`ckpt.root.claim`); a mount that belongs to another run is refused for good (one error line
+naming both runs; its steps are ``refused``) and never written. Once claimed, the worker cleans the
+mount up (what dead copies and interrupted deletions left: the same start-up clean-up the primary gets
+when it is locked) and queues the primary's steps the mount lacks. A delta's base is copied first when the mount lacks it. The
 backlog is bounded: when more than ``backlog`` steps wait, the oldest waiting one is dropped (the
 newest steps matter for resuming; a dropped step is still copied later if it is the base of a newer
 one). After each commit on a mount, retention is applied there with the primary's policy
 (:func:`ckpt.root.retention.apply`, as on the primary). State changes (pending, copying, committed,
-failed, dropped, deleted) are logged one line each and handed to ``on_state`` (the catalog). Nothing
+failed, dropped, refused, deleted) are logged one line each and handed to ``on_state`` (the catalog). Nothing
 here ever blocks training.
 
 The primary is the manager's own :class:`~ckpt.root.steps.CheckpointRoot` (one object per mount and
@@ -31,14 +35,17 @@ from typing import Callable
 import torch.distributed as dist
 
 from .._collective import any_rank, broadcast_error, broadcast_value
-from ..errors import CheckpointError, CheckpointNotFoundError
+from ..errors import CheckpointError, CheckpointLockedError, CheckpointNotFoundError, ForeignRunError, StorageError
 from . import retention
+from ._catalog_records import mount_id
+from .claim import claim_replica, foreign, read_claim
 from .copy import SourceCorruptError, copy_step
 from .steps import CheckpointRoot
 
 log = logging.getLogger(__name__)
 
 PENDING, COPYING, COMMITTED, FAILED, DROPPED = "pending", "copying", "committed", "failed", "dropped"
+REFUSED = "refused"  # final: the mount belongs to another run (ckpt.root.claim)
 DELETED = "deleted"  # told to on_state only: retention removed the step from the mount
 
 
@@ -50,7 +57,10 @@ class _MountWorker:
         self.url = str(mount.path)
         self.queue: deque[int] = deque()
         self.states: dict[int, str] = {}
-        self.cleaned = False  # the mount's start-up clean-up done (rank 0)
+        self.cleaned = False  # claimed for the run and cleaned up (rank 0)
+        self.foreign: ForeignRunError | None = None  # rank 0 found the mount is another run's
+        self.refused: ForeignRunError | None = None  # ... and every rank knows it: final
+        self.unclaimed: BaseException | None = None  # why the last claim failed (rank 0)
         self.thread = threading.Thread(target=self._run, name=f"ckpt-replica-{self.url}", daemon=True)
 
     def set_state(self, step: int, state: str, detail: str = "") -> None:
@@ -66,6 +76,9 @@ class _MountWorker:
                 log.warning("recording the replication state of step %d failed: %s", step, exc)
 
     def enqueue(self, step: int) -> None:
+        if self.refused is not None:  # set on every rank at once (the same copy refused everywhere)
+            self.set_state(step, REFUSED, str(self.refused))
+            return
         with self.owner.lock:
             if step in self.queue:
                 return
@@ -91,6 +104,8 @@ class _MountWorker:
                 waiting, self.queue = list(self.queue), deque()
             for step in waiting:
                 self.set_state(step, PENDING, "replication stopped; copied when a manager next starts")
+        finally:
+            self.mount.unlock()
 
     def _work(self) -> None:
         self._clean_up()
@@ -104,16 +119,33 @@ class _MountWorker:
                 return
 
     def _clean_up(self) -> None:
-        """Rank 0: what dead copies and interrupted deletions left on the mount goes, once (the
-        replica's start-up clean-up, :meth:`~ckpt.root.steps.CheckpointRoot.clean_up`); a mount that
-        cannot be cleaned now (down) is tried again before the next copy."""
-        if self.owner.rank != 0 or self.cleaned:
+        """Rank 0: claim the mount for the run, then clean up what dead copies and interrupted
+        deletions left there, once (the replica's start-up clean-up,
+        :meth:`~ckpt.root.steps.CheckpointRoot.clean_up`). A mount that cannot be claimed now (down,
+        or its lock held) is tried again before the next copy; one that belongs to another run is
+        refused for good (:attr:`foreign`; the next copy tells every rank)."""
+        if self.owner.rank != 0 or self.cleaned or self.foreign is not None:
             return
         try:
-            self.mount.clean_up()
+            self._claim()
             self.cleaned = True
+        except ForeignRunError as exc:
+            self.foreign = exc
+            log.error("replica %s refused: %s", self.url, exc)
         except (CheckpointError, OSError) as exc:
-            log.warning("replica %s: start-up clean-up failed (%s); tried again before the next copy", self.url, exc)
+            self.unclaimed = exc
+            log.warning("replica %s: cannot be claimed and cleaned up now (%s); tried again before the next copy",
+                        self.url, exc)
+
+    def _claim(self) -> None:
+        run, primary = self.owner.run, mount_id(self.owner.primary.path)
+        if run is None:
+            self.mount.lock()
+            return
+        record = read_claim(self.mount.path)  # another run's mount is refused before its lock is even tried
+        if record is not None and record["run"] != run:
+            raise foreign(self.mount.path, record["run"], run)
+        self.mount.lock(claim=lambda mount: (claim_replica(mount, run, primary), run)[1])
 
     def _catch_up(self) -> None:
         """Queue the primary's steps this mount lacks (all ranks queue the same list)."""
@@ -144,11 +176,21 @@ class _MountWorker:
             except CheckpointNotFoundError as exc:
                 self.set_state(step, DROPPED, f"gone from the primary: {exc}")
                 return True
+            except ForeignRunError as exc:  # final: this mount is never written
+                self.refused = exc
+                with self.owner.lock:
+                    waiting, self.queue = [step, *self.queue], deque()
+                for refused in waiting:
+                    self.set_state(refused, REFUSED, str(exc))
+                return False
             except SourceCorruptError as exc:  # never replicate corruption; later steps go on
                 log.error("replica %s step %d: not copied, the primary's copy is corrupt (%s)", self.url, step, exc)
                 self.set_state(step, DROPPED, f"corrupt on the primary: {exc}")
                 return True
             except Exception as exc:
+                if isinstance(exc, CheckpointLockedError) and self.owner.rank == 0:  # its lease lost: claim anew
+                    self.mount.unlock()
+                    self.cleaned = False
                 failures += 1
                 delay = min(self.owner.retry_initial * 2 ** (failures - 1), self.owner.retry_max)
                 self.set_state(step, FAILED, f"attempt {failures}: {exc}; retrying in {delay:.1f} s")
@@ -162,6 +204,11 @@ class _MountWorker:
         chain, error = [step], None
         if self.owner.rank == 0:
             try:
+                if self.foreign is not None:
+                    raise self.foreign
+                if not self.cleaned:
+                    raise StorageError(f"{self.url} cannot be claimed for this run now ({self.unclaimed})",
+                                       path=self.url)
                 bases = self.owner.primary.bases(self.owner.primary.committed())
                 while isinstance(bases.get(chain[-1]), int) and not self.mount.is_committed(bases[chain[-1]]):
                     chain.append(bases[chain[-1]])
@@ -172,7 +219,8 @@ class _MountWorker:
             raise error
         for link in reversed(broadcast_value(chain, self.group, distributed=self.owner.distributed)):
             copy_step(self.owner.primary.step_path(link), self.mount.step_path(link),
-                      read_back=self.owner.read_back, group=self.group, distributed=self.owner.distributed)
+                      read_back=self.owner.read_back, group=self.group, distributed=self.owner.distributed,
+                      fence=self.mount.check_held)
             if link != step:
                 self.set_state(link, COMMITTED, f"base of step {step}")
 
@@ -201,8 +249,8 @@ class Replicator:
     def __init__(self, primary: CheckpointRoot, replicas: list[CheckpointRoot], *, groups: list | None = None,
                  distributed: bool = False, keep: int | None = None, keep_every: int | None = None,
                  read_back: bool = False, backlog: int = 16, retry_initial: float = 1.0, retry_max: float = 60.0,
-                 on_state: Callable[[str, int, str, str], None] | None = None):
-        self.primary, self.distributed = primary, distributed
+                 on_state: Callable[[str, int, str, str], None] | None = None, run: str | None = None):
+        self.primary, self.distributed, self.run = primary, distributed, run
         self.rank = dist.get_rank() if distributed else 0
         self.keep, self.keep_every, self.read_back, self.backlog = keep, keep_every, read_back, max(1, backlog)
         self.retry_initial, self.retry_max, self.on_state = retry_initial, retry_max, on_state
@@ -247,4 +295,5 @@ class Replicator:
             self.lock.notify_all()
         for worker in self.workers:
             worker.thread.join()
-        return all(not w.queue and all(s in (COMMITTED, DROPPED) for s in w.states.values()) for w in self.workers)
+        return all(not w.queue and all(s in (COMMITTED, DROPPED, REFUSED) for s in w.states.values())
+                   for w in self.workers)

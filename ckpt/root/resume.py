@@ -1,7 +1,12 @@
 """Resuming: which committed step to load, from which mount, falling back past damaged copies.
 
-    load_step(mounts, state, step, load)   that step, or CheckpointNotFoundError naming the committed ones
-    load_latest(mounts, state, load)       the newest step that loads in full; None only when no mount has one
+    load_step(mounts, state, step, load, run=)   that step, or CheckpointNotFoundError naming the committed ones
+    load_latest(mounts, state, load, run=)       the newest step that loads in full; None only when no mount has one
+
+Only this run's checkpoints are candidates (``run``: :mod:`ckpt.root.claim`): a replica claimed by
+another run is passed over entirely, a step whose manifest names another run is left out (one
+warning naming both runs each); steps that name no run (written before runs were identified) count
+as this run's.
 
 ``mounts`` are the run's roots, the primary first, then its replicas (:mod:`ckpt.root.replicate`). A step
 is tried on each mount that holds it, in that order; a delta's base links may come from any mount,
@@ -24,8 +29,9 @@ import logging
 import warnings
 from typing import Any, Callable
 
-from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, StorageError
+from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, ForeignRunError, StorageError
 from ..storage import Location
+from .claim import read_claim
 from .steps import CheckpointRoot
 
 log = logging.getLogger(__name__)
@@ -37,12 +43,46 @@ LoadFn = Callable[[dict, Location, tuple], Any]
 DAMAGE = (CorruptCheckpointError, CheckpointNotFoundError, StorageError, OSError)
 
 
-def _committed(mount: CheckpointRoot, *, chain_checked: bool) -> list[int]:
+def _committed(mount: CheckpointRoot, *, chain_checked: bool, run: str | None = None) -> list[int]:
+    """The mount's committed steps that may be loaded as this run's (``run``): a step another run
+    wrote is left out, one warning naming both runs."""
     try:
-        return mount.steps() if chain_checked else mount.committed()
+        steps = mount.steps() if chain_checked else mount.committed()
     except (StorageError, OSError) as exc:
         log.warning("checkpoint mount %s cannot be listed (%s); passing over it", mount.path, exc)
         return []
+    if run is None:
+        return steps
+    runs = mount.runs(steps)
+    others = {step: runs[step] for step in steps if runs[step] not in (None, run)}
+    if others:
+        names = ", ".join(sorted(set(others.values())))
+        shown = ", ".join(map(str, sorted(others)[-20:]))
+        log.warning("checkpoint mount %s holds steps of another run (run %s; this is run %s): not loading "
+                    "steps %s", mount.path, names, run, shown)
+    return [step for step in steps if step not in others]
+
+
+def ours(mounts: list[CheckpointRoot], run: str | None) -> list[CheckpointRoot]:
+    """The primary and each replica not claimed by another run (``.run``; one warning naming both
+    runs for each one that is): only these are loaded from, for a step or a delta's link."""
+    if run is None:
+        return list(mounts)
+    kept = [mounts[0]]
+    for mount in mounts[1:]:
+        try:
+            record = read_claim(mount.path)
+        except ForeignRunError as exc:
+            log.warning("checkpoint mount %s passed over: %s", mount.path, exc)
+            continue
+        except (CheckpointError, OSError):
+            record = None  # unreachable now: listing it passes over it
+        if record is not None and record["run"] != run:
+            log.warning("checkpoint mount %s belongs to another run (claimed by run %s; this is run %s); "
+                        "not loading from it", mount.path, record["run"], run)
+            continue
+        kept.append(mount)
+    return kept
 
 
 def _load_from(mounts: list[CheckpointRoot], holders: list[CheckpointRoot], state: dict, step: int,
@@ -66,8 +106,9 @@ def _load_from(mounts: list[CheckpointRoot], holders: list[CheckpointRoot], stat
     return failure
 
 
-def load_step(mounts: list[CheckpointRoot], state: dict, step: int, load: LoadFn) -> int:
-    holders = [m for m in mounts if step in _committed(m, chain_checked=False)]
+def load_step(mounts: list[CheckpointRoot], state: dict, step: int, load: LoadFn, *, run: str | None = None) -> int:
+    mounts = ours(mounts, run)
+    holders = [m for m in mounts if step in _committed(m, chain_checked=False, run=run)]
     if not holders:
         shown = ", ".join(map(str, mounts[0].steps()[-20:])) or "none"
         raise CheckpointNotFoundError(
@@ -79,11 +120,12 @@ def load_step(mounts: list[CheckpointRoot], state: dict, step: int, load: LoadFn
     return step
 
 
-def load_latest(mounts: list[CheckpointRoot], state: dict, load: LoadFn) -> int | None:
+def load_latest(mounts: list[CheckpointRoot], state: dict, load: LoadFn, *, run: str | None = None) -> int | None:
+    mounts = ours(mounts, run)
     single = len(mounts) == 1
     holders: dict[int, list[CheckpointRoot]] = {}
     for mount in mounts:
-        for step in _committed(mount, chain_checked=single):
+        for step in _committed(mount, chain_checked=single, run=run):
             holders.setdefault(step, []).append(mount)
     listed = sorted(holders)
     orphans = sorted(set(mounts[0].committed()) - set(listed), reverse=True) if single else []

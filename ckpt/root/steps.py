@@ -5,6 +5,7 @@
     <root>/step-00000100.old-<id>/     a committed copy moved aside by an overwriting save
     <root>/.lock                       the one writer's lock (flock on POSIX, a lease on object
                                        stores: ckpt.storage.lease); it names the holder's host and pid
+    <root>/.run                        which run the root belongs to (ckpt.root.claim)
 
 The root is a directory or a URL (``s3://bucket/run``); every access goes through its mount
 (:mod:`ckpt.storage`).
@@ -12,8 +13,10 @@ The root is a directory or a URL (``s3://bucket/run``); every access goes throug
 :class:`CheckpointRoot` owns the step directories (named and parsed by :mod:`ckpt.format.names`), the
 list of committed steps (the manifests are the truth), the writer's lock, the start-up clean-up after
 dead saves and interrupted deletions (:meth:`CheckpointRoot.clean_up`: run by :meth:`lock` on the
-primary and by the replica worker on each replica, :mod:`ckpt.root.replicate`) and the delta bases of
-committed steps (step -> base step, read once from their manifests) that retention needs. One object
+primary and by the replica worker on each replica, :mod:`ckpt.root.replicate`, each after the mount
+was claimed for the run: :mod:`ckpt.root.claim`), the fence of a lease (:meth:`CheckpointRoot.check_held`:
+before each commit and deletion) and the delta bases and run identities of committed steps (step ->
+base step, run; read once from their manifests) that retention and resuming need. One object
 per mount and run: the manager, its retention and its replicator share it (its base map is
 thread-safe); the tools build their own.
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from typing import Callable
 
 from .. import commit
 from ..committed import is_committed, read_manifest
@@ -54,10 +58,11 @@ class CheckpointRoot:
 
     def __init__(self, path: str | os.PathLike | Location, storage_options: dict | None = None):
         self.path = locate(path, storage_options)
-        self._bases: dict[int, int | None] = {}
+        self._headers: dict[int, tuple] = {}  # step -> (base step | None | UNREADABLE, run | None)
         self._bases_lock = threading.Lock()  # the writer thread and replica workers share the map
         self._lock = None
         self._directory_id = None  # set by lock()
+        self.run: str | None = None  # the run this root is claimed for (set by lock's claim)
 
     def step_path(self, step: int) -> Location:
         return self.path / step_name(step)
@@ -99,18 +104,28 @@ class CheckpointRoot:
         return is_committed(self.step_path(step))
 
     # -- the writer's side -------------------------------------------------------------------
-    def lock(self) -> None:
+    def lock(self, claim: Callable[["CheckpointRoot"], str] | None = None) -> None:
         """Become the root's one writer: create it, take ``.lock`` (refused with the holder's host
-        and pid while another writer has it) and :meth:`clean_up`."""
+        and pid while another writer has it), claim it for a run (``claim(root)`` returns the run's
+        identity, or raises: :mod:`ckpt.root.claim`) and :meth:`clean_up`."""
         storage = self.path.storage
         commit.make_directory(self.path)  # durable: a crash must not take the root with its steps
         self._lock = storage.lock((self.path / LOCK_NAME).path, holder=holder_text())
-        self._directory_id = storage.directory_id(self.path.path)
         try:
+            self._directory_id = storage.directory_id(self.path.path)
+            if claim is not None:
+                self.run = claim(self)
             self.clean_up()
         except BaseException:
             self.unlock()
             raise
+
+    def check_held(self) -> None:
+        """The fence: raise :class:`~ckpt.errors.CheckpointLockedError` when this writer lost the
+        root's lock (a lease taken over while it was paused; ``flock`` cannot be lost)."""
+        check = getattr(self._lock, "check", None)
+        if check is not None:
+            check()
 
     def clean_up(self) -> None:
         """Delete what dead saves and interrupted deletions left under the root: tmp dirs,
@@ -141,25 +156,35 @@ class CheckpointRoot:
         """Base step of each of ``steps``: None for a full one, :data:`UNREADABLE` when its manifest
         cannot be read; read from the manifest, once (the steps being written are the manager's
         :class:`~ckpt.delta.DeltaChain`'s to tell)."""
+        return {step: header[0] for step, header in self._read_headers(steps).items()}
+
+    def runs(self, steps: list[int]) -> dict[int, str | None]:
+        """The run that wrote each of ``steps`` (its manifest's ``run``): None when it names none
+        (written before runs were identified, or by ``ckpt.save``) or cannot be read."""
+        return {step: header[1] for step, header in self._read_headers(steps).items()}
+
+    def _read_headers(self, steps: list[int]) -> dict[int, tuple]:
         with self._bases_lock:
-            known = {step: self._bases[step] for step in steps if step in self._bases}
+            known = {step: self._headers[step] for step in steps if step in self._headers}
         found = {}
         for step in steps:  # read outside the lock: manifests may be on a slow mount
             if step not in known and step not in found:
                 try:
-                    found[step] = read_manifest(self.step_path(step)).base_step
+                    manifest = read_manifest(self.step_path(step))
+                    found[step] = (manifest.base_step, manifest.run)
                 except CheckpointError:
-                    found[step] = UNREADABLE
+                    found[step] = (UNREADABLE, None)
         with self._bases_lock:
-            for step, base in found.items():
-                self._bases.setdefault(step, base)
+            for step, header in found.items():
+                self._headers.setdefault(step, header)
         known.update(found)
         return {step: known[step] for step in steps}
 
     def delete(self, step: int) -> None:
+        self.check_held()  # a writer that lost the root deletes nothing there
         commit.delete(self.step_path(step))
         self._forget(step)
 
     def _forget(self, step: int) -> None:
         with self._bases_lock:
-            self._bases.pop(step, None)
+            self._headers.pop(step, None)

@@ -94,6 +94,11 @@ class Storage:
     def remove(self, path: str) -> None: raise NotImplementedError
     def remove_tree(self, path: str) -> None: raise NotImplementedError
 
+    def never_writable(self, path: str) -> str | None:
+        """Why nothing can ever be written at ``path`` (a regular file in the way, a directory this
+        process may not write), or None when it can or the mount cannot tell now (it may be down)."""
+        return None
+
     # the root's writer lock
     def lock(self, path: str, *, holder: str):
         """Take the exclusive writer lock at ``path``; returns an object with ``release()``.

@@ -100,6 +100,28 @@ class LocalStorage(Storage):
         else:
             self.remove(path)
 
+    def never_writable(self, path: str) -> str | None:
+        probe = os.path.abspath(path)
+        while True:
+            try:
+                info = os.stat(probe)
+            except FileNotFoundError:
+                parent = os.path.dirname(probe)
+                if parent == probe:
+                    return None
+                probe = parent
+                continue
+            except NotADirectoryError:
+                probe = os.path.dirname(probe)
+                continue
+            except OSError:  # a dead mount: it may come back
+                return None
+            if not stat.S_ISDIR(info.st_mode):
+                return f"{probe} is not a directory"
+            if not os.access(probe, os.W_OK | os.X_OK):
+                return f"{probe} is not writable by this process"
+            return None
+
     def lock(self, path: str, *, holder: str) -> "LocalLock":
         return LocalLock(path, holder)
 

@@ -171,3 +171,29 @@ def test_help_in_a_subprocess():
     result = subprocess.run([sys.executable, "-m", "tools.inspection", "--help"], capture_output=True, text=True,
                             timeout=120, cwd=REPO)
     assert result.returncode == 0 and "examples:" in result.stdout and "--verify" in result.stdout
+
+
+def test_verify_walks_every_link_of_a_chain(run, capsys):
+    """Issue 22 item 12: step 3 is a delta on 2, a delta on 1; with step 1 deleted, step 3 cannot load
+    either — --verify said "0 failures" for it (only its direct base was looked at)."""
+    shutil.rmtree(run / "step-00000001")
+    code, out, err = _out(capsys, [run, "--verify", "--step", "3"])
+    assert code == 1 and err.count("\n") == 1
+    failed = [line for line in out.splitlines() if line.startswith("FAILED")]
+    assert len(failed) == 1 and "step 3" in failed[0] and "step-00000001" in failed[0]
+    assert _out(capsys, [run, "--verify", "--step", "4"])[0] == 0  # a full checkpoint needs no link
+
+
+def test_verify_compares_each_mounts_manifest_with_the_primarys(run, tmp_path, capsys):
+    """Issue 22 item 12: a --mount holding another run's step of the same name verified clean."""
+    other = tmp_path / "other"
+    with ckpt.CheckpointManager(other, interval=1, catalog="") as manager:
+        manager.save(4, _state(40))  # another run's step 4: its own bytes verify, but it is not run's step 4
+    code, out, err = _out(capsys, [run, "--verify", "--mount", other])
+    assert code == 1 and err.count("\n") == 1
+    failed = [line for line in out.splitlines() if line.startswith("FAILED")]
+    assert len(failed) == 1 and str(other) in failed[0] and "step 4" in failed[0]
+    assert "differs from the primary's copy" in failed[0] and ckpt.read_manifest(other / "step-00000004").run in failed[0]
+    shutil.rmtree(other)
+    shutil.copytree(run, other)  # a true copy of every step verifies clean against the primary
+    assert _out(capsys, [run, "--verify", "--mount", other])[0] == 0

@@ -89,6 +89,7 @@ def _tiny_tokenizer(tmp_path: Path) -> str:
     ({"model__tokenizer": "{tokenizer}", "model__vocab_size": 10}, "model.vocab_size=10"),
     ({"checkpoint__enable": "false", "checkpoint__load_step": 5}, "checkpoint.load_step=5"),
     ({"checkpoint__folder": "{tmp}/a_file/checkpoints"}, "checkpoint.folder="),
+    ({"checkpoint__replicas": "{tmp}/a_file"}, "a_file is not a directory: replication to"),  # issue 22 item 4
 ])
 def test_configs_that_cannot_work_are_refused_with_one_line(tmp_path, capsys, extra, expected):
     (tmp_path / "empty_dir").mkdir()

@@ -148,6 +148,27 @@ def test_no_field_defaults_silently(two_steps, tmp_path):
             ckpt.read_manifest(step_path(copy, 2))
 
 
+def test_run_is_the_one_optional_field_and_is_checked_when_present(two_steps, tmp_path):
+    """Issue 22: a manifest records the run that wrote it (``run``); older ones have none and still load."""
+    root, _ = two_steps
+    assert ckpt.read_manifest(step_path(root, 2)).run is not None  # a manager's steps name their run
+    for value, ok in ((None, True), ("a" * 64, True), (123, False), ("../x", False), ("a" * 65, False), ("", False)):
+        copy = tmp_path / f"run-{len(str(value))}-{type(value).__name__}-{ok}"
+        shutil.copytree(root, copy)
+
+        def mutate(doc, value=value):
+            doc.pop("run", None)
+            if value is not None:
+                doc["run"] = value
+
+        reseal(step_path(copy, 2), mutate)
+        if ok:
+            assert ckpt.read_manifest(step_path(copy, 2)).run == value
+        else:
+            with pytest.raises(ckpt.InvalidManifestError, match="run must be"):
+                ckpt.read_manifest(step_path(copy, 2))
+
+
 def test_version_1_manifests_are_still_read(tmp_path):
     state = {"w": torch.randn(8, 8), "step": 3}
     ckpt.save(state, tmp_path / "c")

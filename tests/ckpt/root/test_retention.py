@@ -26,7 +26,7 @@ def test_retention_on_disk(tmp_path):
         for step in range(1, 11):
             manager.save(step, {"x": torch.full((3,), float(step)), "step": step})
     assert committed_steps(tmp_path) == [4, 8, 9, 10]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".catalog", ".lock"] + [f"step-{s:08d}" for s in (4, 8, 9, 10)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".catalog", ".lock", ".run"] + [f"step-{s:08d}" for s in (4, 8, 9, 10)]
 
 
 def test_retention_keeps_what_retained_deltas_need(tmp_path):
