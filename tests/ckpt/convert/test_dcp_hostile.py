@@ -23,7 +23,7 @@ from tools import convert
 GiB = 1 << 30
 
 
-def _refused(source: Path, tmp_path: Path, capsys, error: type, *words: str) -> None:
+def _refused(source: Path, tmp_path: Path, capsys, error: type, *words: str, seconds: float = 5) -> None:
     dst = tmp_path / "out" / "step-00000001"
     start = time.monotonic()
     with pytest.raises(error) as info:
@@ -33,7 +33,7 @@ def _refused(source: Path, tmp_path: Path, capsys, error: type, *words: str) -> 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("ckpt-convert: error: ") and "writing" not in err, err
     err.encode("ascii")  # printable anywhere
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < seconds  # the library call and the CLI together
     dcp_sources.leaves_nothing(dst)
 
 
@@ -87,8 +87,8 @@ def test_value_pickled_as_a_memo_dag_of_2_to_the_40_leaves(source, tmp_path, cap
 
 
 def test_memo_shared_chunk_lists_2500_by_2500(source, tmp_path, capsys):
-    hostile.shared_chunk_lists(source, 2500, 2500)
-    _refused(source, tmp_path, capsys, ckpt.InvalidManifestError, ".metadata", "elements")
+    hostile.shared_chunk_lists(source, 2500, 2500)  # 390 KB of pickle: ~1 s to unpickle (pure Python), twice
+    _refused(source, tmp_path, capsys, ckpt.InvalidManifestError, ".metadata", "elements", seconds=15)
 
 
 def test_metadata_dict_key_that_is_a_shared_tuple_dag(source, tmp_path, capsys):
