@@ -1,9 +1,12 @@
 """What every ckpt CLI shares: one readable error line and the exit codes, the progress bar, and the
 arguments more than one tool reads.
 
-    0  done
-    1  a checkpoint could not be read or written (the line says which and why)
-    2  bad arguments (argparse's usage message)
+    0    done
+    1    a checkpoint could not be read or written (the line says which and why)
+    2    bad arguments (argparse's usage message)
+    130  interrupted (Ctrl-C: one ``interrupted`` line, no traceback; outputs appear whole or not at all)
+
+A closed pipe on stdout (``ckpt-inspect ROOT | head``) ends the tool quietly (:func:`command`).
 
 A progress bar shows only on a terminal and is erased when the tool ends, so a failing run prints
 exactly one line on stderr. Shared arguments: ``--dtype`` names (:data:`DTYPES`), sizes
@@ -14,10 +17,14 @@ checkpoint a SRC names is the engine's one resolver, :func:`ckpt.root.resolve_ch
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
+import os
 import re
+import select
 import sys
 from types import ModuleType
+from typing import Callable
 
 import torch
 from tqdm import tqdm
@@ -50,9 +57,44 @@ def fail(prog: str, exc: BaseException) -> int:
     return 1
 
 
-def progress(total: int, description: str, *, quiet: bool) -> tqdm:
-    """A byte-count bar on stderr, shown only on a terminal and erased at the end."""
-    return tqdm(total=total, unit="B", unit_scale=True, desc=description, file=sys.stderr, leave=False,
+INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+
+
+def command(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
+    """Wrap a tool's ``main``: Ctrl-C prints ``PROG: interrupted`` and exits 130 (the library's
+    outputs are published whole or not at all, so nothing half-written is left); a reader that
+    closes stdout early (``| head``) ends the tool quietly, with status 0 as ``head`` expects."""
+    def wrap(main: Callable[..., int]) -> Callable[..., int]:
+        @functools.wraps(main)
+        def guarded(*args, **kwargs) -> int:
+            try:
+                return main(*args, **kwargs)
+            except KeyboardInterrupt:
+                print(f"{prog}: interrupted", file=sys.stderr)
+                return INTERRUPTED
+            except BrokenPipeError:
+                if not _stdout_closed():
+                    raise
+                # Python flushes stdout again at exit: point it at /dev/null so that raises nothing.
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                return 0
+        return guarded
+    return wrap
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (poll reports an error on its write end)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll() on this platform, stdout not a file
+        return False
+
+
+def progress(total: int, description: str, *, quiet: bool, unit: str = "B") -> tqdm:
+    """A bar on stderr (bytes, or ``unit``), shown only on a terminal and erased at the end."""
+    return tqdm(total=total, unit=unit, unit_scale=unit == "B", desc=description, file=sys.stderr, leave=False,
                 disable=True if quiet else None)
 
 

@@ -47,15 +47,15 @@ import ckpt
 from ckpt import CheckpointError, CheckpointNotFoundError
 from ckpt.convert import import_dcp, read_dcp_metadata, total_tensor_bytes
 from ckpt.root import resolve_checkpoint
-from .cli import DTYPES, EXPECTED_FAILURES, fail, implied_format, parse_size, progress, trainer_module
+from .cli import DTYPES, EXPECTED_FAILURES, command, fail, implied_format, parse_size, progress, trainer_module
 
 hf = trainer_module("hf")
 ConfigError = trainer_module("config").ConfigError
 
 PROG = "ckpt-convert"
 EPILOG = """examples:
-  ckpt-convert outputs/debug/checkpoints hf-out --to hf                 newest step as a Hugging Face llama
-  ckpt-convert ckpts/run1 hf-out --to hf --step 1200 --dtype bf16 --max-shard-size 2GB
+  ckpt-convert outputs/debug/checkpoints hf-debug --to hf               newest step as a Hugging Face llama
+  ckpt-convert ckpts/run1 hf-1200-bf16 --to hf --step 1200 --dtype bf16 --max-shard-size 2GB
   ckpt-convert s3://bucket/run1 model.safetensors --to safetensors      our names, one file, read from S3
   ckpt-convert ckpts/run1/step-00001200 model.pt --to torch             Transformer.load_state_dict(torch.load(...))
   ckpt-convert hf-llama ckpts/init --from hf                            then: python -m trainer.train ... \\
@@ -106,6 +106,7 @@ def _check_arguments(p: argparse.ArgumentParser, args) -> None:
             p.error(f"--max-shard-size writes a directory; name DST without a file extension (not {suffix})")
 
 
+@command(PROG)
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)

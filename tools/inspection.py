@@ -38,7 +38,8 @@ from ckpt.inspection import (
     verify_one,
 )
 from ckpt.storage import Location, locate
-from .cli import EXPECTED_FAILURES, fail, progress
+from ckpt.units import human_bytes
+from .cli import EXPECTED_FAILURES, command, fail, progress
 
 PROG = "ckpt-inspect"
 MAX_HEADER = 24  # a mount URL longer than this is shown as "mount N" with a legend
@@ -53,18 +54,6 @@ EPILOG = """examples:
 
 
 # -- formatting ----------------------------------------------------------------------------------
-def human(size: int | None) -> str:
-    if size is None:
-        return "-"
-    if size < 1000:
-        return f"{size} B"
-    value = float(size)
-    for unit in ("kB", "MB", "GB", "TB", "PB"):
-        value /= 1000
-        if value < 999.95 or unit == "PB":
-            return f"{value:.1f} {unit}"
-
-
 def when(created: float | None) -> str:
     return "-" if not created else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created))
 
@@ -90,7 +79,7 @@ def print_listing(root: Location, catalog_path, mounts, rows, as_json: bool) -> 
     for i, (url, header) in enumerate(zip(urls, headers), 1):
         if header != url:
             print(f"mount {i} = {url}" + (" (primary)" if i == 1 else ""))
-    body = [[r["step"], r["kind"], r["base_step"], human(r["bytes"]), when(r["created"])]
+    body = [[r["step"], r["kind"], r["base_step"], human_bytes(r["bytes"]), when(r["created"])]
             + [r["mounts"][url] for url in urls] for r in rows]
     print(table(["step", "kind", "base", "size", "time"] + headers, body))
     if not rows:
@@ -151,7 +140,7 @@ def verify(args, target: Location) -> int:
         for item in failures:
             print(f"FAILED {item['mount']} step {item['step']}: {item['file']}"
                   + (f" tensor {item['tensor']}" if item["tensor"] else "") + f": {item['error']}")
-        print(f"verified {len(steps)} steps on {len(mounts)} mounts, {total} bytes ({human(total)}), "
+        print(f"verified {len(steps)} steps on {len(mounts)} mounts, {total} bytes ({human_bytes(total)}), "
               f"{len(failures)} failures")
     if failures:
         first = failures[0]
@@ -173,11 +162,11 @@ def summary(args, path: Location) -> int:
     print(f"{path}\nstep {doc['step']}  kind {doc['kind']}  base {base}  world size {doc['world_size']}  "
           f"created {when(doc['created'])}  format version {version if version is not None else '?'}")
     print(f"{totals['tensors']} tensors in {totals['chunks']} chunks, {totals['values']} values; stored "
-          f"{human(totals['stored_bytes'])} ({human(totals['raw_bytes'])} raw) in {totals['files']} data file(s)")
+          f"{human_bytes(totals['stored_bytes'])} ({human_bytes(totals['raw_bytes'])} raw) in {totals['files']} data file(s)")
     if tensors:
         print()
         print(table(["tensor", "dtype", "shape", "chunks", "stored", "codecs"],
-                    [[key, t["dtype"], "x".join(map(str, t["shape"])) or "()", t["chunks"], human(t["stored_bytes"]),
+                    [[key, t["dtype"], "x".join(map(str, t["shape"])) or "()", t["chunks"], human_bytes(t["stored_bytes"]),
                       ",".join(t["codecs"])] for key, t in tensors.items()]))
     if values:
         print()
@@ -201,6 +190,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+@command(PROG)
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)

@@ -1,7 +1,7 @@
 """ckpt-merge: one checkpoint's tensors as consolidated weights files (.safetensors or torch.save).
 
     ckpt-merge SRC DST [--format safetensors|torch] [--dtype bf16|fp16|fp32] [--only model|optim|PREFIX]
-                       [--max-shard-size 5GB] [--step N] [--force] [--quiet]
+                       [--max-shard-size 5GB] [--step N] [--force] [--quiet] [--json]
 
 SRC is one checkpoint (a directory or URL holding manifest.json) or a checkpoint root holding
 step-XXXXXXXX directories (then --step N, default the newest committed step). Whatever layout
@@ -25,18 +25,20 @@ stderr says why: a corrupt chunk names its file and tensor), 2 bad arguments.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from ckpt import CheckpointError, read_manifest
 from ckpt.convert import merge, select_keys, tensor_specs
 from ckpt.root import resolve_checkpoint
-from .cli import DTYPES, EXPECTED_FAILURES, fail, implied_format, parse_size, progress
+from ckpt.units import human_bytes
+from .cli import DTYPES, EXPECTED_FAILURES, command, fail, implied_format, parse_size, progress
 
 PROG = "ckpt-merge"
 EPILOG = """examples:
   ckpt-merge ckpts/run1 model.safetensors --only model            newest step's weights, one file
   ckpt-merge ckpts/run1 --step 1200 weights.pt --dtype bf16        step 1200 as a torch.save dict, floats in bf16
-  ckpt-merge ckpts/run1/step-00001200 hf-out --max-shard-size 5GB  Hugging Face sharded layout + index
+  ckpt-merge ckpts/run1/step-00001200 shards --max-shard-size 5GB  Hugging Face sharded layout + index
   ckpt-merge s3://bucket/run1 model.safetensors --only model.layers.0.   one prefix, read from S3
   ckpt-merge ckpts/run1 all.safetensors --force --quiet            model + optimizer state, replace all.safetensors
 
@@ -59,6 +61,8 @@ def parser() -> argparse.ArgumentParser:
                    help="shard into a directory (Hugging Face layout), each file at most SIZE (5GB, 500MB, 2GiB)")
     p.add_argument("--force", action="store_true", help="replace an existing DST")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no summary line")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary line: "
+                   "source, step, kind, format, tensors, bytes, files written, values left out")
     return p
 
 
@@ -77,6 +81,7 @@ def output_format(p: argparse.ArgumentParser, args) -> tuple[str, int | None]:
     return args.format or "safetensors", args.max_shard_size or sys.maxsize
 
 
+@command(PROG)
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
@@ -95,11 +100,15 @@ def main(argv: list[str] | None = None) -> int:
         return fail(PROG, exc)
     except RuntimeError as exc:  # torch's zip writer reports a failed write as RuntimeError
         return fail(PROG, CheckpointError(f"writing {args.dst} failed: {exc}"))
-    if not args.quiet:
+    if args.json:
+        print(json.dumps({"source": str(source), "step": manifest.step, "kind": manifest.kind, "format": fmt,
+                          "tensors": len(keys), "bytes": total, "written": [str(w) for w in written],
+                          "values_left_out": len(manifest.values), "verified": "every chunk read"}))
+    elif not args.quiet:
         left = f"; {len(manifest.values)} plain value(s) not exported" if manifest.values else ""
         files = f"{len(written)} files in " if len(written) > 1 else ""
         step = "" if manifest.step is None else f"step {manifest.step} "
-        print(f"{step}({manifest.kind}): {len(keys)} tensors, {total / 1e9:.3f} GB as {fmt} -> "
+        print(f"{step}({manifest.kind}): {len(keys)} tensors, {human_bytes(total)} as {fmt} -> "
               f"{files}{args.dst}{left}")
     return 0
 

@@ -13,9 +13,10 @@ import argparse
 
 from ckpt import CheckpointRoot, read_manifest
 from ckpt.convert import materialize
-from .cli import EXPECTED_FAILURES, fail, progress
+from .cli import EXPECTED_FAILURES, command, fail, progress
 
 
+@command("ckpt-replay")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ckpt-replay", description=__doc__.splitlines()[0])
     parser.add_argument("root", help="checkpoint root holding step-XXXXXXXX directories")

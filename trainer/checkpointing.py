@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict
 import ckpt
 from ckpt.format import step_name
 from ckpt.root import resolve_checkpoint
+from ckpt.units import human_bytes
 from . import exits
 from .config import Config
 
@@ -33,13 +34,6 @@ def checkpoint_folder(cfg: Config) -> str:
     """``checkpoint.folder``, under ``job.dump_folder`` unless absolute or a URL."""
     folder = cfg.checkpoint.folder
     return folder if "://" in folder or os.path.isabs(folder) else str(Path(cfg.job.dump_folder) / folder)
-
-
-def human_bytes(count: int) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if count < 1000 or unit == "TB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1000
 
 
 def commit_line(info: ckpt.CommitInfo) -> str:

@@ -287,11 +287,21 @@ class Trainer:
                 dist.destroy_process_group()
 
 
+def _params_line(trainer: Trainer) -> str:
+    """The model's parameter count (global, whatever the sharding) and, under a pipeline, the
+    share of this rank's stage(s) — FSDP/TP shards are counted at their global size (DTensor)."""
+    with torch.device("meta"):
+        total = model_mod.num_params(model_mod.Transformer(trainer.model_args))
+    if trainer.dims.pp == 1:
+        return f"{total:,} params"
+    return f"{total:,} params, {model_mod.num_params(trainer.model):,} in this rank's pipeline stage(s)"
+
+
 def _train(argv: list[str]) -> None:
     trainer = Trainer(load_config(argv))
     try:
-        trainer.log(f"training {trainer.cfg.model.name}/{trainer.cfg.model.flavor} ({model_mod.num_params(trainer.model):,} "
-                    f"params on this rank) on {trainer.world} x {trainer.device_type}, dp={trainer.dims.dp}, "
+        trainer.log(f"training {trainer.cfg.model.name}/{trainer.cfg.model.flavor} ({_params_line(trainer)}) "
+                    f"on {trainer.world} x {trainer.device_type}, dp={trainer.dims.dp}, "
                     f"micro_batch={trainer.micro_batch}, accumulation={trainer.accumulation}")
         losses = trainer.fit()
     except BaseException:

@@ -78,7 +78,8 @@ def test_to_hf_loads_in_transformers_and_computes_our_logits(run, tmp_path, monk
     out = capsys.readouterr().out
     assert "step 4" in out and "byte tokenizer" in out and out.count("\n") == 1
     files = sorted(p.name for p in (tmp_path / "hf").iterdir())
-    assert files == ["config.json", "generation_config.json", "model.safetensors"]  # no temporary left
+    assert files == ["config.json", "generation_config.json", "model.safetensors",  # no temporary left
+                     "tokenizer.json", "tokenizer_config.json"]  # the byte tokenizer, as HF files
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert (config["num_attention_heads"], config["num_key_value_heads"], config["bos_token_id"]) == (4, 2, 256)
@@ -87,6 +88,13 @@ def test_to_hf_loads_in_transformers_and_computes_our_logits(run, tmp_path, monk
     ours = _ours(run / "step-00000004")
     diff = _logits_diff(ours, hf)
     assert diff < TOLERANCE
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    text = "def f(x):\n    return x  # ünïcode"
+    assert tokenizer(text)["input_ids"] == [256, *text.encode()]  # exactly the trainer's byte ids, BOS first
+    assert tokenizer.decode([256, *text.encode(), 257], skip_special_tokens=True) == text
+    generate = transformers.pipeline("text-generation", model=hf, tokenizer=tokenizer)
+    sample = generate("def ", max_new_tokens=8, do_sample=False)[0]["generated_text"]
+    assert sample.startswith("def ") and len(sample) > len("def ")
 
     # The same export without the rotary permutation computes something else: the test can fail.
     monkeypatch.setattr(rotary, "permute_to_hf", lambda weight, n_heads: weight)

@@ -131,6 +131,16 @@ def test_merge_delta_step(tmp_path):
     models.assert_same(torch.load(tmp_path / "d.pt", weights_only=True), expected)
 
 
+def test_merge_json_report(tmp_path, capsys):
+    import json
+
+    ckpt.save({"model": {"w": torch.ones(8, 4)}, "step": 3}, tmp_path / "src")
+    assert main([str(tmp_path / "src"), str(tmp_path / "w.safetensors"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["tensors"] == 1 and report["bytes"] == 128 and report["format"] == "safetensors"
+    assert report["written"] == [str(tmp_path / "w.safetensors")] and report["values_left_out"] == 1
+
+
 # -- errors ------------------------------------------------------------------------------------
 def _run(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tools.merge", *map(str, args)], capture_output=True, text=True,

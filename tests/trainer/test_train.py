@@ -190,6 +190,11 @@ def test_a_person_sees_one_line_per_commit_and_a_summary(tmp_path, capsys):
 
     assert main(trainer_args(str(tmp_path), steps=4, checkpoint__enable="true", checkpoint__interval=2)) == 0
     out = capsys.readouterr().out.splitlines()
+    from trainer.model import Transformer, model_args, num_params
+
+    with torch.device("meta"):
+        debug = num_params(Transformer(model_args("debug", vocab_size=258)))
+    assert any(line.startswith(f"training llama/debug ({debug:,} params) on 1 x cpu") for line in out)
     commits = [line for line in out if line.startswith("checkpoint step ")]
     assert [line.split()[2] for line in commits] == ["2", "4"]
     assert all(" committed: full, " in line and str(tmp_path / "checkpoints") in line for line in commits)

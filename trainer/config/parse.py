@@ -169,6 +169,10 @@ def help_text() -> str:
         "Configuration: --config PATH (.toml, or .yaml/.yml) and overrides --section.key VALUE",
         "(or --section.key=VALUE). Precedence: defaults < config file < command line.",
         "Booleans take true/false/1/0/yes/no (a bare --section.flag means true); optional fields take none.",
+        "",
+        "--dry-run  print the plan of this config instead of training: layout, memory per rank, checkpoint",
+        "           sizes and times, whether it fits (no process group, nothing allocated; docs/DRY_RUN.md).",
+        "           With --world-size N, --device-memory GIB|NAME, --storage-gbps X, --json (python -m trainer.plan --help).",
     ]
     for section, cls in SECTIONS.items():
         lines += ["", f"[{section}]  {(cls.__doc__ or '').strip()}"]

@@ -30,6 +30,7 @@ from ..config.schema import is_byte_tokenizer
 from .config import generation_config, hf_config
 from .names import hf_name
 from .rotary import to_hf
+from .byte_tokenizer import byte_tokenizer_files
 from .run import PREFIX, model_args_of, tokenizer_files
 from ..model import ModelArgs
 
@@ -112,8 +113,12 @@ def _tokenizer_export(manifest: Manifest) -> tuple[dict[str, bytes], str, object
         ids = SimpleNamespace(bos_id=origin["config"].get("bos_token_id"), eos_id=origin["config"].get("eos_token_id"))
         return {}, f"no tokenizer file: {origin.get('path')}, which this was imported from, had none", ids
     if is_byte_tokenizer(path):
-        return {}, ("no tokenizer file: the run used the built-in byte tokenizer (ids 0-255 are UTF-8 bytes, "
-                    "256 BOS, 257 EOS)"), None
+        try:
+            files, ids = byte_tokenizer_files()
+        except ImportError:
+            return {}, ("no tokenizer file: the run used the built-in byte tokenizer (ids 0-255 are UTF-8 bytes, "
+                        "256 BOS, 257 EOS) and writing it needs the `tokenizers` package"), None
+        return files, "the built-in byte tokenizer written as tokenizer.json", ids
     try:
         files, tokenizer = tokenizer_files(path)
     except Exception as exc:  # gone, unreadable, no `tokenizers` package, or its own parse errors

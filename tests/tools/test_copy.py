@@ -1,0 +1,76 @@
+"""tools.copy, ckpt-copy: every loadable step (or the chosen ones with their delta chains) copied
+to another root, verified as it streams, manifest last; bitwise loadable there, also on S3."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+import ckpt
+from tests.support.chains import load_mixed, train_with_chain
+from tests.support.checkpoints import step_path
+from tests.support.models import assert_same as assert_state_equal
+
+
+def test_copy_every_step_loads_bitwise_on_the_target(tmp_path, capsys):
+    from tools.copy import main
+
+    expected = train_with_chain(tmp_path / "src", steps=4, full_every=2)
+    assert main([str(tmp_path / "src"), str(tmp_path / "dst"), "--json", "--quiet"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["copied"] == [1, 2, 3, 4] and report["bytes"] > 0
+    assert ckpt.CheckpointRoot(tmp_path / "dst").steps() == [1, 2, 3, 4]
+    for step in (2, 4):  # deltas: their bases came along
+        assert_state_equal(load_mixed(step_path(tmp_path / "dst", step)), expected[step])
+    assert main([str(tmp_path / "src"), str(tmp_path / "dst"), "--quiet"]) == 0  # again: nothing to do
+    assert capsys.readouterr().out.strip().endswith("copied 0 step(s) (0 B) to " + str(tmp_path / "dst") + "; 4 already there")
+
+
+def test_copy_one_step_brings_its_delta_chain(tmp_path, capsys):
+    from tools.copy import main
+
+    expected = train_with_chain(tmp_path / "src", steps=6, full_every=3)  # 1 full, 2-3 deltas, 4 full, ...
+    assert main([str(tmp_path / "src"), str(tmp_path / "dst"), "--step", "3", "--json", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out)["copied"] == [1, 2, 3]
+    assert_state_equal(load_mixed(step_path(tmp_path / "dst", 3)), expected[3])
+
+
+def test_copy_refuses_a_missing_step_and_a_locked_target(tmp_path, capsys):
+    from tools.copy import main
+
+    train_with_chain(tmp_path / "src", steps=2)
+    assert main([str(tmp_path / "src"), str(tmp_path / "dst"), "--step", "7", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no loadable step 7" in err and "committed: 1, 2" in err
+    with ckpt.CheckpointManager(tmp_path / "dst"):  # a running trainer's root
+        assert main([str(tmp_path / "src"), str(tmp_path / "dst"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "lock" in err.lower()
+    assert not os.path.exists(tmp_path / "dst" / "step-00000001")
+
+
+def test_a_corrupt_source_step_is_never_committed_on_the_target(tmp_path, capsys):
+    from tools.copy import main
+
+    train_with_chain(tmp_path / "src", steps=1)
+    data = max((p for p in step_path(tmp_path / "src", 1).rglob("*") if p.is_file() and p.name != "manifest.json"),
+               key=lambda p: p.stat().st_size)
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    assert main([str(tmp_path / "src"), str(tmp_path / "dst"), "--quiet"]) == 1
+    assert "checksum" in capsys.readouterr().err.lower()
+    assert ckpt.CheckpointRoot(tmp_path / "dst").committed() == []
+
+
+@pytest.mark.slow
+def test_copy_to_s3_and_back(tmp_path, s3_bucket, aws_env, capsys):
+    from tools.copy import main
+
+    expected = train_with_chain(tmp_path / "src", steps=3, full_every=2)
+    url = f"{s3_bucket.url}/run"
+    assert main([str(tmp_path / "src"), url, "--read-back", "--quiet"]) == 0
+    assert main([url, str(tmp_path / "back"), "--quiet"]) == 0
+    assert_state_equal(load_mixed(step_path(tmp_path / "back", 3)), expected[3])

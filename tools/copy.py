@@ -1,0 +1,94 @@
+"""ckpt-copy: committed steps of a checkpoint root copied to another root, verified, manifest last.
+
+    ckpt-copy SRC DST [--step N ...] [--read-back] [--json] [--quiet]
+
+SRC and DST are checkpoint roots (directories or URLs: s3://bucket/run, AWS_ENDPOINT_URL etc. apply).
+Every committed step of SRC whose delta chain is whole is copied (with --step, those steps and the
+links of their delta chains), oldest first so that a delta's base is on DST before the delta. Each
+step is copied with the engine's replication copy: every blob's checksum is checked as the bytes
+stream, the data files are made durable, and the manifest is written last — a step that fails half
+way is never listed on DST. Steps DST already holds committed are left as they are. DST is locked
+for the copy like a manager locks its root: a running trainer's root is refused.
+
+Exit codes (tools/cli.py): 0 done, 1 a step could not be read or written (one line on stderr says
+which and why), 2 bad arguments, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ckpt import CheckpointNotFoundError, CheckpointRoot
+from ckpt.root import copy_step, open_root
+from ckpt.units import human_bytes
+from .cli import EXPECTED_FAILURES, command, fail, progress
+
+PROG = "ckpt-copy"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                epilog="\n\n".join(__doc__.split("\n\n")[2:]),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("src", help="the checkpoint root to copy from")
+    p.add_argument("dst", help="the checkpoint root to copy to (created if missing)")
+    p.add_argument("--step", type=int, action="append", help="copy this step (and its delta chain); repeatable")
+    p.add_argument("--read-back", action="store_true", help="read every blob back from DST and verify it")
+    p.add_argument("--json", action="store_true", help="print one JSON object: the steps copied, bytes")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def steps_to_copy(source, wanted: list[int] | None) -> list[int]:
+    """``wanted`` and every base their delta chains need, or every loadable step; ascending."""
+    listed = source.steps()
+    if not wanted:
+        return listed
+    missing = sorted(set(wanted) - set(listed))
+    if missing:
+        raise CheckpointNotFoundError(f"{source.path} has no loadable step {', '.join(map(str, missing))} "
+                                      f"(committed: {', '.join(map(str, listed)) or 'none'})", path=str(source.path))
+    bases = source.bases(listed)
+    chosen, pending = set(), list(wanted)
+    while pending:
+        step = pending.pop()
+        if step not in chosen:
+            chosen.add(step)
+            if isinstance(bases.get(step), int):
+                pending.append(bases[step])
+    return sorted(chosen)
+
+
+@command(PROG)
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        source, target = open_root(args.src), CheckpointRoot(args.dst)
+        steps = steps_to_copy(source, args.step)
+        target.lock()
+        copied, skipped, total = [], [], 0
+        try:
+            with progress(len(steps), "copy", quiet=args.quiet, unit="step") as bar:
+                for step in steps:
+                    if target.is_committed(step):
+                        skipped.append(step)
+                    else:
+                        total += copy_step(source.step_path(step), target.step_path(step), read_back=args.read_back)
+                        copied.append(step)
+                    bar.update(1)
+        finally:
+            target.unlock()
+    except EXPECTED_FAILURES as exc:
+        return fail(PROG, exc)
+    if args.json:
+        print(json.dumps({"source": str(source.path), "target": str(target.path), "copied": copied,
+                          "already_there": skipped, "bytes": total, "read_back": args.read_back}))
+    else:
+        print(f"copied {len(copied)} step(s) ({human_bytes(total)}) to {target.path}"
+              + (f"; {len(skipped)} already there" if skipped else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
