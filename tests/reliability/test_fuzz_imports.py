@@ -5,7 +5,8 @@ A tiny valid source of each kind is mutated with hypothesis: config.json values 
 of any JSON type (huge and negative integers, NaN/Infinity, strings, nulls, lists, deep nesting),
 keys added or dropped, weight_map entries aimed out of the directory (at a valid shard outside, so
 following it would *succeed*); DCP metadata fields (sizes, chunk boxes, offsets, lengths, dtypes,
-paths, transforms, keys) and data-file bytes (cuts, flips, random bytes). Every call must either
+paths, transforms, keys, a value replaced by a memo DAG, a 3000-deep list, a cycle, a meta tensor or a
+lone-surrogate key) and data-file bytes (cuts, flips, random bytes). Every call must either
 succeed or raise a :class:`ckpt.CheckpointError` subclass (the CLI: exit 0/1 with one line, never an
 exception), within a few seconds per input; nothing outside a directory is read as part of a model.
 
@@ -20,16 +21,18 @@ import json
 import os
 import pickle
 import shutil
+import sys
 import time
 from collections import Counter
 from contextlib import redirect_stderr, redirect_stdout
-from io import StringIO
+from io import BytesIO, StringIO
 from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from torch.distributed.checkpoint.metadata import MetadataIndex
 
 import ckpt
 from ckpt.convert import import_dcp, read_dcp_metadata
@@ -175,10 +178,53 @@ def _mutate_metadata(md, data):
         md.state_dict_metadata.pop(data.draw(st.sampled_from(sorted(md.state_dict_metadata))))
     elif kind == "key" and md.state_dict_metadata:
         old = data.draw(st.sampled_from(sorted(md.state_dict_metadata)))
-        new = data.draw(st.sampled_from(["", "a.b", "\udc80", "x" * 300, "../up", old + "2"]))
+        new = data.draw(st.sampled_from(["", "a.b", "\udc80", "x\udcff", "x" * 300, "../up", old + "2"]))
         md.state_dict_metadata[new] = md.state_dict_metadata.pop(old)
+        if data.draw(st.booleans()):  # consistently: its stored items too
+            md.storage_data = {MetadataIndex(new if i.fqn == old else i.fqn, i.offset, i.index): v
+                               for i, v in md.storage_data.items()}
     elif kind == "planner":
         md.planner_data = data.draw(st.one_of(st.none(), st.dictionaries(st.text(max_size=4), JSON, max_size=3)))
+
+
+HOSTILE_VALUES = st.sampled_from(["dag", "deep", "meta", "surrogate", "cycle", "many"])
+
+
+def _hostile_value(kind: str):
+    if kind == "dag":
+        node: list = [1]
+        for _ in range(30):
+            node = [node, node]
+        return node
+    if kind == "deep":
+        node = []
+        for _ in range(3000):
+            node = [node]
+        return node
+    if kind == "meta":
+        return {"t": torch.empty(4, device="meta")}
+    if kind == "surrogate":
+        return {"\udc80": 1}
+    if kind == "cycle":
+        node = [1]
+        node.append(node)
+        return node
+    return list(range(100_000))  # large but plain: imports
+
+
+def _replace_value(src: Path, md, kind: str) -> None:
+    """Store the value ``step`` as a torch.save of a hostile value, in its own data file."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)
+    try:
+        stream = BytesIO()
+        torch.save(_hostile_value(kind), stream)
+    finally:
+        sys.setrecursionlimit(limit)
+    (src / "__7_0.distcp").write_bytes(stream.getvalue())
+    for index, info in md.storage_data.items():
+        if index.fqn == "step":
+            info.relative_path, info.offset, info.length = "__7_0.distcp", 0, len(stream.getvalue())
 
 
 @_settings(0.4)
@@ -187,7 +233,9 @@ def test_fuzzed_dcp_metadata_raise_only_checkpoint_errors(dcp_source, tmp_path_f
     work = tmp_path_factory.mktemp("dcpm")
     src = Path(shutil.copytree(dcp_source, work / "dcp"))
     md = copy.deepcopy(read_dcp_metadata(dcp_source))
-    for _ in range(data.draw(st.integers(1, 3))):
+    if data.draw(st.integers(0, 3)) == 0:
+        _replace_value(src, md, data.draw(HOSTILE_VALUES))
+    for _ in range(data.draw(st.integers(0 if md.storage_data else 1, 3))):
         _mutate_metadata(md, data)
     (src / ".metadata").write_bytes(pickle.dumps(md, protocol=data.draw(st.sampled_from([2, 4, 5]))))
     start = time.monotonic()
