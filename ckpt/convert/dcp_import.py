@@ -27,7 +27,8 @@ from ..errors import CheckpointExistsError, CorruptCheckpointError, InvalidManif
 from ..format import Manifest, ValueEntry, dtype_name, parse_step_name
 from ..storage import Location, locate
 from ..write import Payload, Place
-from ._dcp_items import Item, ItemReader, transform
+from ._bounds import check_memory
+from ._dcp_items import STREAM_SLACK, Item, ItemReader, transform
 from .dcp_metadata import read_dcp_metadata
 
 _DCP_FILE = re.compile(r"__(\d+)_(\d+)\.distcp")
@@ -163,7 +164,9 @@ def _check_relative_path(src: Location, key: str, rel: str) -> None:
 
 
 def _check_file_sizes(src: Location, by_file: dict[str, list[Item]]) -> None:
-    """A data file too short for an item it should hold is refused before any work is done."""
+    """A data file too short for an item it should hold, an untransformed chunk stored in fewer
+bytes than its box holds, or an item that cannot fit in this machine's memory is refused before
+any work is done."""
     for rel, items in by_file.items():
         handle = src.storage.open_read(src.path, rel)
         try:
@@ -172,20 +175,28 @@ def _check_file_sizes(src: Location, by_file: dict[str, list[Item]]) -> None:
             handle.close()
         for item in items:
             end = item.info.offset + item.info.length
+            where = dict(path=str(src), file=rel, tensor=item.key)
             if end > size:
                 raise CorruptCheckpointError(
                     f"{src}: {rel} is truncated ({size} bytes) - {item.key} needs bytes {item.info.offset}..{end}",
-                    path=str(src), file=rel, tensor=item.key)
+                    **where)
+            nbytes = 0 if item.offsets is None else math.prod(item.sizes) * item.dtype.itemsize
+            if not item.info.transform_descriptors and item.info.length < nbytes:
+                raise CorruptCheckpointError(f"{src}: the chunk of {item.key!r} at {list(item.offsets)} declares "
+                                             f"{nbytes} bytes but {rel} stores {item.info.length} for it", **where)
+            held = item.info.length + (nbytes + STREAM_SLACK if item.info.transform_descriptors and nbytes else 0)
+            check_memory(held, f"{src}: the item {item.key!r} in {rel}", **where)
 
 
 def _output_names(rel_paths: list[str]) -> tuple[dict[str, tuple[int, int]], int]:
     """The (rank, part) of our data file for each DCP one (``__3_1.distcp`` -> rank 3, part 1:
     ``data/rank-00003-p1.bin``; other names become further parts of rank 0), and the number of
-    ranks that wrote."""
+    ranks that wrote. Two names of one (rank, part) (``__0_1``, ``__0_01``): the second is treated
+like other names."""
     names, used, others = {}, set(), []
     for rel in rel_paths:
         match = _DCP_FILE.fullmatch(rel)
-        if match and int(match.group(1)) < (1 << 24):
+        if match and int(match.group(1)) < (1 << 24) and (int(match.group(1)), int(match.group(2))) not in used:
             rank, part = int(match.group(1)), int(match.group(2))
             names[rel] = (rank, part)
             used.add((rank, part))

@@ -10,7 +10,9 @@ DCP itself reads it with ``pickle.load``, which executes code from a hostile che
 #189308). :func:`read_dcp_metadata` reads it with :class:`_MetadataUnpickler` (see it for exactly
 what it admits): what it refuses raises :class:`~ckpt.errors.UnsafeCheckpointError` naming it; then
 every field :mod:`ckpt.convert.dcp_import` uses is checked to have the type DCP gives it
-(:class:`~ckpt.errors.CorruptCheckpointError` otherwise).
+(:class:`~ckpt.errors.CorruptCheckpointError` otherwise). Bounded: the file's ends are checked
+before it is read, dict keys must be plain (no hashing of shared tuples), and the result is walked
+within an element budget its size allows (:mod:`ckpt.convert._bounds`).
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ from ..committed import DCP_METADATA_NAME as METADATA_NAME, read_metadata_file
 from ..errors import CheckpointError, CorruptCheckpointError, InvalidManifestError, UnsafeCheckpointError
 from ..format import MAX_BYTES, MAX_DIMS
 from ..storage import Location, locate
+from ._bounds import check_pickle_ends, check_structure, element_budget
 
 MAX_METADATA_BYTES = 1 << 32
+MAX_METADATA_DEPTH = 32  # Metadata > dict > TensorStorageMetadata > chunks > chunk > Size > int: 6
 
 
 # -- the allow-list unpickler ----------------------------------------------------------------------
@@ -202,23 +206,36 @@ class _MetadataUnpickler(pickle._Unpickler):
     def load_setitem(self):
         value = self.stack.pop()
         key = self.stack.pop()
-        self._target((dict, OrderedDict), "SETITEM")[key] = value
+        self._target((dict, OrderedDict), "SETITEM")[_key(key)] = value
 
     def load_setitems(self):
         items = self.pop_mark()
         target = self._target((dict, OrderedDict), "SETITEMS")
         for i in range(0, len(items) - 1, 2):
-            target[items[i]] = items[i + 1]
+            target[_key(items[i])] = items[i + 1]
 
     def load_additems(self):
         items = self.pop_mark()
-        self._target((set,), "ADDITEMS").update(items)
+        self._target((set,), "ADDITEMS").update(_key(item) for item in items)
 
     for _op, _fn in (("REDUCE", load_reduce), ("NEWOBJ", load_newobj), ("NEWOBJ_EX", load_newobj_ex),
                      ("BUILD", load_build), ("APPEND", load_append), ("APPENDS", load_appends),
                      ("SETITEM", load_setitem), ("SETITEMS", load_setitems), ("ADDITEMS", load_additems)):
         dispatch[getattr(pickle, _op)[0]] = _fn
     del _op, _fn, _refuse
+
+
+_KEY_LEAVES = (str, int, type(None))
+
+
+def _key(key: Any) -> Any:
+    """A dict key or set item as DCP writes them (a string, an int, a MetadataIndex of plain fields):
+    anything else could be a memo-shared tuple whose hash walks 2^40 leaves."""
+    if type(key) in _KEY_LEAVES or (type(key) is MetadataIndex and type(getattr(key, "fqn", None)) is str and
+                                    type(getattr(key, "offset", None)) in (torch.Size, type(None)) and
+                                    type(getattr(key, "index", None)) in (int, type(None))):
+        return key
+    raise UnsafeCheckpointError(f"refused a dict key of type {type(key).__name__}: DCP metadata never uses it")
 
 
 def _name(obj: Any) -> str:
@@ -236,9 +253,12 @@ def read_dcp_metadata(path: str | os.PathLike | Location, storage_options: dict 
     if not (path / METADATA_NAME).is_file():
         raise CorruptCheckpointError(f"{path} holds no {METADATA_NAME}: not a DCP checkpoint", path=str(path),
                                      file=METADATA_NAME)
+    check_pickle_ends(path, METADATA_NAME, MAX_METADATA_BYTES)
     raw = read_metadata_file(path, METADATA_NAME, MAX_METADATA_BYTES, CorruptCheckpointError)
     try:
         metadata = _MetadataUnpickler(io.BytesIO(raw)).load()
+        check_structure(metadata, budget=element_budget(len(raw)), max_depth=MAX_METADATA_DEPTH, what="it",
+                        error=InvalidManifestError)
         _check_metadata(metadata)
     except CheckpointError as exc:
         exc.path, exc.file = str(path), METADATA_NAME

@@ -4,7 +4,8 @@ Contract: :func:`validate` re-coerces every field to its annotated type (so a Co
 is checked like a parsed one), lower-cases the choice strings, and raises :class:`ConfigError`
 ``section.key=value is invalid: requirement`` for the first value out of range (the model's
 shapes through :func:`trainer.config.derive.model_args`, against the byte tokenizer's vocabulary
-when that is the tokenizer; a tokenizer.json is checked once loaded). Nothing here
+when that is the tokenizer; a tokenizer.json is checked once loaded); the model's sizes are bounded
+by :mod:`trainer.config.limits`, so an absurd one is refused before anything is built of it. Nothing here
 rejects what only the parallel layer can judge (``tp``/``pp`` above 1, HSDP with DDP, degrees
 against the world size); :mod:`trainer.parallel` does that.
 """
@@ -17,6 +18,7 @@ from typing import Any
 from ckpt.errors import InvalidOptionError
 from .derive import FAMILIES, model_args
 from .fields import coerce
+from .limits import MAX_SEQ_LEN, MODEL_LIMITS
 from .schema import CHOICES, SECTIONS, ConfigError, is_byte_tokenizer
 from ..model import BYTE_VOCAB_SIZE
 
@@ -57,6 +59,9 @@ def validate(cfg: Any) -> None:
         v = getattr(m, key)
         if v is not None and v < 1:
             _fail("model", key, v, "must be >= 1 (or none for the flavor's)")
+        if v is not None and key in MODEL_LIMITS and v > MODEL_LIMITS[key]:
+            _fail("model", key, v, f"must be at most {MODEL_LIMITS[key]} (far beyond any llama; refused before "
+                                   "anything is built of it)")
     for key in ("ffn_dim_multiplier", "norm_eps", "rope_theta", "rope_factor", "rope_low_freq_factor",
                 "rope_high_freq_factor"):
         v = getattr(m, key)
@@ -73,6 +78,8 @@ def validate(cfg: Any) -> None:
     for key in ("steps", "batch_size", "seq_len"):
         if getattr(t, key) < 1:
             _fail("training", key, getattr(t, key), "must be >= 1")
+    if t.seq_len > MAX_SEQ_LEN:
+        _fail("training", "seq_len", t.seq_len, f"must be at most {MAX_SEQ_LEN}")
     for key in ("micro_batch_size", "gradient_accumulation_steps"):
         v = getattr(t, key)
         if v is not None and v < 1:

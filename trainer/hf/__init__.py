@@ -5,6 +5,8 @@ Everything model-specific a conversion needs lives here, beside the model; ``ckp
 direction. The rooms, each with its contract in its docstring (each imports only rooms listed
 before it):
 
+* :mod:`~trainer.hf.checks`: a foreign directory's JSON and weights files bounded and type-checked
+  (:class:`HFInputError`, naming the file and the field);
 * :mod:`~trainer.hf.names`: our state-dict keys ↔ Hugging Face's;
 * :mod:`~trainer.hf.rotary`: the q/k row permutation, per-tensor :func:`to_hf` / :func:`from_hf`;
 * :mod:`~trainer.hf.config`: ``config.json`` / ``generation_config.json`` written, and read back

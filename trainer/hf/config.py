@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..data import ByteTokenizer
+from .checks import check_config
 from ..model import FLAVORS, ModelArgs, RopeScaling, ffn_hidden_dim
 
 HF_ARCHITECTURE = "LlamaForCausalLM"
@@ -164,6 +165,7 @@ def args_from_hf_config(config: dict) -> ModelArgs:
     :class:`UnsupportedHFConfig` naming the key for anything our model would compute differently."""
     if not isinstance(config, dict):
         raise UnsupportedHFConfig("config.json does not hold an object")
+    check_config(config)  # types and ranges first (HFInputError naming the field)
     model_type = config.get("model_type")
     architectures = config.get("architectures") or [HF_ARCHITECTURE]
     _refuse_unless(model_type == HF_MODEL_TYPE and HF_ARCHITECTURE in architectures,

@@ -12,7 +12,6 @@ exact arguments and, when a flavor builds it, the trainer's ``model`` config sec
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from ckpt.convert import converted_dtype
 from ckpt.format import Manifest
 from ckpt.storage import Location
 from ckpt.write import Payload, Place, tensor_bytes
+from .checks import MAX_INDEX_ENTRIES, HFInputError, check_plain_file, read_json, weights_file
 from .config import UnsupportedHFConfig, args_from_hf_config
 from .names import HF_IGNORED, our_name
 from .rotary import from_hf
@@ -65,22 +65,29 @@ def open_hf(path: str | os.PathLike) -> HFModel:
                                       + ("; it is a checkpoint of this engine: export it with --to" if ours else ""),
                                       path=str(directory))
     try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
+        config = read_json(config_file, what="config.json")
         if isinstance(config, dict) and {"model", "training", "checkpoint"} <= config.keys():
             raise CheckpointNotFoundError(f"{directory} is a trainer run's folder (its config.json is the run's), "
                                           "not a Hugging Face model directory; export its checkpoints with --to",
                                           path=str(directory))
         args = args_from_hf_config(config)
-    except (ValueError, UnicodeDecodeError) as exc:  # JSON errors, UnsupportedHFConfig
-        kind = "cannot be converted" if isinstance(exc, UnsupportedHFConfig) else "is not valid JSON"
-        raise CheckpointError(f"{config_file} {kind}: {exc}", path=str(directory)) from None
+    except HFInputError as exc:
+        exc.path = str(directory)
+        if not str(exc).startswith(str(config_file)):  # named by its key alone: name the file too
+            exc.args = (f"{config_file}: {str(exc).removeprefix('config.json: ')}",)
+            exc.file = str(config_file)
+        raise
+    except UnsupportedHFConfig as exc:
+        raise CheckpointError(f"{config_file} cannot be converted: {exc}", path=str(directory)) from None
     index = directory / HF_INDEX
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            files = sorted({directory / name for name in weight_map.values()})
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CheckpointError(f"{index} is not a safetensors index ({exc})", path=str(directory)) from None
+    if index.is_file() or index.is_symlink():
+        weight_map = read_json(index, what="a safetensors index")
+        weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+        if not isinstance(weight_map, dict) or not 0 < len(weight_map) <= MAX_INDEX_ENTRIES:
+            raise HFInputError(f"{index} is not a safetensors index (no weight_map object of at most "
+                               f"{MAX_INDEX_ENTRIES} entries)", file=str(index), field="weight_map",
+                               path=str(directory))
+        files = sorted({weights_file(directory, name, index) for name in weight_map.values()})
     elif (directory / HF_WEIGHTS).is_file():
         files = [directory / HF_WEIGHTS]
     else:
@@ -90,8 +97,9 @@ def open_hf(path: str | os.PathLike) -> HFModel:
         raise CheckpointNotFoundError(f"{directory} holds no {HF_WEIGHTS} or {HF_INDEX}{hint}", path=str(directory))
     weights, hf_keys, foreign = {}, {}, []
     for file in files:
-        if not file.is_file():
+        if not file.is_file() and not file.is_symlink():
             raise CheckpointNotFoundError(f"{file} (named by {HF_INDEX}) is missing", path=str(directory))
+        check_plain_file(file, directory, "a weights file")
         try:
             with safe_open(str(file), framework="pt") as handle:
                 for hf_key in handle.keys():
