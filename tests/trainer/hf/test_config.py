@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 
+from trainer.hf.checks import HFInputError
 from trainer.hf.config import UnsupportedHFConfig, args_from_hf_config, hf_config
 from trainer.hf.run import expected_shapes, trainer_flags, trainer_model_config
 from trainer.model import ffn_hidden_dim, model_args
@@ -64,5 +65,5 @@ def test_configs_written_by_transformers_4_and_5_parse():
 ])
 def test_unrepresentable_configs_are_refused_naming_the_key(change, words):
     config = {**hf_config(model_args("debug"), torch.float32), **change}
-    with pytest.raises(UnsupportedHFConfig, match=words):
+    with pytest.raises((UnsupportedHFConfig, HFInputError), match=words):  # a wrong type: HFInputError
         args_from_hf_config(config)
