@@ -8,7 +8,9 @@ links of their delta chains), oldest first so that a delta's base is on DST befo
 step is copied with the engine's replication copy: every blob's checksum is checked as the bytes
 stream, the data files are made durable, and the manifest is written last — a step that fails half
 way is never listed on DST. Steps DST already holds committed are left as they are. DST is locked
-for the copy like a manager locks its root: a running trainer's root is refused.
+for the copy like a manager locks its root: a running trainer's root is refused, and so is a DST
+claimed by another run than the one whose steps are copied (a manager opening a copied root
+without a claim takes the run of its newest step, so a restored root resumes as the same run).
 
 Exit codes (tools/cli.py): 0 done, 1 a step could not be read or written (one line on stderr says
 which and why), 2 bad arguments, 130 interrupted.
@@ -19,8 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from ckpt import CheckpointNotFoundError, CheckpointRoot
+from ckpt import CheckpointNotFoundError, CheckpointRoot, read_manifest
 from ckpt.root import copy_step, open_root
+from ckpt.root.claim import foreign, read_claim
 from ckpt.units import human_bytes
 from .cli import EXPECTED_FAILURES, command, fail, progress
 
@@ -60,6 +63,17 @@ def steps_to_copy(source, wanted: list[int] | None) -> list[int]:
     return sorted(chosen)
 
 
+def refuse_another_runs_target(source, target, steps: list[int]) -> None:
+    """DST claimed by one run (``.run``, :mod:`ckpt.root.claim`) takes no steps of another: a
+    resume there would refuse them, or mix two runs' histories."""
+    record = read_claim(target.path)
+    if record is None or not steps:
+        return
+    theirs = read_manifest(source.step_path(steps[-1])).run
+    if theirs is not None and theirs != record["run"]:
+        raise foreign(target.path, record["run"], theirs, "claimed by")
+
+
 @command(PROG)
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
@@ -69,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         target.lock()
         copied, skipped, total = [], [], 0
         try:
+            refuse_another_runs_target(source, target, steps)
             with progress(len(steps), "copy", quiet=args.quiet, unit="step") as bar:
                 for step in steps:
                     if target.is_committed(step):

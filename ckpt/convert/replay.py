@@ -42,7 +42,7 @@ def materialize(source_path: str | os.PathLike, out: str | os.PathLike | None = 
                                   path=str(out))
         manifest = new_manifest(((key, e.dtype, e.shape) for key, e in old.tensors.items()), step=old.step,
                                 world_size=old.world_size, created=old.created, dcp_version=old.dcp_version,
-                                user=old.user, paths=old.paths)
+                                user=old.user, paths=old.paths, run=old.run)
         for key, value in old.values.items():
             if value.blob is None:
                 manifest.add_record(key, value)

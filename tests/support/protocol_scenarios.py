@@ -157,9 +157,11 @@ def _rename_before_manifest(monkeypatch) -> None:
     from ckpt.commit import posix
     from ckpt.format import DATA_DIR
 
-    def finish(self, attempt, raw, referenced, *, overwrite):
+    def finish(self, attempt, raw, referenced, *, overwrite, fence=None):
         storage, tmp = attempt.target.storage, attempt.directory
         storage.sync_dir((tmp / DATA_DIR).path)
+        if fence is not None:
+            fence()
         self.rename_into_place(tmp, attempt.target, overwrite=overwrite)
         storage.write_bytes((attempt.target / MANIFEST_NAME).path, raw)
         storage.sync_dir(attempt.target.path)
@@ -190,9 +192,9 @@ def _unreferenced_deleted_first(monkeypatch) -> None:
 
     real = object_store.ManifestLastCommit.finish
 
-    def finish(self, attempt, raw, referenced, *, overwrite):
+    def finish(self, attempt, raw, referenced, *, overwrite, fence=None):
         object_store._remove_unreferenced(attempt.target, referenced)
-        real(self, attempt, raw, referenced, overwrite=overwrite)
+        real(self, attempt, raw, referenced, overwrite=overwrite, fence=fence)
 
     monkeypatch.setattr(object_store.ManifestLastCommit, "finish", finish)
 

@@ -74,3 +74,20 @@ def test_copy_to_s3_and_back(tmp_path, s3_bucket, aws_env, capsys):
     assert main([str(tmp_path / "src"), url, "--read-back", "--quiet"]) == 0
     assert main([url, str(tmp_path / "back"), "--quiet"]) == 0
     assert_state_equal(load_mixed(step_path(tmp_path / "back", 3)), expected[3])
+
+
+def test_copy_refuses_a_target_claimed_by_another_run_and_a_copy_resumes_as_the_same_run(tmp_path, capsys):
+    from tools.copy import main
+
+    expected = train_with_chain(tmp_path / "a", steps=2)
+    train_with_chain(tmp_path / "b", steps=1)  # another run's root
+    assert main([str(tmp_path / "a"), str(tmp_path / "b"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "belongs to another run" in err
+    assert ckpt.CheckpointRoot(tmp_path / "b").steps() == [1]  # nothing copied
+    assert main([str(tmp_path / "a"), str(tmp_path / "restored"), "--quiet"]) == 0
+    run = ckpt.read_manifest(step_path(tmp_path / "a", 2)).run
+    with ckpt.CheckpointManager(tmp_path / "restored") as manager:  # the copy resumes as run a
+        assert manager.run == run
+        assert manager.steps() == [1, 2]
+    assert_state_equal(load_mixed(step_path(tmp_path / "restored", 2)), expected[2])

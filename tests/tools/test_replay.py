@@ -107,10 +107,14 @@ def test_replay_in_place_keeps_the_catalog_true(tmp_path, capsys):
     from ckpt.root import Catalog
     from tools.replay import main
 
+    import ckpt
+
     root = _chain_root(tmp_path)
+    run = ckpt.read_manifest(root / "step-00000002").run
     with Catalog(root / ".catalog", readonly=True) as catalog:
         assert catalog.step(2).kind == "delta" and catalog.step(2).base_step == 1
     assert main([str(root), "--step", "2", "--quiet"]) == 0
+    assert run is not None and ckpt.read_manifest(root / "step-00000002").run == run  # still this run's step
     assert f"written as a full checkpoint to {root / 'step-00000002'}" in capsys.readouterr().out
     with Catalog(root / ".catalog", readonly=True) as catalog:
         info = catalog.step(2)
