@@ -272,7 +272,8 @@ def listing(path: Path) -> list[str]:
 
 
 def read_metrics(path: Path) -> tuple[list[dict], int]:
-    """Records of ``metrics.jsonl`` and the count of lines that do not parse (a line cut by a kill)."""
+    """Step records of ``metrics.jsonl`` and the count of lines that do not parse (a line cut by a
+    kill); event records (``{"event": "run_start", ...}``, one per start of the trainer) are skipped."""
     records, bad = [], 0
     try:
         text = path.read_text()
@@ -283,6 +284,8 @@ def read_metrics(path: Path) -> tuple[list[dict], int]:
             continue
         try:
             record = json.loads(line)
+            if isinstance(record, dict) and "event" in record:
+                continue
             if not isinstance(record, dict) or "step" not in record:
                 raise ValueError(line)
             records.append(record)

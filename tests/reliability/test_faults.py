@@ -569,13 +569,14 @@ def test_metrics_count_a_failure_of_the_final_save(tmp_path, monkeypatch, capsys
     from trainer.train import main
 
     run = tmp_path / "run"
+    ckpt.CheckpointManager(run / "checkpoints").close()  # the run's folder, claimed before the disk fills
     install_faulty(monkeypatch, run / "checkpoints").disk_full()
     with pytest.warns(UserWarning, match="No space left on device"):
         assert main(trainer_args(str(run), steps=2, checkpoint__interval=2, metrics__log_freq=2,
                           checkpoint__on_error="continue")) == 0
     assert "1 checkpoint save failed" in capsys.readouterr().out
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert max(r["ckpt_failures"] for r in records) == 1
+    assert max(r["ckpt_failures"] for r in records if "step" in r) == 1
 
 
 @pytest.fixture

@@ -36,6 +36,7 @@ TWO_RANKS = {
 def _resume(root, name: str) -> dict:
     """Continue the run ``name`` from its step-2 checkpoint (in another job folder, another layout)."""
     return {"checkpoint__enable": "true", "checkpoint__interval": 2, "checkpoint__load_step": 2,
+            "checkpoint__branch": "true",  # step 4 is there: this run replaces it (another history)
             "checkpoint__folder": f"{root}/{name}/checkpoints"}
 
 

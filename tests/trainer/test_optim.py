@@ -69,6 +69,7 @@ def test_bf16_masters_and_moments_round_trip_a_checkpoint_bitwise(tmp_path):
                                                             checkpoint__interval=2, **LEAN))
     resumed_losses, resumed, _ = run_trainer(trainer_args(str(tmp_path / "b"), steps=4, checkpoint__enable="true",
                                                           checkpoint__interval=2, checkpoint__load_step=2,
+                                                          checkpoint__branch="true",  # step 4 is replaced
                                                           checkpoint__folder=str(tmp_path / "a" / "checkpoints"),
                                                           **LEAN))
     assert resumed_losses == straight_losses[2:]  # the stochastic rounding's stream resumes too

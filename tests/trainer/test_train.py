@@ -61,7 +61,8 @@ def test_seed_checkpoint_and_load_step(tmp_path):
     assert (tmp_path / "checkpoints" / "step-00000000" / "manifest.json").is_file()
     losses, _, loader = run_trainer(trainer_args(str(tmp_path), steps=4, checkpoint__interval=2))
     assert len(losses) == 4 and loader["position"] == 32  # started from the seed checkpoint (step 0)
-    losses, _, loader = run_trainer(trainer_args(str(tmp_path), steps=3, checkpoint__load_step=2))
+    losses, _, loader = run_trainer(trainer_args(str(tmp_path), steps=3, checkpoint__load_step=2,
+                                                 checkpoint__branch="true"))  # step 4 is there: a branch
     assert len(losses) == 1 and loader["position"] == 24  # step 3 only, from step 2's checkpoint
     assert not torch.distributed.is_initialized()  # the trainer closed the group it started
 
