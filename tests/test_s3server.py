@@ -89,7 +89,6 @@ def test_env_variables_alone(aws_env, s3_bucket):
 
 def test_server_subprocess_stops_and_restarts_on_its_port(tmp_path):
     with MotoServer(log_path=tmp_path / "moto.log") as server:
-        assert server.startup_seconds < 30
         port = server.port
         server.restart()
         assert server.port == port and server.process.poll() is None

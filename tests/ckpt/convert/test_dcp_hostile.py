@@ -8,7 +8,6 @@ list (past 30 s before), a 5000-deep value (RecursionError), a meta-tensor chunk
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -18,22 +17,21 @@ import ckpt
 from ckpt.convert import import_dcp
 from tests.support import dcp_hostile as hostile
 from tests.support import dcp_sources
+from tests.support.hangs import ends
 from tools import convert
 
 GiB = 1 << 30
 
 
-def _refused(source: Path, tmp_path: Path, capsys, error: type, *words: str, seconds: float = 5) -> None:
+def _refused(source: Path, tmp_path: Path, capsys, error: type, *words: str) -> None:
     dst = tmp_path / "out" / "step-00000001"
-    start = time.monotonic()
     with pytest.raises(error) as info:
-        import_dcp(source, dst)
+        ends(lambda: import_dcp(source, dst))  # bounded work: a hang fails, speed is not asserted
     assert all(word in str(info.value) for word in words), str(info.value)
-    assert convert.main([str(source), str(dst), "--from", "dcp", "--quiet"]) == 1
+    assert ends(lambda: convert.main([str(source), str(dst), "--from", "dcp", "--quiet"])) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("ckpt-convert: error: ") and "writing" not in err, err
     err.encode("ascii")  # printable anywhere
-    assert time.monotonic() - start < seconds  # the library call and the CLI together
     dcp_sources.leaves_nothing(dst)
 
 
@@ -88,7 +86,7 @@ def test_value_pickled_as_a_memo_dag_of_2_to_the_40_leaves(source, tmp_path, cap
 
 def test_memo_shared_chunk_lists_2500_by_2500(source, tmp_path, capsys):
     hostile.shared_chunk_lists(source, 2500, 2500)  # 390 KB of pickle: ~1 s to unpickle (pure Python), twice
-    _refused(source, tmp_path, capsys, ckpt.InvalidManifestError, ".metadata", "elements", seconds=15)
+    _refused(source, tmp_path, capsys, ckpt.InvalidManifestError, ".metadata", "elements")
 
 
 def test_metadata_dict_key_that_is_a_shared_tuple_dag(source, tmp_path, capsys):
