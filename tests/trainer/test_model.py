@@ -189,7 +189,7 @@ def test_tied_embeddings_are_one_parameter_and_counted_once():
 
 
 def test_llama3_rope_scaling_keeps_high_slows_low_and_smooths_between():
-    from trainer.model import RopeScaling, rope_frequencies
+    from trainer.rope import RopeScaling, rope_frequencies
 
     plain = rope_frequencies(16, 500000.0)
     scaled = rope_frequencies(16, 500000.0, RopeScaling(8.0, 1.0, 4.0, 128))

@@ -11,7 +11,8 @@ import dataclasses
 from typing import Any
 
 from .schema import ConfigError
-from ..model import FLAVORS, LLAMA3_FLAVORS, ModelArgs, RopeScaling
+from ..model import FLAVORS, LLAMA3_FLAVORS, ModelArgs
+from ..rope import RopeScaling
 from ..model import model_args as flavor_args
 
 

@@ -17,7 +17,8 @@ import torch
 
 from ..data import ByteTokenizer
 from .checks import check_config
-from ..model import FLAVORS, ModelArgs, RopeScaling, ffn_hidden_dim
+from ..model import FLAVORS, ModelArgs, ffn_hidden_dim
+from ..rope import RopeScaling
 
 HF_ARCHITECTURE = "LlamaForCausalLM"
 HF_MODEL_TYPE = "llama"

@@ -1,6 +1,6 @@
 """The rotary q/k row permutation between our layout and Hugging Face's, and the per-tensor conversion.
 
-Rotary convention. Our :func:`~trainer.model.apply_rope` rotates *adjacent* pairs ``(x[2i], x[2i+1])``
+Rotary convention. Our :func:`~trainer.rope.apply_rope` rotates *adjacent* pairs ``(x[2i], x[2i+1])``
 of each head by angle ``i`` (Meta's interleaved, complex-number layout); Hugging Face's
 ``rotate_half`` rotates ``(x[i], x[i + head_dim/2])``. The two are the same function of the
 weights once the output rows of ``wq`` and ``wk`` are permuted within each head: row ``2i + j``

@@ -53,7 +53,8 @@ def test_resolve_batch_bad_degree():
 # ------------------------------------------------------------------ the model's numerics (llama-3 family)
 
 from trainer.config import load_config  # noqa: E402
-from trainer.model import FLAVORS, RopeScaling, ffn_hidden_dim  # noqa: E402
+from trainer.model import FLAVORS, ffn_hidden_dim  # noqa: E402
+from trainer.rope import RopeScaling  # noqa: E402
 
 
 def test_explicit_numerics_keys_override_the_flavor():

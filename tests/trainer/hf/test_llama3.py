@@ -17,7 +17,8 @@ import ckpt
 from tools import convert
 from trainer.config import load_config
 from trainer.hf import expected_shapes, hf_config, model_args_of, to_hf
-from trainer.model import ModelArgs, RopeScaling, Transformer, build, ffn_hidden_dim
+from trainer.model import ModelArgs, Transformer, build, ffn_hidden_dim
+from trainer.rope import RopeScaling
 
 transformers = pytest.importorskip("transformers")
 

@@ -13,7 +13,8 @@ import torch
 
 from trainer import plan as plan_mod
 from trainer.config import load_config
-from trainer.model import FLAVORS, ModelArgs, TransformerBlock, model_args, rope_tables
+from trainer.model import FLAVORS, ModelArgs, TransformerBlock, model_args
+from trainer.rope import rope_tables
 from trainer.plan import GIB, KNOWN_DEVICES, format_plan, main, plan
 from tests.support import REPO as ROOT
 from trainer.plan import memory as plan_memory
