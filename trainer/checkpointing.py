@@ -148,17 +148,19 @@ class RunCheckpoints:
         """A load_step older than the newest committed step: refused unless checkpoint.branch, which
         deletes the later steps (on every mount) so that the run leaves one history."""
         later = [s for s in self.manager.steps() if s > step]
-        if not later:
-            return
         shown = ", ".join(map(str, later[:8])) + (f" and {len(later) - 8} more" if len(later) > 8 else "")
-        if not self.cfg.checkpoint.branch:
+        if later and not self.cfg.checkpoint.branch:
             raise exits.Refused(
                 f"checkpoint.load_step={step}: the committed steps {shown} are newer; training on from step {step} "
                 f"would replace them one by one and mix two histories. Pass --checkpoint.branch true to delete them "
                 f"and branch from step {step}, or drop load_step to resume from step {later[-1]}")
+        if not self.cfg.checkpoint.branch:
+            return
+        # Every rank joins, even one that lists no later step: rank 0 may have deleted them already.
         with exits.refusing(f"checkpoint.branch: deleting the steps after {step}"):
             deleted = self.manager.discard_after(step)
-        self.log(f"branching from step {step}: deleted the later steps {', '.join(map(str, deleted)) or shown}")
+        if deleted or later:
+            self.log(f"branching from step {step}: deleted the later steps {', '.join(map(str, deleted)) or shown}")
 
     def _without_foreign_data(self, state: dict, load_step: int | None) -> tuple[dict, str]:
         """``state`` without the data loader when the step to resume was converted from another

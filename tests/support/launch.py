@@ -11,7 +11,7 @@ harness, which starts torchrun jobs without importing torch itself.
 * :func:`loopback_interface`: the loopback interface's name, for ``GLOO_SOCKET_IFNAME``.
 * :func:`rank_env`: the ``env://`` rendezvous variables of one rank of a local job.
 * :func:`run_ranks`: ``fn(rank, world_size, *args)`` on N fresh spawned CPU ranks (gloo), results
-  collected in rank order.
+  collected in rank order; ranks that hang are killed after :data:`RANKS_HANG_SECONDS`.
 * :func:`job_env`: this process's environment cleaned for a ``torchrun`` agent (no inherited rank or
   elastic variables; one intra-op thread; gloo on loopback; this checkout first on ``PYTHONPATH``).
 * :func:`descendants`: every live descendant of a process, from /proc (torchrun starts its workers
@@ -32,6 +32,8 @@ from tests.support import REPO
 
 HOST = "127.0.0.1"
 # Variables a torchrun agent sets for its workers: inherited ones would mislead a new agent.
+# A guard against hangs, not a speed check: far above a loaded machine's time for any test's ranks.
+RANKS_HANG_SECONDS = 900.0
 RANK_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                   "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE")
 
@@ -76,15 +78,25 @@ def _entry(rank: int, world_size: int, port: int, out_dir: str, fn, args) -> Non
         dist.destroy_process_group()
 
 
-def run_ranks(world_size: int, fn, *args) -> list:
+def run_ranks(world_size: int, fn, *args, hang_seconds: float = RANKS_HANG_SECONDS) -> list:
     """``fn(rank, world_size, *args)`` on every rank (fn must be importable at module level), each a
     fresh spawned process with one intra-op thread and a gloo process group; their results in rank
-    order."""
+    order. Ranks still running after ``hang_seconds`` are killed and AssertionError raised: ranks
+    that disagree on a collective wait 30 minutes for gloo's timeout otherwise."""
+    import time
+
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.start_processes(_entry, args=(world_size, free_port(), out_dir, fn, args),
-                           nprocs=world_size, start_method="spawn")
+        context = mp.start_processes(_entry, args=(world_size, free_port(), out_dir, fn, args),
+                                     nprocs=world_size, start_method="spawn", join=False)
+        deadline = time.monotonic() + hang_seconds
+        while not context.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    process.kill()
+                raise AssertionError(f"{world_size} ranks of {fn.__name__} still ran after {hang_seconds:.0f} s: "
+                                     f"they hang (a collective one rank never joined?)")
         return [pickle.loads(Path(out_dir, f"rank-{r}.pkl").read_bytes()) for r in range(world_size)]
 
 

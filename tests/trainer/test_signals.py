@@ -63,3 +63,26 @@ def test_branching_from_an_older_step_is_refused_unless_asked(tmp_path, capsys):
     assert main(trainer_args(str(tmp_path), steps=20, checkpoint__load_step=10, checkpoint__branch="true")) == 0
     assert "branching from step 10: deleted the later steps 20, 30" in capsys.readouterr().out
     assert ckpt.CheckpointRoot(tmp_path / "checkpoints").steps() == [10, 20]  # one history: 20 is the branch's
+
+
+def _branch_with_a_late_listing(rank: int, world: int, folder: str) -> list[int]:
+    """Two ranks branch from step 2; rank 1 lists the steps only after rank 0 deleted step 4 (the
+    order a slow rank sees), so it finds no later step and must still join the deletion."""
+    from unittest import mock
+
+    from ckpt.manager import CheckpointManager
+    from tests.support.trainer_runs import run_trainer
+
+    layout = {"parallelism__dp_shard": 2, "checkpoint__interval": 2}
+    run_trainer(trainer_args(folder, steps=4, **layout))
+    listed = CheckpointManager.steps
+    late = (lambda self: [s for s in listed(self) if s <= 2]) if rank == 1 else listed
+    with mock.patch.object(CheckpointManager, "steps", late):
+        run_trainer(trainer_args(folder, steps=4, checkpoint__load_step=2, checkpoint__branch="true", **layout))
+    return ckpt.CheckpointRoot(f"{folder}/checkpoints").steps()
+
+
+def test_every_rank_joins_the_branch_even_one_that_lists_no_later_step(tmp_path):
+    from tests.support.launch import run_ranks
+
+    assert run_ranks(2, _branch_with_a_late_listing, str(tmp_path)) == [[2, 4], [2, 4]]
