@@ -6,7 +6,8 @@
 DCP does the distributed part (planning, deduplicating replicated tensors, resharding DTensors).
 This module holds only the protocol objects; the bytes are :mod:`ckpt.write`'s (encode, balance,
 data files), the manifest :mod:`ckpt.assemble`'s, the commit :mod:`ckpt.commit`'s (publish) and the
-reading :mod:`ckpt.read`'s (read, verify, decode). ``Reader.read_metadata`` rebuilds DCP's
+reading :mod:`ckpt.read`'s (read, verify, decode) through :mod:`ckpt.prefetch` (parallel reads of
+only the blocks each rank needs). ``Reader.read_metadata`` rebuilds DCP's
 ``Metadata`` from the manifest; non-tensor values are handed to the planner as objects we decoded
 (re-serialised for planners that insist on a ``torch.save`` stream), so loading never unpickles
 anything written into the checkpoint.
@@ -33,6 +34,7 @@ from .delta import DeltaBase
 from .errors import CheckpointError, InvalidManifestError, InvalidOptionError
 from .format import Chunk, Manifest, ValueEntry, codec
 from .options import SaveOptions
+from .prefetch import Want, read_chunks
 from .read import ChunkSource
 from .storage import Location, locate
 from .assemble import build_manifest
@@ -215,25 +217,20 @@ class Reader(StorageReader):
             chunks.sort(key=lambda c: (c[2].blob.file, c[2].blob.offset))  # sequential reads per file
             for index, _, chunk in chunks:  # every chunk lies inside its file, before a live byte changes
                 source.files.check(chunk.blob, what=index.fqn)
-            for (items, direct), stored in source.read_tensors(self._requests(chunks, planner)):
-                if stored is direct:  # read into the live tensor itself
-                    planner.commit_tensor(items[0], stored)
-                    continue
-                for item in items:
-                    piece = stored
-                    for dim, (start, length) in enumerate(zip(item.storage_offsets, item.lengths)):
-                        piece = piece.narrow(dim, start, length)
-                    target = planner.resolve_tensor(item)
-                    target.copy_(piece)
-                    planner.commit_tensor(item, target)
+            read_chunks(source, self._requests(chunks, planner))
         return _done(None)
 
     def _requests(self, chunks, planner: LoadPlanner):
+        """What :func:`ckpt.prefetch.read_chunks` loads: each chunk with the boxes of it the plan's
+        items want (into ``planner.resolve_tensor``, committed with ``planner.commit_tensor``)."""
         for index, items, chunk in chunks:
             direct = None
             if chunk.blob.codec == codec.RAW:
                 direct = _direct_target(planner, items, chunk, self.manifest.tensors[index.fqn].dtype)
-            yield (items, direct), index.fqn, chunk, direct
+            wants = [Want(tuple(item.storage_offsets), tuple(item.lengths),
+                          lambda item=item: planner.resolve_tensor(item),
+                          lambda tensor, item=item: planner.commit_tensor(item, tensor)) for item in items]
+            yield index.fqn, chunk, wants, direct
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:

@@ -6,9 +6,12 @@ load, replay and tool takes to a checkpoint's bytes.
 2. read    :class:`DataFiles` reads a blob with positional reads straight into the caller's buffer
            (the live tensor when the layouts match), confined to the checkpoint directory, refusing
            blobs beyond the end of their file before allocating for them;
-3. verify  every blob's xxh3-64 checksum, before its bytes are handed on (a direct read into a live
-           tensor is hashed while the next chunk is read, and committed only once it verifies);
-           :func:`verify_blobs` checks a whole checkpoint that way without decoding it;
+3. verify  every blob's checksum, before its bytes are handed on (a direct read into a live
+           tensor is hashed while the next chunk is read, and committed only once it verifies): the
+           xxh3-64 of its bytes, or, for a version-3 blob longer than a block, of its per-block
+           checksums (:mod:`ckpt.format.blocks`); :func:`verify_blobs` checks a whole checkpoint
+           that way without decoding it. A load reads through :mod:`ckpt.prefetch` (parallel reads,
+           only the blocks a rank needs, each verified);
 4. decode  :class:`ChunkSource` turns stored bytes back into raw ones (:mod:`ckpt.format.codec`); a
            ``delta``/``unchanged`` chunk is decoded against the chunk at the same offsets in the
            base checkpoint (a sibling directory, itself possibly a delta, down to the last full).
@@ -34,7 +37,8 @@ from .errors import (
     InvalidManifestError,
     UnsafeCheckpointError,
 )
-from .format import MANIFEST_NAME, Blob, Chunk, Manifest, ValueEntry, checksum, codec, is_data_file_name, values
+from .format import MANIFEST_NAME, Blob, Chunk, Manifest, ValueEntry, codec, is_data_file_name, values
+from .format.blocks import blob_digest, block_hashes, check_blocks, digest_of_table, table_bytes, table_entries
 from .storage import Location, ReadHandle
 
 log = logging.getLogger(__name__)
@@ -49,6 +53,7 @@ class DataFiles:
     def __init__(self, root: Location):
         self.root = root
         self._handles: dict[str, ReadHandle] = {}
+        self._tables: dict[Blob, np.ndarray] = {}
 
     def open(self, name: str) -> ReadHandle:
         """The data file ``name`` (validated, below the directory), opened once."""
@@ -85,7 +90,7 @@ class DataFiles:
         self.check(blob, what=what)
         buffer = bytearray(blob.length)
         self.read_into(blob, memoryview(buffer), what=what)
-        self.verify(blob, checksum(buffer), what=what)
+        self.verify(blob, blob_digest(buffer, blob.block_size), what=what)
         return buffer
 
     def verify(self, blob: Blob, digest: str, *, what: str) -> None:
@@ -95,6 +100,40 @@ class DataFiles:
                 f"(stored {blob.checksum}, read {digest})",
                 path=self.root, file=blob.file, tensor=what,
             )
+
+    def block_table(self, blob: Blob, *, what: str) -> np.ndarray:
+        """A version-3 blob's block table (one xxh3-64 per block), checked against the manifest's
+        checksum and that it lies inside its file before it is read; read once per blob."""
+        entries = self._tables.get(blob)
+        if entries is None:
+            handle, length = self._open(blob.file), table_bytes(blob.length, blob.block_size)
+            if blob.block_table + length > handle.size:
+                raise CorruptCheckpointError(
+                    f"{self.root}: {blob.file} is truncated ({handle.size} bytes) - the block table of {what} "
+                    f"needs bytes {blob.block_table}..{blob.block_table + length}",
+                    path=str(self.root), file=blob.file, tensor=what)
+            table = bytearray(length)
+            if handle.read_into(memoryview(table), blob.block_table) != length:
+                raise CorruptCheckpointError(f"{self.root}: short read of {what}'s block table",
+                                             path=str(self.root), file=blob.file, tensor=what)
+            digest = digest_of_table(table)
+            if digest != blob.checksum:
+                raise CorruptCheckpointError(
+                    f"{self.root}: checksum mismatch for {what}'s block table in {blob.file} at byte "
+                    f"{blob.block_table} (stored {blob.checksum}, read {digest})",
+                    path=str(self.root), file=blob.file, tensor=what)
+            entries = self._tables[blob] = table_entries(bytes(table))
+        return entries
+
+    def verify_blocks(self, blob: Blob, first: int, hashes: list[int], *, what: str) -> None:
+        """Blocks ``first, first + 1, ...`` of ``blob`` hashed to ``hashes``: each must match its
+        table entry."""
+        bad = check_blocks(self.block_table(blob, what=what), first, hashes)
+        if bad is not None:
+            raise CorruptCheckpointError(
+                f"{self.root}: checksum mismatch for {what} in {blob.file} at byte "
+                f"{blob.offset + bad * blob.block_size} (block {bad} of {blob.block_size} bytes)",
+                path=str(self.root), file=blob.file, tensor=what)
 
     def close(self) -> None:
         for handle in self._handles.values():
@@ -106,7 +145,8 @@ def verify_blobs(path: Location, manifest: Manifest, *, files: Iterable[str] | N
                  progress: Callable[[int], None] | None = None,
                  failed: Callable[[str, Blob, Exception], None] | None = None) -> None:
     """Read every blob of the checkpoint at ``path`` (of the data files ``files`` only, when given)
-    and check it against its checksum, in the manifest's order (:meth:`Manifest.blobs`);
+    and check it against its checksum (a version-3 blob with blocks: also its stored block table,
+    block by block), in the manifest's order (:meth:`Manifest.blobs`);
     ``progress(length)`` after each. The first that fails raises; with ``failed``, each failure (a
     :class:`~ckpt.errors.CheckpointError` or an ``OSError``) is handed to ``failed(key, blob, error)``
     instead and the next blob is read. The one whole-checkpoint verification: ``ckpt-inspect
@@ -118,7 +158,13 @@ def verify_blobs(path: Location, manifest: Manifest, *, files: Iterable[str] | N
             if wanted is not None and blob.file not in wanted:
                 continue
             try:
-                data.read(blob, what=key)
+                if blob.block_size is None:
+                    data.read(blob, what=key)
+                else:  # block by block against the stored table (itself checked): names the bad block
+                    data.check(blob, what=key)
+                    stored = bytearray(blob.length)
+                    data.read_into(blob, memoryview(stored), what=key)
+                    data.verify_blocks(blob, 0, block_hashes(stored, blob.block_size), what=key)
             except (CheckpointError, OSError) as exc:
                 if failed is None:
                     raise
@@ -156,7 +202,7 @@ class ChunkSource:
                 if into is not None and chunk.blob.codec == codec.RAW:
                     view = into.reshape(-1).view(torch.uint8).numpy()
                     self.files.read_into(chunk.blob, memoryview(view), what=key)
-                    deferred.append((tag, key, chunk.blob, into, hasher.submit(checksum, view)))
+                    deferred.append((tag, key, chunk.blob, into, hasher.submit(blob_digest, view, chunk.blob.block_size)))
                     continue
                 yield tag, self.tensor(key, chunk)
             for tag, key, blob, into, digest in deferred:
@@ -172,7 +218,7 @@ class ChunkSource:
         stored = torch.empty(chunk.sizes, dtype=dtype)
         view = stored.reshape(-1).view(torch.uint8).numpy()
         self.files.read_into(chunk.blob, memoryview(view), what=key)
-        self.files.verify(chunk.blob, checksum(view), what=key)
+        self.files.verify(chunk.blob, blob_digest(view, chunk.blob.block_size), what=key)
         return stored
 
     def raw(self, key: str, chunk: Chunk) -> np.ndarray:

@@ -8,8 +8,9 @@ Each rank writes its share of DCP's plan (:func:`write_rank`):
             as tagged JSON (a ``torch.save`` stream in a data file only when JSON cannot hold them);
 2. balance  payloads are split over ``files_per_rank`` files of similar size, plan order kept;
 3. write    each file is written by its own thread (:func:`write_file`): payloads produced lazily,
-            encoded ahead on a pool, hashed (xxh3-64) on a helper thread while written, chunks of
-            64 KiB or more 4 KiB-aligned, writeback started early, the file fsync'd at the end;
+            encoded ahead on a pool, hashed (xxh3-64 per 1 MiB block, :mod:`ckpt.format.blocks`) on a
+            helper thread while written, chunks of 64 KiB or more 4 KiB-aligned, the block tables
+            after the file's last blob, writeback started early, the file fsync'd at the end;
 4. record   every payload's blob becomes a record at its :class:`Place` (a
             :class:`~ckpt.format.Chunk` or :class:`~ckpt.format.ValueEntry`); the coordinator
             assembles the manifest from all ranks' records (:func:`ckpt.assemble.build_manifest`)
@@ -34,7 +35,8 @@ from torch.distributed.checkpoint.storage import WriteResult
 from .delta import DeltaBase
 from .errors import UnsafeCheckpointError
 from .format import Blob, Chunk, ValueEntry, codec, data_file_name, values
-from .format.blobs import aligned, checksum
+from .format.blobs import aligned
+from .format.blocks import BLOCK_SIZE, hash_blob
 from .format.codec import Encoded
 from .format.values import Leaf
 from .options import Compression, SaveOptions
@@ -214,8 +216,10 @@ def _in_order(payloads: Iterable[Payload], pool: ThreadPoolExecutor | None, wind
 def write_file(directory: Location, rel_name: str, payloads: Iterable[Payload], *,
                encoders: ThreadPoolExecutor | None = None, window: int = 4) -> list[tuple[object, Blob]]:
     """Write ``payloads`` into the new file ``directory/rel_name``, durably (see
-    :class:`~ckpt.storage.base.WriteHandle`); return where each one went."""
+    :class:`~ckpt.storage.base.WriteHandle`); return where each one went. Each blob is hashed per
+    block on a helper thread while the next is written; the block tables follow the last blob."""
     placed: list[tuple[object, int, int, Future, Encoded | None]] = []
+    tables: dict[int, int] = {}  # index in placed -> where its block table went
     handle = directory.storage.create((directory / rel_name).path)
     try:
         with ThreadPoolExecutor(1, thread_name_prefix="ckpt-hash") as hasher:
@@ -226,16 +230,23 @@ def write_file(directory: Location, rel_name: str, payloads: Iterable[Payload], 
                 start = aligned(end, len(view))
                 if start > end:
                     handle.write(bytes(start - end))
-                digest = hasher.submit(checksum, view)
+                digest = hasher.submit(hash_blob, view, BLOCK_SIZE)
                 handle.write(view)
                 end = start + len(view)
                 placed.append((payload.key, start, len(view), digest, encoded))
+        for index, (_key, _start, _length, digest, _enc) in enumerate(placed):
+            table = digest.result()[1]
+            if table is not None:
+                tables[index] = end
+                handle.write(table)
+                end += len(table)
         handle.close()
     except BaseException:
         handle.abort()
         raise
     return [
-        (key, Blob(file=rel_name, offset=start, length=length, checksum=digest.result(),
-                   **({} if enc is None else {"codec": enc.codec, "raw_length": enc.raw_length, "planes": enc.planes})))
-        for key, start, length, digest, enc in placed
+        (key, Blob(file=rel_name, offset=start, length=length, checksum=digest.result()[0],
+                   **({} if enc is None else {"codec": enc.codec, "raw_length": enc.raw_length, "planes": enc.planes}),
+                   **({} if index not in tables else {"block_size": BLOCK_SIZE, "block_table": tables[index]})))
+        for index, (key, start, length, digest, enc) in enumerate(placed)
     ]

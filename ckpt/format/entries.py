@@ -1,4 +1,4 @@
-"""The manifest's vocabulary (format version 2, docs/FORMAT.md): the format's name and versions, the
+"""The manifest's vocabulary (format version 3, docs/FORMAT.md): the format's name and versions, the
 kinds of checkpoint, the limits no real checkpoint reaches, the dtypes a tensor may have, and the
 entries a manifest lists — :class:`TensorEntry` (its :class:`Chunk` boxes) and :class:`ValueEntry`,
 each stored run of bytes a :class:`Blob`.
@@ -17,8 +17,10 @@ import torch
 from ..errors import UnsupportedFormatError
 
 FORMAT_NAME = "ckpt"
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # 1: no manifest digest (read as is); 2: every manifest byte digested
+FORMAT_VERSION = 3
+# 1: no manifest digest (read as is); 2: every manifest byte digested; 3: blobs longer than a block
+# carry per-block checksums (ckpt.format.blocks)
+READABLE_VERSIONS = (1, 2, 3)
 KINDS = ("full", "delta")
 
 # Upper bounds that no real checkpoint reaches; a manifest beyond them is hostile or broken.
@@ -51,14 +53,24 @@ class Blob:
     file: str
     offset: int
     length: int  # bytes stored in the file
-    checksum: str  # xxh3-64 of the stored bytes, 16 hex digits
+    checksum: str  # xxh3-64 of the stored bytes (of the block table, with blocks), 16 hex digits
     codec: str = "raw"
     raw_length: int | None = None  # bytes after decoding; equals length for "raw"
     planes: tuple[tuple[str, int], ...] | None = None  # codecs "planes"/"delta": [plane codec, length]
+    block_size: int | None = None  # version 3: per-block checksums of this many stored bytes each
+    block_table: int | None = None  # where the block table lies in the same file (ckpt.format.blocks)
 
     @property
     def decoded_length(self) -> int:
         return self.length if self.raw_length is None else self.raw_length
+
+    @property
+    def end(self) -> int:
+        """The end of what the blob occupies in its file: its bytes, and its block table if any."""
+        if self.block_size is None:
+            return self.offset + self.length
+        table_end = self.block_table + -(-self.length // self.block_size) * 8
+        return max(self.offset + self.length, table_end)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The manifest (format version 2, specified in docs/FORMAT.md): the type and its serialisation.
+"""The manifest (format version 3, specified in docs/FORMAT.md): the type and its serialisation.
 
 A checkpoint is a directory holding ``manifest.json`` and ``data/<file>.bin``. The manifest is the
 only metadata: DCP's ``Metadata`` is rebuilt from it (never unpickled). :class:`Manifest` is built
@@ -99,7 +99,7 @@ class Manifest:
             self.values[key] = record
         if record.blob is not None:
             blob = record.blob
-            self.files[blob.file] = max(self.files.get(blob.file, 0), blob.offset + blob.length)
+            self.files[blob.file] = max(self.files.get(blob.file, 0), blob.end)
 
     def sort_chunks(self) -> None:
         """Chunks in offset order (records arrive in the order ranks and files wrote them)."""
@@ -153,6 +153,8 @@ def _blob_doc(blob: Blob) -> dict:
         doc["raw_length"] = blob.raw_length
     if blob.planes is not None:
         doc["planes"] = [list(p) for p in blob.planes]
+    if blob.block_size is not None:
+        doc["block_size"], doc["block_table"] = blob.block_size, blob.block_table
     return doc
 
 

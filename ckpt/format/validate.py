@@ -1,6 +1,6 @@
 """Parsing and validating a manifest: nothing in it is trusted before it passes here.
 
-1. The digest (format version 2): the xxh3-64 of the file's bytes without the trailing
+1. The digest (format version 2 and later): the xxh3-64 of the file's bytes without the trailing
    ``"digest"`` field must match it, before the JSON is even parsed; a mismatch, or a version-2
    manifest without one, is a :class:`~ckpt.errors.CorruptCheckpointError` naming the manifest.
    Version-1 manifests (written before the digest existed) are read without one.
@@ -8,6 +8,10 @@
    and every name, size, offset, codec and plane table is checked before a single data byte is
    read, so a hostile manifest cannot make a reader touch anything outside the checkpoint,
    allocate absurd buffers or leave an element of a tensor unloaded (chunks must tile each tensor).
+   A version-3 blob's block fields (:mod:`ckpt.format.blocks`) are checked too: a power-of-two
+   block size in [64 KiB, 64 MiB] (so a table holds at most one 8-byte entry per 64 KiB of bytes
+   already bounded by the file's size) and a table offset inside the limits; block fields in an
+   older version's manifest are refused.
 
 :func:`manifest_fields` returns the checked fields as the keyword arguments of
 :class:`~ckpt.format.manifest.Manifest`, which builds itself from them (:meth:`Manifest.from_json`):
@@ -26,6 +30,7 @@ from typing import Any
 
 from ..errors import CorruptCheckpointError, InvalidManifestError, UnsupportedFormatError
 from .blobs import CHECKSUM_ALGORITHM, is_checksum
+from .blocks import is_block_size
 from .codec import CODECS, DELTA, PLANE_CODECS, PLANES, RAW, UNCHANGED
 from .digest import unseal
 from .entries import (
@@ -90,7 +95,21 @@ def _dims(value: Any, what: str) -> tuple[int, ...]:
     return tuple(_int(v, what) for v in value)
 
 
-def _blob(doc: dict, where: str) -> Blob:
+def _blocks(doc: dict, where: str, length: int, version: int) -> tuple[int | None, int | None]:
+    if "block_size" not in doc and "block_table" not in doc:
+        return None, None
+    if version < 3:
+        raise InvalidManifestError(f"{where}: block checksums in a version-{version} manifest")
+    size = doc["block_size"]
+    if not is_block_size(size):
+        raise InvalidManifestError(f"{where}: block_size must be a power of two in [64 KiB, 64 MiB], got {size!r}")
+    if length == 0:
+        raise InvalidManifestError(f"{where}: an empty blob has no blocks")
+    table = _int(doc["block_table"], f"{where}: block_table", hi=MAX_BYTES - length // 8192 - 8)
+    return size, table
+
+
+def _blob(doc: dict, where: str, version: int = FORMAT_VERSION) -> Blob:
     name = doc["file"]
     if not is_data_file_name(name):
         raise InvalidManifestError(f"{where}: illegal data file name {name!r}")
@@ -112,6 +131,7 @@ def _blob(doc: dict, where: str) -> Blob:
             raise InvalidManifestError(f"{where}: plane table does not match the stored length")
     elif codec == UNCHANGED and length != 0:
         raise InvalidManifestError(f"{where}: an unchanged chunk stores no bytes")
+    block_size, block_table = _blocks(doc, where, length, version)
     return Blob(
         file=name,
         offset=_int(doc["offset"], f"{where}: offset"),
@@ -120,6 +140,8 @@ def _blob(doc: dict, where: str) -> Blob:
         codec=codec,
         raw_length=None if raw_length is None else _int(raw_length, f"{where}: raw_length"),
         planes=planes,
+        block_size=block_size,
+        block_table=block_table,
     )
 
 
@@ -176,7 +198,7 @@ def _parse(doc: Any, *, sealed: bool) -> dict[str, Any]:
                 raise InvalidManifestError(
                     f"tensor {key!r}: chunk at {list(offsets)} size {list(sizes)} lies outside shape {list(shape)}"
                 )
-            blob = _blob(doc_chunk, f"tensor {key!r}")
+            blob = _blob(doc_chunk, f"tensor {key!r}", version)
             expected = math.prod(sizes) * dtype.itemsize
             if blob.codec != "raw" and blob.raw_length is None:
                 raise InvalidManifestError(f"tensor {key!r}: codec {blob.codec} needs raw_length")
@@ -195,7 +217,7 @@ def _parse(doc: Any, *, sealed: bool) -> dict[str, Any]:
         if encoding == "json":
             values[key] = ValueEntry("json", value=entry["value"])
         elif encoding == "torch_save":
-            values[key] = ValueEntry("torch_save", blob=_blob(entry, f"value {key!r}"))
+            values[key] = ValueEntry("torch_save", blob=_blob(entry, f"value {key!r}", version))
         else:
             raise UnsupportedFormatError(f"value {key!r}: unknown encoding {encoding!r}")
 

@@ -1,0 +1,254 @@
+"""A load's data path: several verified reads in flight per rank, only the blocks a rank needs,
+in a bounded read buffer.
+
+:func:`read_chunks` takes the chunks one rank loads, each with the boxes of it that rank wants
+(:class:`Want`: a box in chunk coordinates, the tensor it goes into, what to call once it is filled)
+and turns each into jobs, started in order on a pool of reader threads while earlier jobs finish:
+
+* **direct** (a raw chunk one want takes whole into a contiguous CPU tensor, the live tensor when
+  the layouts match): read straight into it in pieces of 8 MiB, in parallel; each piece hashed by
+  the thread that read it (per block, version 3), the chunk's checksum compared once all pieces are
+  in, and only then is the want told (commit-after-verify: its bytes are never handed on unchecked);
+* **windows** (a raw version-3 chunk with blocks that the rank needs part of, or wants in a
+  different box): the rows (dim 0) the wants cover are read in windows of about 16 MiB, each
+  extended to whole blocks; every block of a window is checked against the chunk's block table
+  (read once, itself checked against the manifest's checksum) before any of its bytes are copied
+  into a target; blocks the rank does not need are never read (so a damaged block another rank
+  needs does not fail this rank's load);
+* **whole** (anything else: a compressed or delta chunk, which decodes only whole; a version-1/2
+  chunk, whose one checksum covers the whole blob; a scalar): the chunk read and verified whole
+  (:meth:`ChunkSource.tensor`), then copied into each want's box.
+
+Memory: the windows and whole chunks in flight hold at most ``BUFFER_BYTES`` (64 MiB) — or one job,
+when a single one is larger: a window is at most ``WINDOW_BYTES`` plus two blocks, or one dim-0 row
+of its chunk when a row is larger; a whole job holds its chunk (stored + decoded bytes). So a
+version-3 raw load peaks at the live state plus 64 MiB (plus block tables, 8 bytes per MiB).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+
+from .errors import CorruptCheckpointError
+from .format import Blob, Chunk, checksum, codec
+from .format.blocks import block_hashes, block_span, digest_of_table, pack
+
+READ_THREADS = 4  # positional reads in flight per rank on a local mount
+REMOTE_READ_THREADS = 8  # ranged GETs in flight per rank on an object store
+PIECE_BYTES = 8 << 20  # one read (a multiple of the block size)
+WINDOW_BYTES = 16 << 20  # rows read together when a chunk is read in part
+BUFFER_BYTES = 64 << 20  # staged bytes in flight per rank (the read buffer's bound)
+MAX_JOBS = 8  # jobs in flight (direct reads hold no buffer of their own)
+
+
+@dataclass
+class Want:
+    """A box of a stored chunk (``offsets``/``lengths`` in the chunk's coordinates) to fill:
+    ``target()`` resolves the tensor of the box's shape, ``done(tensor)`` is called once every byte
+    of it was verified and copied."""
+
+    offsets: tuple[int, ...]
+    lengths: tuple[int, ...]
+    target: Callable[[], torch.Tensor]
+    done: Callable[[torch.Tensor], None]
+    _tensor: torch.Tensor | None = field(default=None, repr=False)
+
+    def tensor(self) -> torch.Tensor:
+        if self._tensor is None:
+            self._tensor = self.target()
+        return self._tensor
+
+
+def read_chunks(source, requests: Iterable[tuple[str, Chunk, list[Want], torch.Tensor | None]], *,
+                threads: int | None = None, budget: int = BUFFER_BYTES) -> None:
+    """Load every ``(key, chunk, wants, direct)`` of ``source`` (a :class:`~ckpt.read.ChunkSource`
+    whose files were checked for truncation): ``direct`` (or None) the contiguous CPU tensor of the
+    chunk's dtype and sizes the single want takes it into whole."""
+    if threads is None:
+        threads = READ_THREADS if source.path.storage.is_local else REMOTE_READ_THREADS
+    pending: deque = deque()
+    held = 0
+    buffers = _Buffers()
+    with ThreadPoolExecutor(threads, thread_name_prefix="ckpt-read") as pool:
+        try:
+            for key, chunk, wants, direct in requests:
+                dtype = source.manifest.tensors[key].dtype
+                for job in _jobs(source, buffers, key, chunk, dtype, wants, direct):
+                    while pending and (held + job.staged > budget or len(pending) >= MAX_JOBS):
+                        done = pending.popleft()
+                        held -= done.staged
+                        done.finish()
+                    job.start(pool)
+                    pending.append(job)
+                    held += job.staged
+            while pending:
+                pending.popleft().finish()
+        finally:
+            for job in pending:
+                job.cancel()
+
+
+def _jobs(source, buffers, key, chunk, dtype, wants, direct):
+    blob = chunk.blob
+    if blob.codec == codec.RAW and direct is not None:
+        yield _Direct(source.files, key, blob, direct, wants[0].done)
+    elif blob.codec == codec.RAW and blob.block_size is not None and chunk.sizes:
+        yield from _windows(source.files, buffers, key, chunk, dtype, wants)
+    else:
+        yield _Whole(source, key, chunk, wants)
+
+
+class _Job:
+    staged = 0
+
+    def start(self, pool: ThreadPoolExecutor) -> None:
+        self.futures: list[Future] = []
+
+    def finish(self) -> None:
+        raise NotImplementedError
+
+    def cancel(self) -> None:
+        for future in getattr(self, "futures", ()):
+            future.cancel()
+
+    def _hashes(self) -> list[int]:
+        return [h for future in self.futures for h in future.result()]
+
+
+def _submit(pool, files, key: str, blob: Blob, buffer: memoryview, start: int) -> list[Future]:
+    """Read the stored bytes ``[start, start + len(buffer))`` of ``blob`` into ``buffer`` in pieces
+    on ``pool``; each future returns the block hashes of its piece (``start`` on a block boundary),
+    or nothing for a blob without blocks."""
+    size = blob.block_size
+    piece = PIECE_BYTES if size is None else max(PIECE_BYTES, size)
+    handle = files.open(blob.file)
+
+    def read(lo: int, hi: int) -> list[int]:
+        view = buffer[lo - start: hi - start]
+        if handle.read_into(view, blob.offset + lo) != hi - lo:
+            raise CorruptCheckpointError(f"{files.root}: short read of {key} from {blob.file}",
+                                         path=str(files.root), file=blob.file, tensor=key)
+        return [] if size is None else block_hashes(view, size)
+
+    stop = start + len(buffer)
+    return [pool.submit(read, lo, min(lo + piece, stop)) for lo in range(start, stop, piece)]
+
+
+class _Direct(_Job):
+    def __init__(self, files, key: str, blob: Blob, target: torch.Tensor, done):
+        self.files, self.key, self.blob, self.target, self.done = files, key, blob, target, done
+        self.view = memoryview(target.reshape(-1).view(torch.uint8).numpy())
+
+    def start(self, pool) -> None:
+        self.futures = _submit(pool, self.files, self.key, self.blob, self.view, 0) if self.blob.length else []
+
+    def finish(self) -> None:
+        hashes = self._hashes()
+        digest = digest_of_table(pack(hashes)) if self.blob.block_size is not None else checksum(self.view)
+        self.files.verify(self.blob, digest, what=self.key)
+        self.done(self.target)
+
+
+def _windows(files, buffers, key: str, chunk: Chunk, dtype: torch.dtype, wants: list[Want]):
+    """Windows of whole dim-0 rows over the rows the wants cover; each want is told after its last."""
+    row_bytes = math.prod(chunk.sizes[1:]) * dtype.itemsize
+    spans = sorted((w.offsets[0], w.offsets[0] + w.lengths[0], w) for w in wants)
+    rows = max(1, WINDOW_BYTES // max(row_bytes, 1))
+    windows: list[tuple[int, int]] = []
+    merged_lo, merged_hi = None, None
+    for lo, hi, _ in spans + [(None, None, None)]:
+        if lo is not None and merged_hi is not None and lo <= merged_hi:
+            merged_hi = max(merged_hi, hi)
+            continue
+        if merged_lo is not None and merged_hi > merged_lo:
+            windows.extend((w, min(w + rows, merged_hi)) for w in range(merged_lo, merged_hi, rows))
+        merged_lo, merged_hi = lo, hi
+    last: dict[int, int] = {}
+    for index, (w0, w1) in enumerate(windows):
+        for lo, hi, want in spans:
+            if lo < w1 and w0 < hi:
+                last[id(want)] = index
+    empty = [want for lo, hi, want in spans if lo >= hi]
+    for index, (w0, w1) in enumerate(windows):
+        finishing = [want for _, _, want in spans if last.get(id(want)) == index]
+        yield _Window(files, buffers, key, chunk, dtype, (w0, w1), row_bytes, spans, finishing)
+    for want in empty:  # a box with no rows holds no bytes
+        want.done(want.tensor())
+
+
+class _Window(_Job):
+    def __init__(self, files, buffers, key, chunk: Chunk, dtype, rows, row_bytes, spans, finishing):
+        self.buffers, self.files, self.key, self.chunk, self.dtype = buffers, files, key, chunk, dtype
+        self.rows, self.row_bytes, self.spans, self.finishing = rows, row_bytes, spans, finishing
+        blob = chunk.blob
+        self.first, end = block_span(rows[0] * row_bytes, rows[1] * row_bytes, blob.length, blob.block_size)
+        self.start_byte = self.first * blob.block_size
+        self.staged = min(end * blob.block_size, blob.length) - self.start_byte
+
+    def start(self, pool) -> None:
+        self.files.block_table(self.chunk.blob, what=self.key)  # read (and checked) before any block
+        self.buffer = self.buffers.take(self.staged)
+        self.futures = _submit(pool, self.files, self.key, self.chunk.blob, memoryview(self.buffer.numpy()),
+                               self.start_byte)
+
+    def finish(self) -> None:
+        blob, (w0, w1) = self.chunk.blob, self.rows
+        self.files.verify_blocks(blob, self.first, self._hashes(), what=self.key)
+        skip = w0 * self.row_bytes - self.start_byte
+        window = self.buffer[skip: skip + (w1 - w0) * self.row_bytes].view(self.dtype)
+        window = window.reshape((w1 - w0, *self.chunk.sizes[1:]))
+        for lo, hi, want in self.spans:
+            lo, hi = max(lo, w0), min(hi, w1)
+            if lo >= hi:
+                continue
+            piece = window.narrow(0, lo - w0, hi - lo)
+            for dim in range(1, len(want.offsets)):
+                piece = piece.narrow(dim, want.offsets[dim], want.lengths[dim])
+            want.tensor().narrow(0, lo - want.offsets[0], hi - lo).copy_(piece)
+        self.buffers.give(self.buffer)
+        self.buffer = window = None
+        for want in self.finishing:
+            want.done(want.tensor())
+
+
+class _Buffers:
+    """Window buffers reused from one window to the next (windows are mostly of one size): the
+    memory a load stages stays what is in flight, not what the allocator keeps after churn."""
+
+    def __init__(self):
+        self._free: list[torch.Tensor] = []
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        for i, buffer in enumerate(self._free):
+            if buffer.numel() >= nbytes:
+                return self._free.pop(i)[:nbytes]
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def give(self, buffer: torch.Tensor) -> None:
+        whole = torch.empty(0, dtype=torch.uint8).set_(buffer.untyped_storage())
+        self._free.append(whole)
+        if len(self._free) > MAX_JOBS:
+            self._free.sort(key=torch.Tensor.numel)
+            self._free.pop(0)
+
+
+class _Whole(_Job):
+    def __init__(self, source, key: str, chunk: Chunk, wants: list[Want]):
+        self.source, self.key, self.chunk, self.wants = source, key, chunk, wants
+        self.staged = chunk.blob.length + chunk.blob.decoded_length
+
+    def finish(self) -> None:
+        stored = self.source.tensor(self.key, self.chunk)
+        for want in self.wants:
+            piece = stored
+            for dim, (start, length) in enumerate(zip(want.offsets, want.lengths)):
+                piece = piece.narrow(dim, start, length)
+            target = want.tensor()
+            target.copy_(piece)
+            want.done(target)

@@ -1,0 +1,243 @@
+"""Per-block checksums (format version 3): a rank reads only the blocks covering the bytes it needs
+and verifies each before a byte is used; a damaged block fails exactly the reads that use it (a
+rank that does not need it loads — decided so: each rank checks what it uses, ``ckpt-inspect
+--verify`` checks everything); version-2 checkpoints (written the old way) still read and verify
+whole; hostile block fields are refused before anything is allocated.
+
+Single process: a partial read is driven through :func:`ckpt.prefetch.read_chunks` with the box a
+rank of another layout would want (the multi-rank reshards are tests/ckpt/test_reshard.py and
+tests/ckpt/test_load_memory.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import ckpt
+from ckpt import prefetch
+from ckpt.format.blocks import BLOCK_SIZE
+from ckpt.prefetch import Want, read_chunks
+from ckpt.read import ChunkSource, verify_blobs
+from ckpt.storage import local, locate
+from tests.support.checkpoints import reseal
+from tests.support.old_format import downgrade_to_v2
+
+ROWS, COLS = 1000, 1024  # fp32: 4 KiB rows, 4,096,000 bytes = 4 blocks (the last one short)
+
+
+def _state(seed: int = 0) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(ROWS, COLS, generator=gen), "b": torch.randn(300, generator=gen), "step": 7}
+
+
+def _blank() -> dict:
+    return {"w": torch.zeros(ROWS, COLS), "b": torch.zeros(300), "step": 0}
+
+
+@pytest.fixture
+def saved(tmp_path):
+    state = _state()
+    path = tmp_path / "ckpt"
+    ckpt.save(state, path)
+    return path, state
+
+
+def _blob(path, key="w"):
+    return ckpt.read_manifest(path).tensors[key].chunks[0].blob
+
+
+def _flip(path, at: int) -> None:
+    data = path / _blob(path).file
+    raw = bytearray(data.read_bytes())
+    raw[at] ^= 0x5A
+    data.write_bytes(raw)
+
+
+def _read_rows(path, r0: int, r1: int, cols=(0, COLS), reads=None):
+    """Rows ``r0..r1`` (and columns ``cols``) of ``w`` as a rank of another layout reads them
+    (``reads`` cleared once the manifest is read: it then records the data file's reads only)."""
+    manifest = ckpt.read_manifest(path)
+    if reads is not None:
+        reads.clear()
+    chunk = manifest.tensors["w"].chunks[0]
+    out = torch.full((r1 - r0, cols[1] - cols[0]), -1.0)
+    done = []
+    want = Want((r0, cols[0]), (r1 - r0, cols[1] - cols[0]), lambda: out, done.append)
+    with ChunkSource(locate(path), manifest) as source:
+        source.files.check(chunk.blob, what="w")
+        read_chunks(source, [("w", chunk, [want], None)])
+    assert len(done) == 1 and done[0] is out
+    return out
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """Every positional read of a local data file: (offset, length)."""
+    seen = []
+    original = local.LocalReader.read_into
+
+    def recording(self, buffer, offset):
+        seen.append((offset, len(memoryview(buffer).cast("B"))))
+        return original(self, buffer, offset)
+
+    monkeypatch.setattr(local.LocalReader, "read_into", recording)
+    return seen
+
+
+def test_version_3_blobs_longer_than_a_block_carry_blocks_and_round_trip_bitwise(saved):
+    path, state = saved
+    doc = json.loads((path / "manifest.json").read_bytes())
+    assert doc["format_version"] == 3
+    big, small = _blob(path, "w"), _blob(path, "b")
+    assert big.block_size == BLOCK_SIZE and big.block_table >= big.offset + big.length
+    assert small.block_size is None and small.block_table is None  # one block or less: whole-blob checksum
+    assert ckpt.read_manifest(path).files[big.file] == big.block_table + 4 * 8  # the table is accounted
+    live = _blank()
+    ckpt.load(live, path)
+    assert torch.equal(live["w"].view(torch.int32), state["w"].view(torch.int32))
+    assert torch.equal(live["b"].view(torch.int32), state["b"].view(torch.int32)) and live["step"] == 7
+    verify_blobs(locate(path), ckpt.read_manifest(path))
+
+
+def test_a_partial_read_reads_only_the_blocks_covering_its_rows_and_its_table(saved, reads):
+    path, state = saved
+    blob = _blob(path)
+    rows = _read_rows(path, 500, 600, reads=reads)  # bytes 2,048,000..2,457,600: blocks 1 and 2
+    assert torch.equal(rows.view(torch.int32), state["w"][500:600].view(torch.int32))
+    data = [(o, n) for o, n in reads if o < blob.block_table]
+    assert data and min(o for o, _ in data) == blob.offset + BLOCK_SIZE
+    assert sum(n for _, n in data) == 2 * BLOCK_SIZE
+    assert [(o, n) for o, n in reads if o >= blob.block_table] == [(blob.block_table, 32)]
+
+
+def test_a_column_slice_reads_its_rows_in_windows_and_copies_only_its_columns(saved, monkeypatch):
+    path, state = saved
+    monkeypatch.setattr(prefetch, "WINDOW_BYTES", 300 * COLS * 4)  # several windows, boundaries inside blocks
+    cols = _read_rows(path, 0, ROWS, cols=(512, COLS))  # as Shard(0) -> Shard(1) wants it
+    assert torch.equal(cols.view(torch.int32), state["w"][:, 512:].view(torch.int32))
+
+
+def test_a_damaged_block_fails_the_reads_that_use_it_and_only_those(saved):
+    path, state = saved
+    blob = _blob(path)
+    _flip(path, blob.offset + 3 * BLOCK_SIZE + 100)  # in block 3 (rows 768..)
+    rows = _read_rows(path, 0, 200)  # blocks 0: another rank's damage is not this rank's failure
+    assert torch.equal(rows.view(torch.int32), state["w"][:200].view(torch.int32))
+    with pytest.raises(ckpt.CorruptCheckpointError, match="checksum mismatch.*block 3") as info:
+        _read_rows(path, 900, 1000)
+    assert info.value.tensor == "w"
+    with pytest.raises(ckpt.CorruptCheckpointError, match="checksum mismatch") as info:
+        ckpt.load(_blank(), path)  # the whole chunk, read straight into the live tensor
+    assert info.value.tensor == "w"
+    failures = []
+    verify_blobs(locate(path), ckpt.read_manifest(path), failed=lambda key, b, exc: failures.append((key, str(exc))))
+    assert len(failures) == 1 and failures[0][0] == "w" and "block 3" in failures[0][1]
+
+
+def test_a_damaged_block_table_fails_partial_reads_and_verify_not_whole_loads(saved):
+    path, state = saved
+    blob = _blob(path)
+    _flip(path, blob.block_table + 9)
+    with pytest.raises(ckpt.CorruptCheckpointError, match="block table"):
+        _read_rows(path, 0, 10)
+    live = _blank()
+    ckpt.load(live, path)  # a whole read rebuilds the table from the bytes: still every byte verified
+    assert torch.equal(live["w"].view(torch.int32), state["w"].view(torch.int32))
+    with pytest.raises(ckpt.CorruptCheckpointError, match="block table"):
+        verify_blobs(locate(path), ckpt.read_manifest(path))
+
+
+def test_parallel_pieces_each_verified(saved, monkeypatch):
+    path, state = saved
+    monkeypatch.setattr(prefetch, "PIECE_BYTES", BLOCK_SIZE)  # 4 pieces in flight for one chunk
+    live = _blank()
+    ckpt.load(live, path)
+    assert torch.equal(live["w"].view(torch.int32), state["w"].view(torch.int32))
+    _flip(path, _blob(path).offset + 2 * BLOCK_SIZE + 5)
+    with pytest.raises(ckpt.CorruptCheckpointError, match="checksum mismatch"):
+        ckpt.load(_blank(), path)
+
+
+def test_a_compressed_chunk_has_blocks_over_its_stored_bytes_and_is_read_whole(tmp_path, reads):
+    import torch.distributed.checkpoint as dcp
+
+    from ckpt.dcp import Writer
+
+    state = {"w": torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(4)).bfloat16().float()}
+    path = tmp_path / "z"
+    dcp.save(state, storage_writer=Writer(path, compress="zstd"), no_dist=True)
+    blob = _blob(path)
+    assert blob.codec == "planes" and blob.length > BLOCK_SIZE and blob.block_size == BLOCK_SIZE
+    rows = _read_rows(path, 10, 20, reads=reads)
+    assert torch.equal(rows, state["w"][10:20])
+    assert sum(n for o, n in reads if o < blob.block_table) == blob.length  # a part needs the whole chunk
+
+
+def test_version_2_checkpoints_still_load_and_verify_whole(saved, reads):
+    path, state = saved
+    assert downgrade_to_v2(path) == 1
+    doc = json.loads((path / "manifest.json").read_bytes())
+    assert doc["format_version"] == 2 and "block_size" not in json.dumps(doc)
+    live = _blank()
+    ckpt.load(live, path)
+    assert torch.equal(live["w"].view(torch.int32), state["w"].view(torch.int32))
+    rows = _read_rows(path, 500, 600, reads=reads)  # no blocks: the whole blob is read and checked
+    assert torch.equal(rows.view(torch.int32), state["w"][500:600].view(torch.int32))
+    assert sum(n for _, n in reads) == _blob(path).length
+    verify_blobs(locate(path), ckpt.read_manifest(path))
+    _flip(path, _blob(path).offset + 3 * BLOCK_SIZE)
+    with pytest.raises(ckpt.CorruptCheckpointError, match="checksum mismatch"):
+        ckpt.load(_blank(), path)
+    with pytest.raises(ckpt.CorruptCheckpointError, match="checksum mismatch"):
+        _read_rows(path, 0, 10)
+
+
+def _edit_blob(path, **fields):
+    def mutate(doc):
+        doc["tensors"]["w"]["chunks"][0].update(fields)
+    reseal(path, mutate)
+
+
+@pytest.mark.parametrize("size", [1000, 1 << 12, 1 << 30, -1, True, "1048576"])
+def test_a_hostile_block_size_is_refused(saved, size):
+    path, _ = saved
+    _edit_blob(path, block_size=size)
+    with pytest.raises(ckpt.InvalidManifestError, match="block_size"):
+        ckpt.read_manifest(path)
+
+
+def test_block_fields_in_a_version_2_manifest_are_refused(saved):
+    path, _ = saved
+    reseal(path, lambda doc: doc.update(format_version=2))
+    with pytest.raises(ckpt.InvalidManifestError, match="version-2"):
+        ckpt.read_manifest(path)
+
+
+def test_a_block_table_beyond_its_file_is_refused_before_it_is_read(saved):
+    path, _ = saved
+    _edit_blob(path, block_table=1 << 40)
+    with pytest.raises(ckpt.CorruptCheckpointError, match="truncated"):
+        _read_rows(path, 0, 10)
+    _edit_blob(path, block_table=1 << 51)
+    with pytest.raises(ckpt.InvalidManifestError, match="block_table"):
+        ckpt.read_manifest(path)
+
+
+def test_partial_reads_from_s3_read_only_their_blocks(s3_bucket):
+    state = _state(1)
+    url = f"{s3_bucket.url}/blocks"
+    ckpt.save(state, url, storage_options=s3_bucket.storage_options)
+    location = locate(url, s3_bucket.storage_options)
+    manifest = ckpt.read_manifest(location)
+    chunk = manifest.tensors["w"].chunks[0]
+    out = torch.empty(100, COLS)
+    with ChunkSource(location, manifest) as source:
+        source.files.check(chunk.blob, what="w")
+        read_chunks(source, [("w", chunk, [Want((500, 0), (100, COLS), lambda: out, lambda t: None)], None)])
+    assert torch.equal(out.view(torch.int32), state["w"][500:600].view(torch.int32))
+    live = _blank()
+    ckpt.load(live, url, storage_options=s3_bucket.storage_options)
+    assert torch.equal(live["w"].view(torch.int32), state["w"].view(torch.int32))
