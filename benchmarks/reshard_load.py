@@ -1,11 +1,17 @@
 """The multi-process part of ``bench_save_load.py``: resharded load against same-layout load.
 
-A sharded state (a few large fp32 matrices, ``DTensor`` with ``Shard(0)`` on a CPU ``DeviceMesh`` of
-2 ranks) is saved once by each system, then loaded into three layouts:
+A state of a few large fp32 matrices is saved once by each system in four source layouts, then
+loaded into the layouts below; each resharded load is compared with the same-layout load of the
+layout it loads into (or, for the first two, of the layout it was saved in: the same bytes):
 
-    2 ranks Shard(0) (same)   the layout it was saved in
-    4 ranks Shard(0)          each rank needs half of one saved shard
-    2 ranks Shard(1)          each rank needs the left or right half of the columns of both saved shards
+    2 ranks Shard(0) (same)    saved 2 ranks Shard(0) (DTensors on a 1-D mesh), loaded the same way
+    4 ranks Shard(0)           from 2 ranks Shard(0): each rank needs half of one saved shard
+    2 ranks Shard(1)           from 2 ranks Shard(0): each rank needs half the columns of both shards
+    FSDP×TP 4 → FSDP 2         saved on a 2×2 mesh (Shard(0) over dp, Shard(1) over tp), loaded as
+                               2 ranks Shard(0) (reference: 2 ranks Shard(0) (same))
+    1 rank (same)              saved by one process (plain tensors), loaded by one process
+    PP 2 → 1                   saved by 2 pipeline stages (each rank holds whole tensors of its own
+                               half of the keys), loaded by one process (reference: 1 rank (same))
 
 Systems: ours (``ckpt.save`` / ``ckpt.load`` with the process group) and DCP
 (``dcp.save(storage_writer=FileSystemWriter(dir, sync_files=True))`` / ``dcp.load(storage_reader=
@@ -59,13 +65,27 @@ COLS = 4096
 
 @dataclass(frozen=True)
 class Layout:
+    """How a rank holds the state: ``kind`` "shard" (DTensors, ``Shard(dim)`` over ``ranks``),
+    "fsdp_tp" (a 2×2 mesh: ``Shard(0)`` over dp, ``Shard(1)`` over tp), "pp" (whole tensors, the
+    keys split over the ranks) or "plain" (one process, whole tensors)."""
+
     name: str
     ranks: int
-    dim: int
+    dim: int = 0
+    kind: str = "shard"
+    source: str = "2 ranks Shard(0) (same)"  # the checkpoint it loads (the name of the layout that saved it)
+    reference: str = "2 ranks Shard(0) (same)"  # the same-layout load it is compared with
 
 
 SAVED = Layout("2 ranks Shard(0) (same)", 2, 0)
-LAYOUTS = (SAVED, Layout("4 ranks Shard(0)", 4, 0), Layout("2 ranks Shard(1)", 2, 1))
+FSDP_TP = Layout("4 ranks FSDP×TP (saved)", 4, kind="fsdp_tp")
+SINGLE = Layout("1 rank (same)", 1, kind="plain", source="1 rank (same)", reference="1 rank (same)")
+PIPELINE = Layout("2 ranks PP (saved)", 2, kind="pp")
+SOURCES = (SAVED, FSDP_TP, SINGLE, PIPELINE)  # saved once per system, each in its own directory
+LAYOUTS = (SAVED, Layout("4 ranks Shard(0)", 4, 0), Layout("2 ranks Shard(1)", 2, 1),
+           Layout("FSDP×TP 4 → FSDP 2", 2, 0, source=FSDP_TP.name), SINGLE,
+           Layout("PP 2 → 1", 1, kind="plain", source=PIPELINE.name, reference=SINGLE.name))
+REFERENCES = {layout.name for layout in LAYOUTS if layout.reference == layout.name}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -78,7 +98,8 @@ class Rank:
         self.rank = rank
         self.pair = dist.new_group([0, 1])  # collective: every rank creates it
         self.meshes = {4: DeviceMesh.from_group(dist.group.WORLD, "cpu"),
-                       2: DeviceMesh.from_group(self.pair, "cpu") if rank < 2 else None}
+                       2: DeviceMesh.from_group(self.pair, "cpu") if rank < 2 else None,
+                       (2, 2): DeviceMesh("cpu", torch.arange(WORLD).reshape(2, 2), mesh_dim_names=("dp", "tp"))}
 
     def group(self, layout: Layout):
         return None if layout.ranks == WORLD else self.pair
@@ -89,32 +110,61 @@ class Rank:
 
 def local_shard(full: torch.Tensor, layout: Layout, rank: int) -> torch.Tensor:
     """The part of ``full`` that ``rank`` holds in ``layout`` (a view; even chunks)."""
+    if layout.kind == "fsdp_tp":
+        return full.chunk(2, dim=0)[rank // 2].chunk(2, dim=1)[rank % 2]
+    if layout.kind in ("pp", "plain"):
+        return full
     return full.chunk(layout.ranks, dim=layout.dim)[rank]
 
 
-def sharded_state(full: dict, layout: Layout, me: Rank, fill: bool) -> dict[str, DTensor]:
-    """This rank's DTensors of ``layout``: copies of its shards (``fill``) or zeros."""
+def keys_of(full: dict, layout: Layout, rank: int) -> list[str]:
+    """The keys ``rank`` holds: a pipeline stage holds its own half of the layers."""
+    keys = sorted(full)
+    return keys[rank::layout.ranks] if layout.kind == "pp" else keys
+
+
+def sharded_state(full: dict, layout: Layout, me: Rank, fill: bool) -> dict:
+    """This rank's state in ``layout`` (DTensors, or plain tensors for "pp"/"plain"): copies of its
+    shards (``fill``) or zeros."""
     state = {}
-    for key, t in full.items():
+    for key in keys_of(full, layout, me.rank):
+        t = full[key]
         shard = local_shard(t, layout, me.rank)
         local = shard.clone(memory_format=torch.contiguous_format) if fill else torch.zeros(shard.shape)
-        state[key] = DTensor.from_local(local, me.meshes[layout.ranks], [Shard(layout.dim)], run_check=False,
-                                        shape=t.shape, stride=t.stride())
+        if layout.kind in ("pp", "plain"):
+            state[key] = local
+        elif layout.kind == "fsdp_tp":
+            state[key] = DTensor.from_local(local, me.meshes[(2, 2)], [Shard(0), Shard(1)], run_check=False,
+                                            shape=t.shape, stride=t.stride())
+        else:
+            state[key] = DTensor.from_local(local, me.meshes[layout.ranks], [Shard(layout.dim)], run_check=False,
+                                            shape=t.shape, stride=t.stride())
     return state
 
 
-def save(system: str, state: dict, path: Path, group) -> None:
+def save(system: str, state: dict, path: Path, group, layout: Layout = SAVED) -> None:
+    if layout.ranks == 1:
+        group = None
     if system == "ours":
-        ckpt.save(state, path, process_group=group)
+        ckpt.save(state, path, process_group=group, no_dist=layout.ranks == 1)
     else:
-        peers.dcp_save(state, path, process_group=group, no_dist=False)
+        peers.dcp_save(state, path, process_group=group, no_dist=layout.ranks == 1)
 
 
-def load(system: str, state: dict, path: Path, group) -> None:
+def load(system: str, state: dict, path: Path, group, layout: Layout = SAVED) -> None:
+    if layout.ranks == 1:
+        group = None
     if system == "ours":
-        ckpt.load(state, path, process_group=group)
+        ckpt.load(state, path, process_group=group, no_dist=layout.ranks == 1)
     else:
-        peers.dcp_load(state, path, process_group=group, no_dist=False)
+        peers.dcp_load(state, path, process_group=group, no_dist=layout.ranks == 1)
+
+
+def source_dir(work: Path, system: str, layout: Layout) -> Path:
+    return work / system / SOURCE_DIRS[layout.source]
+
+
+SOURCE_DIRS = {layout.name: f"source-{i}" for i, layout in enumerate(SOURCES)}
 
 
 def io_counters() -> tuple[int, int]:
@@ -158,23 +208,39 @@ def collective_timed(me: Rank, member: bool, fn, cold: bool) -> tuple[float, tup
 
 
 def verify(state: dict, full: dict, layout: Layout, rank: int, what: str) -> None:
-    for key, t in full.items():
-        if not torch.equal(state[key].to_local(), local_shard(t, layout, rank)):
+    for key in keys_of(full, layout, rank):
+        value = state[key]
+        local = value.to_local() if isinstance(value, DTensor) else value
+        if not torch.equal(local, local_shard(full[key], layout, rank)):
             raise RuntimeError(f"{what}: {key} differs on rank {rank} after load")
+
+
+def save_sources(me: Rank, full: dict, work: Path, system: str, timed: bool, cold: bool) -> float | None:
+    """Save ``full`` once in every source layout; the seconds of the 2-rank Shard(0) save when ``timed``."""
+    seconds = None
+    for layout in SOURCES:
+        saved = sharded_state(full, layout, me, fill=True) if me.member(layout) else None
+        path = work / system / SOURCE_DIRS[layout.name]
+        fn = lambda: save(system, saved, path, me.group(layout), layout)  # noqa: E731
+        if timed and layout is SAVED:
+            seconds, _, _ = collective_timed(me, me.member(layout), fn, cold)
+        else:
+            if me.member(layout):
+                fn()
+            dist.barrier()
+        saved = None
+    return seconds
 
 
 def warm_up(me: Rank, work: Path) -> None:
     """Untimed: a tiny sharded state through every system and layout (first-call costs, imports)."""
-    tiny = {"w": torch.arange(8 * 16, dtype=torch.float32).reshape(8, 16)}
+    tiny = {f"w{i}": torch.arange(8 * 16, dtype=torch.float32).reshape(8, 16) + i for i in range(4)}
     for system in SYSTEMS:
-        path = work / f"warmup-{system}"
-        if me.member(SAVED):
-            save(system, sharded_state(tiny, SAVED, me, fill=True), path, me.group(SAVED))
-        dist.barrier()
+        save_sources(me, tiny, work / "warmup", system, False, False)
         for layout in LAYOUTS:
             if me.member(layout):
                 state = sharded_state(tiny, layout, me, fill=False)
-                load(system, state, path, me.group(layout))
+                load(system, state, source_dir(work / "warmup", system, layout), me.group(layout), layout)
                 verify(state, tiny, layout, me.rank, f"warm-up {system} {layout.name}")
             dist.barrier()
 
@@ -187,24 +253,28 @@ def rank_main(rank: int, full: dict, work: str, repeats: int, cold: bool, check:
     warm_up(me, work)
     out["clock"]["warm"] = time.time()
 
-    saved = sharded_state(full, SAVED, me, fill=True) if me.member(SAVED) else None
     for system in SYSTEMS:
-        seconds, _, _ = collective_timed(me, me.member(SAVED),
-                                         lambda: save(system, saved, work / system, me.group(SAVED)), cold)
-        out["save_s"][system] = seconds
-    saved = None  # drop the saved shards before the loads allocate theirs
+        out["save_s"][system] = save_sources(me, full, work, system, True, cold)
     out["clock"]["saved"] = time.time()
 
-    live = {layout: sharded_state(full, layout, me, fill=False) for layout in LAYOUTS if me.member(layout)}
+    shared: dict = {}  # layouts of the same shape share their live state (a 1-process layout holds it all)
+    live = {}
+    for layout in LAYOUTS:
+        if me.member(layout):
+            shape = (layout.ranks, layout.dim, layout.kind)
+            if shape not in shared:
+                shared[shape] = sharded_state(full, layout, me, fill=False)
+            live[layout] = shared[shape]
     for rep in range(repeats):
         for layout in rotated(LAYOUTS, rep):
             for system in rotated(SYSTEMS, rep):
                 state = live.get(layout)
                 if state is not None:
                     for t in state.values():  # outside the timing: prove the load really writes
-                        t.to_local().zero_()
+                        (t.to_local() if isinstance(t, DTensor) else t).zero_()
                 seconds, read, idle_cpu = collective_timed(
-                    me, state is not None, lambda: load(system, state, work / system, me.group(layout)), cold)
+                    me, state is not None,
+                    lambda: load(system, state, source_dir(work, system, layout), me.group(layout), layout), cold)
                 if state is not None and check:
                     verify(state, full, layout, rank, f"{system} {layout.name}")
                 out["load_s"].setdefault((system, layout.name), []).append(seconds)

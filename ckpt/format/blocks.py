@@ -76,6 +76,37 @@ def blob_digest(buffer, block_size: int | None) -> str:
     return hash_blob(buffer, block_size)[0]
 
 
+class StreamDigest:
+    """A blob's checksum computed over its bytes as they stream past in pieces of any size (a copy):
+    ``update(piece)`` in order, then :meth:`hexdigest` — the same as :func:`blob_digest` of the whole."""
+
+    def __init__(self, block_size: int | None):
+        self.block_size, self.hashes = block_size, []
+        self._block, self._filled = xxhash.xxh3_64(), 0
+
+    def update(self, piece) -> None:
+        view = memoryview(piece).cast("B")
+        if self.block_size is None:
+            self._block.update(view)
+            return
+        while len(view):
+            take = min(len(view), self.block_size - self._filled)
+            self._block.update(view[:take])
+            self._filled += take
+            view = view[take:]
+            if self._filled == self.block_size:
+                self.hashes.append(self._block.intdigest())
+                self._block, self._filled = xxhash.xxh3_64(), 0
+
+    def hexdigest(self) -> str:
+        if self.block_size is None:
+            return f"{self._block.intdigest():016x}"
+        hashes = self.hashes + ([self._block.intdigest()] if self._filled else [])
+        if len(hashes) <= 1:  # a blob of one block or less carries no blocks: its own xxh3-64
+            return f"{hashes[0] if hashes else xxhash.xxh3_64_intdigest(b''):016x}"
+        return digest_of_table(pack(hashes))
+
+
 def block_span(start: int, stop: int, length: int, block_size: int) -> tuple[int, int]:
     """``(first, end)``: the blocks covering the stored bytes ``[start, stop)`` of a blob of
     ``length`` bytes (``end`` exclusive)."""

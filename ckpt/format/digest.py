@@ -1,4 +1,4 @@
-"""The manifest's digest (format version 2): every byte of ``manifest.json`` is covered.
+"""The manifest's digest (format version 2 and later): every byte of ``manifest.json`` is covered.
 
 A sealed manifest is compact JSON whose last field is ``"digest"``: the xxh3-64 of the same bytes
 without that field (the document as it reads up to its closing brace). :func:`seal` writes it,

@@ -10,8 +10,8 @@
    allocate absurd buffers or leave an element of a tensor unloaded (chunks must tile each tensor).
    A version-3 blob's block fields (:mod:`ckpt.format.blocks`) are checked too: a power-of-two
    block size in [64 KiB, 64 MiB] (so a table holds at most one 8-byte entry per 64 KiB of bytes
-   already bounded by the file's size) and a table offset inside the limits; block fields in an
-   older version's manifest are refused.
+   already bounded by the file's size), a blob longer than one block, and a table offset inside the
+   limits; block fields in an older version's manifest are refused.
 
 :func:`manifest_fields` returns the checked fields as the keyword arguments of
 :class:`~ckpt.format.manifest.Manifest`, which builds itself from them (:meth:`Manifest.from_json`):
@@ -103,8 +103,8 @@ def _blocks(doc: dict, where: str, length: int, version: int) -> tuple[int | Non
     size = doc["block_size"]
     if not is_block_size(size):
         raise InvalidManifestError(f"{where}: block_size must be a power of two in [64 KiB, 64 MiB], got {size!r}")
-    if length == 0:
-        raise InvalidManifestError(f"{where}: an empty blob has no blocks")
+    if length <= size:
+        raise InvalidManifestError(f"{where}: a blob of one block or less has no block fields (block_size {size})")
     table = _int(doc["block_table"], f"{where}: block_table", hi=MAX_BYTES - length // 8192 - 8)
     return size, table
 

@@ -28,13 +28,13 @@ from __future__ import annotations
 from typing import Callable
 
 import torch.distributed as dist
-import xxhash
 
 from .. import commit
 from .._collective import any_rank, broadcast_error, broadcast_value
 from ..committed import read_manifest_bytes
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, StorageError
 from ..format import Blob, Manifest, data_file_rank
+from ..format.blocks import StreamDigest
 from ..read import DataFiles, verify_blobs
 from ..storage import Location
 
@@ -93,10 +93,10 @@ def copy_file(source: DataFiles, target: Location, name: str, blobs: list[tuple[
                 raise SourceCorruptError(f"{source.root}: {what} lies outside {name} or overlaps another blob",
                                          path=str(source.root), file=name, tensor=what)
             move(blob.offset)  # alignment padding
-            hasher = xxhash.xxh3_64()
+            hasher = StreamDigest(blob.block_size)  # per block for a version-3 blob (its tables pass as is)
             move(blob.offset + blob.length, hasher)
             try:
-                source.verify(blob, f"{hasher.intdigest():016x}", what=what)
+                source.verify(blob, hasher.hexdigest(), what=what)
             except CorruptCheckpointError as exc:
                 raise _mismatch(source, blob, what, exc) from None
         move(reader.size)

@@ -148,7 +148,7 @@ CASES = {  # name -> (build, the check it relies on)
     "delta chunk": (delta_blob, "data_files"),
     "delta base": (delta_base, "data_files"),
     "replay through a chain": (replay, "data_files"),
-    "consolidate": (consolidate, "direct"),
+    "consolidate": (consolidate, "direct_stream"),
     "consolidate with a dtype": (consolidate_dtype, "indirect"),
 }
 

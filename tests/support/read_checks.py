@@ -1,11 +1,13 @@
-"""The read side's three checksum checks, and each one removable, to show which test depends on which.
+"""The read side's checksum checks, and each one removable, to show which test depends on which.
 
     flip_blob(path, key)                   # one byte of the first blob of ``key`` flipped; its file's name
     with_check_removed(monkeypatch, "indirect")   # ChunkSource.tensor no longer verifies
 
-:data:`CHECKS` names the three places :mod:`ckpt.read` compares a blob with its checksum:
+:data:`CHECKS` names the places :mod:`ckpt.read` and :mod:`ckpt.prefetch` compare a blob with its checksum:
 
-* ``"direct"``: :meth:`ChunkSource.read_tensors`, a raw chunk read straight into the live tensor (hashed
+* ``"direct"``: ``ckpt.prefetch._Direct.finish``, a raw chunk a load reads straight into the live tensor
+  (in parallel pieces, verified before the want is told);
+* ``"direct_stream"``: :meth:`ChunkSource.read_tensors`, the same for the consolidating reader (hashed
   while the next chunk is read, verified before it is yielded);
 * ``"indirect"``: :meth:`ChunkSource.tensor`, a raw chunk read into a new tensor (resharded loads,
   Shard(1) merges, dtype conversion, non-contiguous or device targets);
@@ -23,13 +25,18 @@ import json
 import textwrap
 from pathlib import Path
 
-from ckpt import read
+import sys
+
+from ckpt import prefetch, read
 
 CHECKS = {  # name -> (class, method, the verifying line, what replaces it)
-    "direct": (read.ChunkSource, "read_tensors", "self.files.verify(blob, digest.result(), what=key)",
-               "digest.result()"),
-    "indirect": (read.ChunkSource, "tensor", "self.files.verify(chunk.blob, checksum(view), what=key)", "pass"),
-    "data_files": (read.DataFiles, "read", "self.verify(blob, checksum(buffer), what=what)", "pass"),
+    "direct": (prefetch._Direct, "finish", "self.files.verify(self.blob, digest, what=self.key)", "pass"),
+    "direct_stream": (read.ChunkSource, "read_tensors", "self.files.verify(blob, digest.result(), what=key)",
+                      "digest.result()"),
+    "indirect": (read.ChunkSource, "tensor",
+                 "self.files.verify(chunk.blob, blob_digest(view, chunk.blob.block_size), what=key)", "pass"),
+    "data_files": (read.DataFiles, "read", "self.verify(blob, blob_digest(buffer, blob.block_size), what=what)",
+                   "pass"),
 }
 
 
@@ -38,8 +45,9 @@ def with_check_removed(monkeypatch, name: str) -> None:
     cls, method, line, replacement = CHECKS[name]
     source = textwrap.dedent(inspect.getsource(getattr(cls, method)))
     assert source.count(line) == 1, f"{cls.__name__}.{method} no longer holds {line!r}"
-    namespace = dict(vars(read))
-    exec(compile(source.replace(line, replacement), read.__file__, "exec"), namespace)
+    module = sys.modules[cls.__module__]
+    namespace = dict(vars(module))
+    exec(compile(source.replace(line, replacement), module.__file__, "exec"), namespace)
     monkeypatch.setattr(cls, method, namespace[method])
 
 

@@ -120,7 +120,7 @@ def test_verify_reports_a_broken_chain(run, capsys):
 def test_summary_of_one_checkpoint(run, capsys):
     code, out, _ = _out(capsys, [run / "step-00000002"])
     assert code == 0
-    assert "step 2  kind delta  base step-00000001 (step 1)  world size 1" in out and "format version 2" in out
+    assert "step 2  kind delta  base step-00000001 (step 1)  world size 1" in out and "format version 3" in out
     assert "layer.weight  float32  16x16" in out and "step   json" in out
     code, out, _ = _out(capsys, [run / "step-00000001", "--json"])
     doc = json.loads(out)
