@@ -241,3 +241,37 @@ def test_partial_reads_from_s3_read_only_their_blocks(s3_bucket):
     live = _blank()
     ckpt.load(live, url, storage_options=s3_bucket.storage_options)
     assert torch.equal(live["w"].view(torch.int32), state["w"].view(torch.int32))
+
+
+@pytest.mark.parametrize("length", [0, 5, BLOCK_SIZE, BLOCK_SIZE + 1, 3 * BLOCK_SIZE + 17])
+def test_a_streamed_digest_equals_the_whole_blob_digest_whatever_the_pieces(length):
+    from ckpt.format.blocks import StreamDigest, blob_digest
+
+    data = torch.randint(0, 256, (length,), dtype=torch.uint8, generator=torch.Generator().manual_seed(length)).numpy()
+    for piece in (1 << 16, 3 * 1000 + 7, 16 << 20):
+        stream = StreamDigest(BLOCK_SIZE)
+        for start in range(0, length, piece):
+            stream.update(data[start:start + piece])
+        assert stream.hexdigest() == blob_digest(data, BLOCK_SIZE)
+
+
+def test_a_copied_version_3_step_verifies_block_by_block(saved, tmp_path):
+    from ckpt.root import copy_step
+
+    path, state = saved
+    target = tmp_path / "replica" / "ckpt"
+    copy_step(locate(path), locate(target), read_back=True)
+    live = _blank()
+    ckpt.load(live, target)
+    assert torch.equal(live["w"].view(torch.int32), state["w"].view(torch.int32))
+    assert torch.equal(_read_rows(target, 0, 300).view(torch.int32), state["w"][:300].view(torch.int32))
+
+
+def test_a_damaged_block_stops_the_copy(saved, tmp_path):
+    from ckpt.root import copy_step
+
+    path, _ = saved
+    _flip(path, _blob(path).offset + 2 * BLOCK_SIZE + 1)
+    with pytest.raises(ckpt.CorruptCheckpointError, match="checksum mismatch"):
+        copy_step(locate(path), locate(tmp_path / "replica" / "ckpt"))
+    assert not (tmp_path / "replica" / "ckpt").exists()
