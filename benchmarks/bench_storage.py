@@ -94,7 +94,7 @@ GOAL_REPLICATION = 0.8  # copy_step >= 0.8x s3fs put (verification costs somethi
 GOAL_SAVE = 1.0  # ckpt.save to S3 >= 1.0x DCP's fsspec writer
 GOAL_LOAD = 1.0  # ckpt.load from S3 >= 1.0x DCP's fsspec reader
 GOAL_LOAD_X_RAW = 0.95  # issue 27: ckpt.load from S3 >= 0.95x raw parallel ranged GETs of the same files
-RAW_THREADS, RAW_RANGE = 8, 8 << 20  # the raw reader: as many GETs in flight as ours, of the same size
+RAW_THREADS, RAW_RANGE = 8, 16 << 20  # the raw reader: as many GETs in flight as ours, of the same size
 BENCH_NAME = "storage"
 QUICK = {"size_mb": 32.0, "repeats": 3}  # ~20 s on a quiet 2-core box, moto's start included
 
@@ -254,7 +254,7 @@ class Bench:
             raw_parallel_get(self.fs, self.url(rep, "raw").removeprefix("s3://"))
 
         methods = [Method("ckpt", "ours: ckpt.save / ckpt.load", ours_save,
-                          "multipart, 32 MiB parts, 4 in flight; ranged GETs, 8 in flight; checksums verified",
+                          "multipart, 32 MiB parts, 4 in flight; 16 MiB ranged GETs, 8 in flight; checksums verified",
                           load=ours_load),
                    Method("raw", "raw: s3fs put / parallel ranged GETs", raw_put,
                           f"the files ours wrote; load = {RAW_THREADS} ranged GETs of {RAW_RANGE >> 20} MiB in flight "

@@ -6,7 +6,8 @@ in a bounded read buffer.
 and turns each into jobs, started in order on a pool of reader threads while earlier jobs finish:
 
 * **direct** (a raw chunk one want takes whole into a contiguous CPU tensor, the live tensor when
-  the layouts match): read straight into it in pieces of 8 MiB, in parallel; each piece hashed by
+  the layouts match): read straight into it in pieces of 8 MiB (16 MiB ranged GETs on an object
+  store), in parallel; each piece hashed by
   the thread that read it (per block, version 3), the chunk's checksum compared once all pieces are
   in, and only then is the want told (commit-after-verify: its bytes are never handed on unchecked);
 * **windows** (a raw version-3 chunk with blocks that the rank needs part of, or wants in a
@@ -41,7 +42,8 @@ from .format.blocks import block_hashes, block_span, digest_of_table, pack
 
 READ_THREADS = 4  # positional reads in flight per rank on a local mount
 REMOTE_READ_THREADS = 8  # ranged GETs in flight per rank on an object store
-PIECE_BYTES = 8 << 20  # one read (a multiple of the block size)
+PIECE_BYTES = 8 << 20  # one positional read on a local mount (a multiple of the block size)
+REMOTE_PIECE_BYTES = 16 << 20  # one ranged GET (fewer, larger requests: each costs a round trip)
 WINDOW_BYTES = 16 << 20  # rows read together when a chunk is read in part
 BUFFER_BYTES = 64 << 20  # staged bytes in flight per rank (the read buffer's bound)
 MAX_JOBS = 8  # jobs in flight (direct reads hold no buffer of their own)
@@ -70,8 +72,10 @@ def read_chunks(source, requests: Iterable[tuple[str, Chunk, list[Want], torch.T
     """Load every ``(key, chunk, wants, direct)`` of ``source`` (a :class:`~ckpt.read.ChunkSource`
     whose files were checked for truncation): ``direct`` (or None) the contiguous CPU tensor of the
     chunk's dtype and sizes the single want takes it into whole."""
+    local = source.path.storage.is_local
     if threads is None:
-        threads = READ_THREADS if source.path.storage.is_local else REMOTE_READ_THREADS
+        threads = READ_THREADS if local else REMOTE_READ_THREADS
+    piece = PIECE_BYTES if local else REMOTE_PIECE_BYTES
     pending: deque = deque()
     held = 0
     buffers = _Buffers()
@@ -79,7 +83,7 @@ def read_chunks(source, requests: Iterable[tuple[str, Chunk, list[Want], torch.T
         try:
             for key, chunk, wants, direct in requests:
                 dtype = source.manifest.tensors[key].dtype
-                for job in _jobs(source, buffers, key, chunk, dtype, wants, direct):
+                for job in _jobs(source, buffers, key, chunk, dtype, wants, direct, piece):
                     while pending and (held + job.staged > budget or len(pending) >= MAX_JOBS):
                         done = pending.popleft()
                         held -= done.staged
@@ -94,12 +98,12 @@ def read_chunks(source, requests: Iterable[tuple[str, Chunk, list[Want], torch.T
                 job.cancel()
 
 
-def _jobs(source, buffers, key, chunk, dtype, wants, direct):
+def _jobs(source, buffers, key, chunk, dtype, wants, direct, piece):
     blob = chunk.blob
     if blob.codec == codec.RAW and direct is not None:
-        yield _Direct(source.files, key, blob, direct, wants[0].done)
+        yield _Direct(source.files, key, blob, direct, wants[0].done, piece)
     elif blob.codec == codec.RAW and blob.block_size is not None and chunk.sizes:
-        yield from _windows(source.files, buffers, key, chunk, dtype, wants)
+        yield from _windows(source.files, buffers, key, chunk, dtype, wants, piece)
     else:
         yield _Whole(source, key, chunk, wants)
 
@@ -121,12 +125,12 @@ class _Job:
         return [h for future in self.futures for h in future.result()]
 
 
-def _submit(pool, files, key: str, blob: Blob, buffer: memoryview, start: int) -> list[Future]:
+def _submit(pool, files, key: str, blob: Blob, buffer: memoryview, start: int, piece: int) -> list[Future]:
     """Read the stored bytes ``[start, start + len(buffer))`` of ``blob`` into ``buffer`` in pieces
     on ``pool``; each future returns the block hashes of its piece (``start`` on a block boundary),
     or nothing for a blob without blocks."""
     size = blob.block_size
-    piece = PIECE_BYTES if size is None else max(PIECE_BYTES, size)
+    piece = piece if size is None else max(piece // size, 1) * size
     handle = files.open(blob.file)
 
     def read(lo: int, hi: int) -> list[int]:
@@ -141,12 +145,12 @@ def _submit(pool, files, key: str, blob: Blob, buffer: memoryview, start: int) -
 
 
 class _Direct(_Job):
-    def __init__(self, files, key: str, blob: Blob, target: torch.Tensor, done):
-        self.files, self.key, self.blob, self.target, self.done = files, key, blob, target, done
+    def __init__(self, files, key: str, blob: Blob, target: torch.Tensor, done, piece: int):
+        self.files, self.key, self.blob, self.target, self.done, self.piece = files, key, blob, target, done, piece
         self.view = memoryview(target.reshape(-1).view(torch.uint8).numpy())
 
     def start(self, pool) -> None:
-        self.futures = _submit(pool, self.files, self.key, self.blob, self.view, 0) if self.blob.length else []
+        self.futures = _submit(pool, self.files, self.key, self.blob, self.view, 0, self.piece) if self.blob.length else []
 
     def finish(self) -> None:
         hashes = self._hashes()
@@ -155,7 +159,7 @@ class _Direct(_Job):
         self.done(self.target)
 
 
-def _windows(files, buffers, key: str, chunk: Chunk, dtype: torch.dtype, wants: list[Want]):
+def _windows(files, buffers, key: str, chunk: Chunk, dtype: torch.dtype, wants: list[Want], piece: int):
     """Windows of whole dim-0 rows over the rows the wants cover; each want is told after its last."""
     row_bytes = math.prod(chunk.sizes[1:]) * dtype.itemsize
     spans = sorted((w.offsets[0], w.offsets[0] + w.lengths[0], w) for w in wants)
@@ -177,13 +181,14 @@ def _windows(files, buffers, key: str, chunk: Chunk, dtype: torch.dtype, wants: 
     empty = [want for lo, hi, want in spans if lo >= hi]
     for index, (w0, w1) in enumerate(windows):
         finishing = [want for _, _, want in spans if last.get(id(want)) == index]
-        yield _Window(files, buffers, key, chunk, dtype, (w0, w1), row_bytes, spans, finishing)
+        yield _Window(files, buffers, key, chunk, dtype, (w0, w1), row_bytes, spans, finishing, piece)
     for want in empty:  # a box with no rows holds no bytes
         want.done(want.tensor())
 
 
 class _Window(_Job):
-    def __init__(self, files, buffers, key, chunk: Chunk, dtype, rows, row_bytes, spans, finishing):
+    def __init__(self, files, buffers, key, chunk: Chunk, dtype, rows, row_bytes, spans, finishing, piece):
+        self.piece = piece
         self.buffers, self.files, self.key, self.chunk, self.dtype = buffers, files, key, chunk, dtype
         self.rows, self.row_bytes, self.spans, self.finishing = rows, row_bytes, spans, finishing
         blob = chunk.blob
@@ -195,7 +200,7 @@ class _Window(_Job):
         self.files.block_table(self.chunk.blob, what=self.key)  # read (and checked) before any block
         self.buffer = self.buffers.take(self.staged)
         self.futures = _submit(pool, self.files, self.key, self.chunk.blob, memoryview(self.buffer.numpy()),
-                               self.start_byte)
+                               self.start_byte, self.piece)
 
     def finish(self) -> None:
         blob, (w0, w1) = self.chunk.blob, self.rows
