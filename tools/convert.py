@@ -1,16 +1,20 @@
 """ckpt-convert: a trainer checkpoint as a Hugging Face model or plain weights files, and back.
 
-    ckpt-convert SRC DST --to hf [--step N] [--dtype bf16|fp16|fp32] [--max-shard-size 5GB] [--force] [--quiet]
+    ckpt-convert SRC DST --to hf [--step N] [--dtype bf16|fp16|fp32] [--max-shard-size 5GB]
+                                 [--config FILE | --model-args JSON] [--force] [--quiet] [--json]
     ckpt-convert SRC DST --to torch|safetensors [--step N] [--dtype ...] [--max-shard-size SIZE] [--force] [--quiet]
-    ckpt-convert SRC DST --from hf [--step N] [--dtype ...] [--force] [--quiet]
-    ckpt-convert SRC DST --from dcp [--force] [--quiet]
-    ckpt-convert SRC DST --from torchtitan --flavor FLAVOR [--step N] [--force] [--quiet]
-    ckpt-convert SRC DST --to torchtitan [--step N] [--force] [--quiet]
+    ckpt-convert SRC DST --from hf [--step N] [--dtype ...] [--force] [--quiet] [--json]
+    ckpt-convert SRC DST --from dcp [--force] [--quiet] [--json]
+    ckpt-convert SRC DST --from torchtitan --flavor FLAVOR [--step N] [--force] [--quiet] [--json]
+    ckpt-convert SRC DST --to torchtitan [--step N] [--force] [--quiet] [--json]
 
 --to: SRC is a trainer checkpoint (a directory or URL holding manifest.json) or a checkpoint root
 (then --step N, default the newest committed step); its model weights (the tensors under "model.")
 are read one whole tensor at a time, every chunk verified, deltas replayed. The model's shapes come
-from the run config the trainer recorded in the manifest.
+from the run config the trainer recorded in the manifest; a checkpoint that records none (one
+imported --from dcp) is told with --config FILE (the trainer config it was trained with: .toml,
+.yaml, or the run's config.json) or --model-args JSON (trainer.model.ModelArgs fields, inline or
+a .json file); the weights' shapes are checked against it.
 
   hf           DST is a local directory for transformers' LlamaForCausalLM.from_pretrained: the
                weights under Hugging Face names with the rotary q/k rows permuted to its layout
@@ -30,7 +34,8 @@ read and written one tensor at a time. The trainer starts from it with
 schedule and data position start fresh).
 
 --from dcp: SRC is a plain torch.distributed.checkpoint directory (.metadata, read without
-unpickling code); DST the equivalent checkpoint of this engine.
+unpickling code); DST the equivalent checkpoint of this engine (export it --to hf with --config or
+--model-args: a DCP checkpoint records no model config).
 
 --from torchtitan: SRC is a torchtitan llama3 checkpoint (its checkpoint folder: the newest step-N,
 or --step N; or one step-N directory), FLAVOR its model flavor (debugmodel, 1B, 3B, 8B, 70B: the
@@ -42,8 +47,11 @@ where step-N is written as the DCP checkpoint its CheckpointManager resumes (wit
 checkpoint.exclude_from_loading = ["dataloader"]).
 
 Outputs appear whole or not at all (written under a temporary name, renamed at the end); an existing
-DST is refused without --force. Exit codes (tools/cli.py): 0 done, 1 a checkpoint or model could not
-be read or converted, or the output not written (one line on stderr says why), 2 bad arguments.
+DST is refused without --force. --json prints one JSON object on stdout instead of the summary
+lines (direction, format, source, destination, step, kind, tensors, bytes, the paths written, the
+model's arguments, notes); errors are still one line on stderr. Exit codes (tools/cli.py): 0 done,
+1 a checkpoint or model could not be read or converted, or the output not written (one line on
+stderr says why), 2 bad arguments, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ import torch
 import ckpt
 from ckpt import CheckpointError, CheckpointNotFoundError
 from ckpt.convert import import_dcp, read_dcp_metadata, total_tensor_bytes
+from ckpt.inspect_step import run_config
 from ckpt.root import resolve_checkpoint
 from ckpt.units import human_bytes
 from .convert_model import MODEL_OPTIONS, add_model_options, with_model_config
@@ -77,6 +86,7 @@ EPILOG = """examples:
   ckpt-convert hf-llama ckpts/init --from hf                            then: python -m trainer.train ... \\
                                                                           --checkpoint.initial_load_path ckpts/init
   ckpt-convert dcp-ckpt ckpts/imported/step-00000100 --from dcp         a plain DCP checkpoint into this format
+  ckpt-convert ckpts/imported hf-imported --to hf --config configs/debug.toml   ... and on to Hugging Face
 
 Sizes: 5GB, 500MB (powers of 1000), 2GiB (powers of 1024), or bytes. URLs (s3://...) take
 AWS_ENDPOINT_URL etc. from the environment; --to hf and --from hf need local directories.
@@ -176,6 +186,10 @@ def _export(args, dtype: torch.dtype | None) -> tuple[list[str], dict]:
                                           path=exc.path) from None
         raise
     manifest = with_model_config(ckpt.read_manifest(source), args)
+    if args.to == "hf" and run_config(manifest) is None:
+        raise CheckpointError(f"{source} records no run config (a checkpoint imported --from dcp, or saved outside "
+                              "the trainer), so its model is unknown: name it with --config FILE (the trainer config "
+                              "it was trained with) or --model-args JSON", path=str(source))
     step = "" if manifest.step is None else f"step {manifest.step} "
     with progress(hf.export_bytes(manifest, dtype), f"convert {step}".strip(), quiet=args.quiet or args.json) as bar:
         if args.to == "hf":
@@ -188,7 +202,7 @@ def _export(args, dtype: torch.dtype | None) -> tuple[list[str], dict]:
     weights = result.weight_files
     shards = f"{len(weights)} shards + index" if len(weights) > 1 else Path(weights[0]).name
     report = {"step": manifest.step, "kind": manifest.kind, "checkpoint": str(source), "tensors": result.tensors,
-              "bytes": result.nbytes, "written": [str(f) for f in result.files], "model": dataclasses.asdict(result.args),
+              "bytes": result.nbytes, "written": [str(f) for f in result.files], "model": dataclasses.asdict(result.args) if result.args else None,
               "verified": "every chunk read", "note": result.note or None}
     if args.to == "hf":
         return [f"{step}({manifest.kind}) of {source} -> {args.dst}: "
