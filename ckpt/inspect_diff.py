@@ -6,10 +6,11 @@ values added, removed or changed. A tensor's values are judged from the manifest
 stored bytes decide it, without reading data: the same boxes, each chunk pair stored by the same
 non-delta codec with the same checksum (xxh3 of the stored bytes), or B a delta on A storing them
 as ``unchanged``, is unchanged; raw chunk pairs
-with different checksums are changed. Anything else (another layout, a delta chain, compressed
-chunks whose bytes differ) is read one tensor of each side at a time, verified as every read is,
-and compared: the changed elements and the largest absolute difference (floats). ``values=False``
-never reads: such tensors are reported as ``unknown``.
+with different checksums are changed. Every tensor not known to be the same (changed, or another
+layout, a delta chain, compressed chunks whose bytes differ) is read one tensor of each side at a
+time, verified as every read is, and compared: the changed elements and the largest absolute
+difference (floats). ``values=False`` never reads: a tensor the manifests cannot tell is
+``unknown``, a changed one has no measure.
 """
 
 from __future__ import annotations
@@ -80,12 +81,10 @@ def diff(pa: Location, pb: Location, *, values: bool = True, progress=None) -> d
                             "b": {"dtype": _dtype(b), "shape": list(b.shape)}}
             continue
         state = by_manifest(a, b, b_on_a=b_on_a)
-        if state is None:
-            if values:
-                to_read.append(key)
-                continue
-            state = "unknown"
-        tensors[key] = {"state": state, "by": "checksums" if state != "unknown" else None}
+        if state != "same" and values:  # read: whether it changed, or by how much
+            to_read.append(key)
+            continue
+        tensors[key] = {"state": state or "unknown", "by": "checksums" if state else None}
     for key, a, b in _pairs(pa, ma, pb, mb, to_read):
         tensors[key] = {**compare(a, b), "by": "values"}
         if progress is not None:

@@ -98,14 +98,19 @@ def run_config(manifest: Manifest) -> dict | None:
 
 
 def config_lines(config: dict, limit: int = 80) -> list[str]:
-    """``section.key = value`` lines of a config record (nested one level; at most ``limit``)."""
-    lines = []
+    """``section.key = value`` lines of a config record (nested one level; at most ``limit``; unset
+    keys, null in the record, counted in one last line)."""
+    lines, unset = [], 0
     for section, body in config.items():
-        if isinstance(body, dict):
-            lines += [f"{section}.{key} = {_scalar(value) or _clip(repr(value))}" for key, value in body.items()]
-        else:
-            lines.append(f"{section} = {_scalar(body) or _clip(repr(body))}")
-    return lines if len(lines) <= limit else lines[:limit] + [f"... and {len(lines) - limit} more"]
+        for key, value in (body.items() if isinstance(body, dict) else [(None, body)]):
+            if value is None:
+                unset += 1
+                continue
+            name = section if key is None else f"{section}.{key}"
+            lines.append(f"{name} = {_scalar(value) or _clip(repr(value))}")
+    if len(lines) > limit:
+        lines = lines[:limit] + [f"... and {len(lines) - limit} more"]
+    return lines + ([f"({unset} keys unset: their defaults)"] if unset else [])
 
 
 def prefix_of(key: str) -> str:

@@ -84,7 +84,8 @@ def weights(doc: dict, as_json: bool) -> None:
     print(f"{doc['path']}: {kind}, {totals['tensors']} tensors, {totals['elements']:,} elements, "
           f"{human_bytes(totals['bytes'])} ({', '.join(totals['dtypes']) or 'no dtypes'})")
     if doc["format"] == "hf":
-        print("config: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in doc["config"].items()))
+        print("config: " + ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}"
+                                     for k, v in doc["config"].items()))
         print(f"weights files: {len(doc['weights_files'])}" +
               (f"; not read (pickles): {', '.join(doc['unread'])}" if doc["unread"] else ""))
     elif doc["metadata"]:
@@ -121,7 +122,7 @@ def diff(doc: dict, as_json: bool) -> None:
             rows.append([key, "dtype/shape", f"{t['a']['dtype']} {shape(t['a']['shape'])} -> "
                                              f"{t['b']['dtype']} {shape(t['b']['shape'])}"])
         elif t["state"] == "changed":
-            detail = "stored bytes differ" if t["by"] == "checksums" else \
+            detail = "stored bytes differ (--no-values: not measured)" if t["by"] == "checksums" else \
                 f"{t['changed_elements']:,} of {t['elements']:,} elements" + \
                 (f", max |diff| {t['max_abs_diff']:.3g}" if "max_abs_diff" in t else "")
             rows.append([key, "values", detail])
