@@ -111,6 +111,14 @@ def progress(total: int, description: str, *, quiet: bool, unit: str = "B") -> t
 
 
 # -- shared arguments ------------------------------------------------------------------------------
+def doc_parser(prog: str, doc: str) -> argparse.ArgumentParser:
+    """A tool's parser whose help is its module docstring: the first paragraph as the description,
+    the paragraphs after the synopsis as the epilog (argparse prints the usage itself)."""
+    paragraphs = doc.split("\n\n")
+    return argparse.ArgumentParser(prog=prog, description=paragraphs[0], epilog="\n\n".join(paragraphs[2:]),
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 EXTENSIONS = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch"}
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}

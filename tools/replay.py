@@ -21,16 +21,14 @@ from ckpt.convert import materialize
 from ckpt.root import record_replaced
 from ckpt.storage import locate
 from ckpt.units import human_bytes
-from .cli import EXPECTED_FAILURES, command, fail, progress
+from .cli import EXPECTED_FAILURES, command, doc_parser, fail, progress
 
 PROG = "ckpt-replay"
 SHOWN_STEPS = 20  # a missing step's error names at most this many committed ones (the newest)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                epilog="\n\n".join(__doc__.split("\n\n")[2:]),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = doc_parser(PROG, __doc__)
     p.add_argument("root", help="checkpoint root holding step-XXXXXXXX directories")
     p.add_argument("--step", type=int, required=True, help="the step to materialise")
     p.add_argument("--out", help="write the full checkpoint here instead of replacing the step in place")
