@@ -78,7 +78,19 @@ def read_json_file(file: Path, what: str) -> Any:
 
 
 def _clip(text: str) -> str:
-    return text if len(text) <= SHOWN_METADATA_CHARS else text[:SHOWN_METADATA_CHARS - 3] + "..."
+    """At most :data:`SHOWN_METADATA_CHARS` characters, any lone surrogate escaped (printable)."""
+    text = text if len(text) <= SHOWN_METADATA_CHARS else text[:SHOWN_METADATA_CHARS - 3] + "..."
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _unicode(file: Path, name: str) -> str:
+    """A tensor name as it is, refused when it is not valid Unicode (a lone surrogate from a JSON
+    escape, which no tool could print)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _bad(file, f"its header names the tensor {ascii(name)[:80]}, which is not valid Unicode") from None
+    return name
 
 
 def safetensors_header(file: Path) -> tuple[dict[str, dict], dict[str, str], int]:
@@ -105,7 +117,7 @@ def safetensors_header(file: Path) -> tuple[dict[str, dict], dict[str, str], int
     metadata = {_clip(str(k)): _clip(v) for k, v in list(raw_metadata.items())[:64]}
     tensors = {}
     for name, entry in header.items():
-        shown = ascii(name)[:80]
+        shown = ascii(_unicode(file, name))[:80]
         if not isinstance(entry, dict):
             raise _bad(file, f"header entry {shown} is not an object")
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")

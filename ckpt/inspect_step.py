@@ -53,7 +53,8 @@ def _mapping(pairs: list, kind: str) -> str:
         parts = [(_scalar(k), _scalar(v)) for k, v in pairs]
         if all(k is not None and v is not None for k, v in parts):
             return "{" + ", ".join(f"{k}: {v}" for k, v in parts) + "}"
-    keys = ", ".join(str(k)[:20] for k, _ in pairs[:4] if isinstance(k, (str, int)))
+    keys = ", ".join(str(k)[:20].encode("utf-8", "backslashreplace").decode() for k, _ in pairs[:4]
+                     if isinstance(k, (str, int)))
     return f"{kind} of {len(pairs)} keys" + (f" ({keys}{', ...' if len(pairs) > 4 else ''})" if keys else "")
 
 
@@ -106,7 +107,7 @@ def config_lines(config: dict, limit: int = 80) -> list[str]:
             if value is None:
                 unset += 1
                 continue
-            name = section if key is None else f"{section}.{key}"
+            name = (section if key is None else f"{section}.{key}").encode("utf-8", "backslashreplace").decode()
             lines.append(f"{name} = {_scalar(value) or _clip(repr(value))}")
     if len(lines) > limit:
         lines = lines[:limit] + [f"... and {len(lines) - limit} more"]
