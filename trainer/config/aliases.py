@@ -42,7 +42,7 @@ KEY_ALIASES: dict[tuple[str, str], str] = {
 }
 
 # The seed's `distributed` section: key -> parallelism key.
-DISTRIBUTED_KEYS: dict[str, str] = {"tp_size": "tp", "pp_size": "pp", "cp_size": "cp", "dp_size": "dp_shard"}
+DISTRIBUTED_KEYS: dict[str, str] = {"tp_size": "tp", "pp_size": "pp", "dp_size": "dp_shard", "cp_size": "cp"}
 
 SEED_SECTION_NOTE = f"{SEED_SECTION} (seed style: {', '.join(DISTRIBUTED_KEYS)})"
 """How the seed section is listed among the valid sections."""
