@@ -80,11 +80,12 @@ class ParallelDims:
 def fsdp_mesh(mesh: DeviceMesh, dims: ParallelDims) -> DeviceMesh:
     """The mesh FSDP2 shards over: ``dp_shard`` (with CP: ``dp_shard × cp`` flattened to
     ``dp_shard_cp``), under ``dp_replicate`` for HSDP."""
-    shard = "dp_shard"
-    if dims.cp > 1:
-        shard = "dp_shard_cp"
-        mesh["dp_shard", "cp"]._flatten(shard)
-    return mesh[shard] if dims.dp_replicate == 1 else mesh["dp_replicate", shard]
+    if dims.cp == 1:
+        return mesh["dp_shard"] if dims.dp_replicate == 1 else mesh["dp_replicate", "dp_shard"]
+    flat = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+    # HSDP: a 2-D mesh over a flattened dimension is still sliced from the root (torch warns that
+    # this goes away; torchtitan does the same today)
+    return flat if dims.dp_replicate == 1 else mesh["dp_replicate", "dp_shard_cp"]
 
 
 def dp_rank(mesh: DeviceMesh, dims: ParallelDims) -> int:
