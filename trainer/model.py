@@ -17,9 +17,11 @@ frequency scaling (``rope_scaling``, a :class:`RopeScaling`), the norm epsilon, 
 (``ffn_dim``, or the ``multiple_of`` / ``ffn_dim_multiplier`` rounding) and tied embeddings
 (``tie_embeddings``: ``output.weight`` is ``tok_embeddings.weight``, one parameter under both keys).
 
-The rotary tables are non-persistent buffers (not in the state dict). Building under
-``torch.device("meta")`` works; after ``to_empty(device=...)`` call ``init_weights()`` to fill
-parameters and rotary tables.
+Attention runs through each block's ``attention.core`` (:mod:`trainer.attention`: the whole sequence;
+context parallelism swaps in its own, :mod:`trainer.context_parallel`), which also picks the rotary
+rows of the positions the rank holds. The rotary tables are non-persistent buffers (not in the
+state dict). Building under ``torch.device("meta")`` works; after ``to_empty(device=...)`` call
+``init_weights()`` to fill parameters and rotary tables.
 """
 
 from __future__ import annotations
