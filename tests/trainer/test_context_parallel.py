@@ -55,6 +55,17 @@ def test_config_keys_and_refusals():
         ParallelDims.resolve(1, 3, 1, 1, 8, cp=2)
 
 
+def test_dry_run_divides_activations_by_cp_and_adds_the_gathered_keys_values():
+    from tests.support import REPO
+    from trainer.plan import plan
+
+    base = ["--config", str(REPO / "configs" / "debug.toml"), "--training.seq_len", "1024"]
+    one = plan(load_config(base), 1).stages[0].memory["activations"]
+    cp2 = plan(load_config([*base, "--parallelism.cp", "2"]), 2)
+    assert 0.5 * one < cp2.stages[0].memory["activations"] < 0.6 * one
+    assert cp2.layout["cp"] == 2 and "dp_shard 1 x cp 2" in cp2.layout["data_parallel"]
+
+
 # ---------------------------------------------------------------------------------------------------
 # Spawned ranks (slow)
 
