@@ -224,7 +224,7 @@ def resume_parts(records: dict, path: Path) -> bool:
         if m.get("part", "") not in parts:
             parts.append(m.get("part", ""))
     labels = [f"{case}: {system}" for case, system in bars]
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(bars) + 1.8))
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(bars) + 2.2))
     left = [0.0] * len(bars)
     for part in parts:
         widths = [b.get(part, 0.0) for b in bars.values()]
@@ -235,7 +235,7 @@ def resume_parts(records: dict, path: Path) -> bool:
     ax.invert_yaxis()
     ax.set_xlabel("seconds from the launcher's clock to the first optimizer step (median)")
     ax.set_title("Time to first step after resume, by part")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=len(parts))
     ax.grid(True, axis="x", alpha=0.3)
     _save(fig, path)
     return True
