@@ -77,8 +77,10 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         reports = [plan.planner_data for plan in global_plan if isinstance(plan.planner_data, _FitReport)]
         missing = sorted({key for r in reports for key in r.missing})
         mismatched = sorted({problem for r in reports for problem in r.mismatched})
-        # unexpected: saved keys no rank asks for (each rank reports those it does not)
-        unexpected = sorted(set.intersection(*(set(r.unasked) for r in reports))) if reports else []
+        # unexpected: saved keys no rank asks for (each rank reports the saved keys it asks for: a
+        # report as long as the rank's own state, never as long as every rank's rank-local keys)
+        asked = set().union(*(r.asked for r in reports))
+        unexpected = sorted(self.metadata.state_dict_metadata.keys() - asked) if reports and self.strict else []
         if mismatched or (self.strict and (missing or unexpected)):
             raise IncompatibleCheckpointError(
                 missing if self.strict else [], unexpected if self.strict else [], mismatched
@@ -94,8 +96,8 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             problem = _mismatch(saved[key], live[key])
             if problem:
                 mismatched.append((key, *problem))
-        unasked = [k for k in saved if k not in live] if self.strict else []  # only strict mode needs them
-        return _FitReport(missing=[k for k in live if k not in saved], unasked=unasked, mismatched=mismatched)
+        asked = [k for k in live if k in saved] if self.strict else []  # only strict mode needs them
+        return _FitReport(missing=[k for k in live if k not in saved], asked=asked, mismatched=mismatched)
 
     def load_value(self, read_item: ReadItem, value: Any) -> None:
         """Put a decoded non-tensor value where its key came from in the caller's state."""
@@ -120,7 +122,7 @@ class _FitReport:
     """One rank's view of how the checkpoint fits its state, sent to the coordinator in its plan."""
 
     missing: list[str] = field(default_factory=list)  # live keys the checkpoint lacks
-    unasked: list[str] = field(default_factory=list)  # saved keys this rank does not ask for
+    asked: list[str] = field(default_factory=list)  # saved keys this rank asks for (strict mode)
     mismatched: list[tuple[str, str, str]] = field(default_factory=list)
 
 
