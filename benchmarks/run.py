@@ -67,6 +67,8 @@ BENCHES = [
           "trainer tokens/s with and without checkpointing"),
     Bench("integrations", "bench_integrations.py", ["--quick"], [],
           "Lightning and HF Trainer plug-ins vs their default saving"),
+    Bench("planning", "bench_planning.py", ["--quick"], [],
+          "load planning per rank vs world size, ours vs DCP"),
     Bench("layouts", "bench_layouts.py", ["--quick"], ["--repeats", "3"],
           "trainer tokens/s per parallel layout", in_quick=False),
 ]
