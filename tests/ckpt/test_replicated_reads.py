@@ -137,3 +137,15 @@ def test_hsdp_load_reads_one_copy_from_storage(tmp_path):
     assert all(r[0] for r in results)
     assert sum(r[1] for r in results) == results[0][3]  # one copy, not one per replicate group
     assert all(r[2] > 0 for r in results)  # every rank got its shard's half from its replica peer
+
+
+def test_manager_load_stats_count_what_one_process_read(tmp_path):
+    with counting_reads() as reads, ckpt.CheckpointManager(tmp_path / "run", async_mode="sync") as manager:
+        manager.save(1, _state(0))  # the wrapper is in place before the manager locates its root
+        state = _state(1)
+        before = reads.data_bytes()
+        assert manager.load(state) == 1
+        stats, read = manager.load_stats, reads.data_bytes() - before
+    stored = sum(blob.length for _, blob in ckpt.read_manifest(tmp_path / "run" / "step-00000001").blobs())
+    assert stats.bytes_read == read == stored and stats.bytes_received == 0
+    assert torch.equal(state["w"], _state(0)["w"]) and "from storage" in stats.summary()
