@@ -109,17 +109,25 @@ def exchange_shared(shares: RankShares, exchange: Exchange, *, read: Callable[[A
             exchange.send(op.receivers, header, raw)
             if raw is not None:
                 stats.bytes_sent += nbytes * len(op.receivers)
-                deliver(wanted, tensor)
+                try:
+                    deliver(wanted, tensor)
+                except Exception as exc:
+                    error = exc
             continue
         status, digest = exchange.receive_header(op.reader).tolist()
         if status != _OK:
             error = error or PeerReadFailed(f"rank {op.reader} could not read {op.index.fqn} for this rank "
                                             "(its own error says why)")
             continue
-        into = target(op.index, wanted) if error is None else None
+        into = None
+        if error is None:
+            try:
+                into = target(op.index, wanted)
+            except Exception as exc:
+                error = exc
         tensor = into if into is not None else torch.empty(sizes, dtype=dtype)
         raw = _as_bytes(tensor)
-        exchange.receive_into(op.reader, raw)
+        exchange.receive_into(op.reader, raw)  # received even after a failure: the reader is sending it
         stats.bytes_received += nbytes
         stats.chunks_received += 1
         if error is not None:
@@ -183,7 +191,7 @@ def _whole_target(planner, wanted: list, chunk, dtype: torch.dtype) -> torch.Ten
 def _deliver(planner, wanted: list, stored: torch.Tensor) -> None:
     for item in wanted:
         target = planner.resolve_tensor(item)
-        if target is not stored:
+        if not (target.data_ptr() == stored.data_ptr() and target.shape == stored.shape):  # not read in place
             piece = stored
             for dim, (start, length) in enumerate(zip(item.storage_offsets, item.lengths)):
                 piece = piece.narrow(dim, start, length)

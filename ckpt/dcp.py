@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from . import commit
+from ._gc import paused_gc
 from ._read_assign import assign_shared_reads
 from ._read_share import serve_shared
 from .committed import read_manifest
@@ -194,7 +195,8 @@ class Reader(StorageReader):
                 # inside DCP's CheckpointException.
                 self._unreadable = exc
                 return Metadata(state_dict_metadata={})
-        return self.manifest.to_dcp_metadata()
+        with paused_gc():
+            return self.manifest.to_dcp_metadata()
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         if self._unreadable is not None:
@@ -206,7 +208,10 @@ class Reader(StorageReader):
         return plan
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
-        return plans if self.process_group is None else assign_shared_reads(plans, self.storage)
+        if self.process_group is None:
+            return plans
+        with paused_gc():
+            return assign_shared_reads(plans, self.storage)
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
         counter = ReadCounter()

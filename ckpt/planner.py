@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.tensor import DTensor
 
+from ._gc import paused_gc
 from ._local_plan import local_load_plan
 from .errors import IncompatibleCheckpointError, UnsafeCheckpointError
 
@@ -70,7 +71,8 @@ class SafeLoadPlanner(DefaultLoadPlanner):
                 if old_state_dict.keys() & missing:
                     self.state_dict, self.mappings = old_state_dict, old_mappings
                 _version._derived_version = None
-        plan, self.plan_checks = local_load_plan(self.state_dict, self.metadata, not self.allow_partial_load)
+        with paused_gc():
+            plan, self.plan_checks = local_load_plan(self.state_dict, self.metadata, not self.allow_partial_load)
         return plan
 
     def create_global_plan(self, global_plan: list[LoadPlan]) -> list[LoadPlan]:
