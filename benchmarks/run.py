@@ -69,6 +69,8 @@ BENCHES = [
           "Lightning and HF Trainer plug-ins vs their default saving"),
     Bench("resume", "bench_resume.py", ["--quick"], ["--repeats", "2"],
           "time to first step after resume"),
+    Bench("planning", "bench_planning.py", ["--quick"], [],
+          "load planning per rank vs world size, ours vs DCP"),
     Bench("layouts", "bench_layouts.py", ["--quick"], ["--repeats", "3"],
           "trainer tokens/s per parallel layout", in_quick=False),
     Bench("cp", "bench_cp.py", ["--quick"], ["--repeats", "3"],

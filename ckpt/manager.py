@@ -44,7 +44,7 @@ from .dcp import Writer
 from .delta import DeltaBase, DeltaChain, tensor_signature
 from .errors import CheckpointError, InvalidOptionError
 from .options import AsyncMode, BusyPolicy, SaveOptions
-from .outcomes import BackgroundFailures, CommitInfo, SaveStats
+from .outcomes import BackgroundFailures, CommitInfo, LoadStats, SaveStats
 from .root import resume, retention
 from .root.catalog_updates import CatalogUpdates
 from .root.claim import claim_primary
@@ -74,6 +74,7 @@ class CheckpointManager:
         self._root = CheckpointRoot(root, storage_options)
         self.root = self._root.path
         self._stats = SaveStats()
+        self._load_stats = LoadStats()
         self._on_commit = on_commit
         self._mounts = [self._root, *(CheckpointRoot(url, storage_options) for url in options.replicas)]
         named = [(m.path.storage.scheme, m.path.storage.identity(m.path.path)) for m in self._mounts]
@@ -126,6 +127,11 @@ class CheckpointManager:
             self._stats.stall_s += new
             self._stats.last_stall_s += new
         return self._stats
+
+    @property
+    def load_stats(self) -> LoadStats:
+        """What the last :meth:`load` moved on this rank (bytes read from storage, from peers)."""
+        return self._load_stats
 
     def attach(self, optimizer: torch.optim.Optimizer | None = None, *, model: torch.nn.Module | None = None) -> None:
         """Wait for a pending snapshot right before the live state first changes: before
@@ -219,9 +225,11 @@ class CheckpointManager:
         ``state``; return the step loaded, or None when the root holds no checkpoint."""
         self._check_open()
         self.wait()
+        self._load_stats = stats = LoadStats()  # every attempt of this load, a fallback's included
 
         def load(target: dict, path, mirrors) -> None:
-            load_checkpoint(target, path, strict=strict, process_group=self._control_pg, mirrors=mirrors)
+            load_checkpoint(target, path, strict=strict, process_group=self._control_pg, mirrors=mirrors,
+                            stats=stats)
 
         if step is not None:
             return resume.load_step(self._mounts, state, step, load, run=self.run)
