@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from .errors import CheckpointError, CheckpointWriteError
@@ -105,3 +106,35 @@ class BackgroundFailures:
             log.warning("checkpoint save failed (%s); training continues, the next save retries", error)
             warnings.warn(f"checkpoint save failed ({error}); continuing (on_error='continue')",
                           stacklevel=stacklevel)
+
+
+class SavesInFlight:
+    """The saves being written, step → future: added by ``save`` on the training thread, removed
+    when the write ends, read by the writer thread (retention must not delete a step being written)."""
+
+    def __init__(self) -> None:
+        self._futures: dict[int, Future] = {}
+        self._lock = threading.Lock()
+
+    def add(self, step: int, future: Future) -> None:
+        with self._lock:
+            self._futures[step] = future
+
+    def remove(self, step: int) -> None:
+        with self._lock:
+            self._futures.pop(step, None)
+
+    def writing(self, besides: int) -> set[int]:
+        """The steps still being written, ``besides`` left out."""
+        with self._lock:
+            return {step for step, future in self._futures.items() if not future.done()} - {besides}
+
+    def drain(self) -> None:
+        """Wait for every save in flight (their errors are recorded by the manager's done callback)."""
+        with self._lock:
+            pending = list(self._futures.values())
+        for future in pending:
+            try:
+                future.result()
+            except BaseException:
+                pass
