@@ -126,8 +126,9 @@ class SavesInFlight:
 
     def writing(self, besides: int) -> set[int]:
         """The steps still being written, ``besides`` left out."""
-        with self._lock:
-            return {step for step, future in self._futures.items() if not future.done()} - {besides}
+        with self._lock:  # copied, then asked: done() is never called under the lock add() takes
+            futures = list(self._futures.items())
+        return {step for step, future in futures if not future.done()} - {besides}
 
     def drain(self) -> None:
         """Wait for every save in flight (their errors are recorded by the manager's done callback)."""
