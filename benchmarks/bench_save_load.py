@@ -76,7 +76,7 @@ import ckpt.dcp  # noqa: E402
 import peers  # noqa: E402
 import reshard_load  # noqa: E402  (next to this script: the multi-process part)
 from report import (  # noqa: E402
-    command_line, goal, median_span, metric, provenance, publish, ratio_span, table_head, verdict, write_json,
+    command_line, goal, goal_line, median_span, metric, provenance, publish, ratio_span, table_head, verdict, write_json,
 )
 from states import describe_mixed, mixed_state, state_bytes, zeros_like  # noqa: E402
 
@@ -447,6 +447,7 @@ def report(methods: list[Method], info: dict, reshard: dict | None, args: argpar
         body += ["", *reshard_lines]
         metrics += reshard_metrics
         goals += reshard_goals
+        body += [goal_line(g, 2) for g in reshard_goals]
         contention += f"; reshard part: {reshard['contention']}"
     body += ["", *provenance(info["machine"], command, load=contention)]
     return "\n".join(body), metrics, goals

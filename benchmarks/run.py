@@ -67,8 +67,14 @@ BENCHES = [
           "trainer tokens/s with and without checkpointing"),
     Bench("integrations", "bench_integrations.py", ["--quick"], [],
           "Lightning and HF Trainer plug-ins vs their default saving"),
+    Bench("resume", "bench_resume.py", ["--quick"], ["--repeats", "2"],
+          "time to first step after resume"),
+    Bench("planning", "bench_planning.py", ["--quick"], [],
+          "load planning per rank vs world size, ours vs DCP"),
     Bench("layouts", "bench_layouts.py", ["--quick"], ["--repeats", "3"],
           "trainer tokens/s per parallel layout", in_quick=False),
+    Bench("cp", "bench_cp.py", ["--quick"], ["--repeats", "3"],
+          "context parallel tokens/s against one rank", in_quick=False),
 ]
 BY_NAME = {b.name: b for b in BENCHES}
 RESULTS_DIR = HERE / "results"

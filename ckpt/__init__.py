@@ -40,7 +40,7 @@ from .errors import (
 )
 from .format import FORMAT_VERSION, Manifest
 from .manager import CheckpointManager
-from .outcomes import CommitInfo, SaveStats
+from .outcomes import CommitInfo, LoadStats, SaveStats
 from .options import AsyncMode, BusyPolicy, Compression, FailurePolicy, SaveOptions
 from .planner import SafeLoadPlanner
 from .root import CheckpointRoot
@@ -51,7 +51,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())  # the application
 
 __all__ = [
     "save", "load", "read_manifest", "dcp", "Manifest", "FORMAT_VERSION", "SafeLoadPlanner", "RNGState",
-    "CheckpointManager", "CommitInfo", "SaveStats", "SaveOptions", "AsyncMode", "BusyPolicy", "Compression", "FailurePolicy",
+    "CheckpointManager", "CommitInfo", "LoadStats", "SaveStats", "SaveOptions", "AsyncMode", "BusyPolicy", "Compression", "FailurePolicy",
     "CheckpointRoot", "DeltaBase", "DoubleBufferStager",
     "CheckpointError", "CheckpointExistsError", "CheckpointLockedError", "CheckpointNotFoundError",
     "CheckpointWriteError", "CorruptCheckpointError", "DeviceUnavailableError", "ForeignRunError",

@@ -22,6 +22,7 @@ from .committed import read_manifest
 from .dcp import Reader, Writer
 from .errors import CheckpointError, CheckpointWriteError, IncompatibleCheckpointError
 from .format import Manifest
+from .outcomes import LoadStats
 from .planner import SafeLoadPlanner
 from .state import export_state, stored_whole
 from .storage import locate
@@ -116,6 +117,7 @@ def load(
     no_dist: bool = False,
     storage_options: dict | None = None,
     mirrors: tuple = (),
+    stats: LoadStats | None = None,
 ) -> Manifest:
     """Load the checkpoint at ``path`` into ``state`` in place, resharding to the current layout.
 
@@ -124,16 +126,23 @@ def load(
 
     Tensors are filled in place; modules, optimizers and stateful objects get ``load_state_dict``;
     plain values in dicts are replaced. ``mirrors``: other roots (replicas) a delta's base links may
-    be read from when missing or damaged where ``path`` lies. Returns the checkpoint's manifest."""
+    be read from when missing or damaged where ``path`` lies. ``stats``: a
+    :class:`~ckpt.outcomes.LoadStats` to fill with what this rank moved (bytes read from storage;
+    chunks several ranks need whole are read by one and sent to the others over the process
+    group). Returns the checkpoint's manifest."""
     path = locate(path, storage_options)
     manifest = read_manifest(path)  # fails here, readably, before DCP wraps anything
     whole = stored_whole(set(manifest.values), [*manifest.values, *manifest.tensors])
     state_dict, restore = export_state(state, whole)
-    reader = Reader(path, manifest=manifest, storage_options=storage_options, mirrors=mirrors)
+    distributed = not no_dist and _distributed()
+    group = (process_group or dist.group.WORLD) if distributed else None
+    reader = Reader(path, manifest=manifest, storage_options=storage_options, mirrors=mirrors, process_group=group)
+    if stats is not None:
+        reader.stats = stats
     try:
         with _quiet_single_process():
             dcp.load(state_dict, storage_reader=reader, planner=SafeLoadPlanner(strict=strict),
-                     process_group=process_group, no_dist=no_dist or not _distributed())
+                     process_group=process_group, no_dist=not distributed)
     except CheckpointException as exc:
         error = unwrap(exc)
         if isinstance(error, IncompatibleCheckpointError) and error.path is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 
+from ._gc import paused_gc
 from .errors import CheckpointError, CheckpointNotFoundError, InvalidManifestError
 from .format import MANIFEST_NAME, Manifest, is_leftover
 from .storage import Location, locate
@@ -74,7 +75,8 @@ def read_manifest_bytes(path: Location) -> tuple[Manifest, bytes]:
         raise CheckpointNotFoundError(reason, path=str(path), file=MANIFEST_NAME)
     raw = read_metadata_file(path, MANIFEST_NAME, MAX_MANIFEST_BYTES, InvalidManifestError)
     try:
-        return Manifest.from_json(raw, source=str(path / MANIFEST_NAME)), raw
+        with paused_gc():  # acyclic, and superlinear with the collector on (ckpt/_gc.py)
+            return Manifest.from_json(raw, source=str(path / MANIFEST_NAME)), raw
     except CheckpointError as exc:
         exc.path = str(path)
         raise

@@ -29,14 +29,19 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from . import commit
+from ._gc import paused_gc
+from ._read_assign import assign_shared_reads
+from ._read_share import serve_shared
 from .committed import read_manifest
 from .delta import DeltaBase
 from .errors import CheckpointError, InvalidManifestError, InvalidOptionError
 from .format import Chunk, Manifest, ValueEntry, codec
 from .options import SaveOptions
+from .outcomes import LoadStats
 from .prefetch import Want, read_chunks
 from .read import ChunkSource
 from .storage import Location, locate
+from .storage.counting import ReadCounter, counted
 from .assemble import build_manifest
 from .write import write_rank
 
@@ -157,11 +162,17 @@ class Reader(StorageReader):
     ``path`` is a directory or a URL (``storage_options`` go to fsspec); ``manifest`` may be passed
     when the caller already read and validated it. ``mirrors``: other roots holding copies of the
     links of a delta chain (replicas), tried link by link when a base is missing or damaged.
+    ``process_group``: the load's group (the one given to ``dcp.load``); with it, a stored chunk
+    that several ranks need whole is read by one of them and sent to the others
+    (:mod:`ckpt._read_assign`, :mod:`ckpt._read_share`). ``stats``: this rank's
+    :class:`~ckpt.outcomes.LoadStats` (bytes read from storage, received, sent).
     """
 
     def __init__(self, path: str | os.PathLike | None = None, *, manifest: Manifest | None = None,
-                 storage_options: dict | None = None, mirrors: tuple = ()):
+                 storage_options: dict | None = None, mirrors: tuple = (), process_group=None):
         super().__init__()
+        self.process_group = process_group
+        self.stats = LoadStats()
         self.storage_options = storage_options
         self.mirrors = tuple(locate(m, storage_options) for m in mirrors)
         self.path = locate(path, storage_options) if path is not None else None
@@ -186,7 +197,8 @@ class Reader(StorageReader):
                 # inside DCP's CheckpointException.
                 self._unreadable = exc
                 return Metadata(state_dict_metadata={})
-        return self.manifest.to_dcp_metadata()
+        with paused_gc():
+            return self.manifest.to_dcp_metadata()
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         if self._unreadable is not None:
@@ -198,14 +210,33 @@ class Reader(StorageReader):
         return plan
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
-        return plans
+        if self.process_group is None:
+            return plans
+        with paused_gc():
+            return assign_shared_reads(plans, self.storage)
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
+        counter = ReadCounter()
+        try:
+            return self._read_items(self._exchange(plan, planner, counter), planner, counter)
+        finally:
+            self.stats.bytes_read += counter.bytes
+
+    def _exchange(self, plan: LoadPlan, planner: LoadPlanner, counter: ReadCounter) -> list:
+        """This rank's part in reading shared chunks once (:mod:`ckpt._read_share`); the items left."""
+        if self.process_group is None:
+            return list(plan.items)
+        with ChunkSource(counted(self.path, counter), self.manifest,
+                         mirrors=tuple(counted(m, counter) for m in self.mirrors)) as source:
+            return serve_shared(plan, planner, source, self.storage, self.process_group, self.stats)
+
+    def _read_items(self, plan_items: list, planner: LoadPlanner, counter: ReadCounter) -> Future:
         by_record: dict[MetadataIndex, list] = defaultdict(list)
-        for item in plan.items:
+        for item in plan_items:
             by_record[item.storage_index].append(item)
         chunks = []
-        with ChunkSource(self.path, self.manifest, mirrors=self.mirrors) as source:
+        with ChunkSource(counted(self.path, counter), self.manifest,
+                         mirrors=tuple(counted(m, counter) for m in self.mirrors)) as source:
             for index, items in by_record.items():
                 record = self.storage[index]
                 if isinstance(record, ValueEntry):

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -44,7 +43,7 @@ from .dcp import Writer
 from .delta import DeltaBase, DeltaChain, tensor_signature
 from .errors import CheckpointError, InvalidOptionError
 from .options import AsyncMode, BusyPolicy, SaveOptions
-from .outcomes import BackgroundFailures, CommitInfo, SaveStats
+from .outcomes import BackgroundFailures, CommitInfo, LoadStats, SavesInFlight, SaveStats
 from .root import resume, retention
 from .root.catalog_updates import CatalogUpdates
 from .root.claim import claim_primary
@@ -52,7 +51,7 @@ from .root.replicate import Replicator
 from .root.steps import CheckpointRoot
 from ._snapshot_copy import single_threaded_aten
 from .staging import DoubleBufferStager
-from .state import export_state
+from .state import buffer_owners, export_state
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +73,7 @@ class CheckpointManager:
         self._root = CheckpointRoot(root, storage_options)
         self.root = self._root.path
         self._stats = SaveStats()
+        self._load_stats = LoadStats()
         self._on_commit = on_commit
         self._mounts = [self._root, *(CheckpointRoot(url, storage_options) for url in options.replicas)]
         named = [(m.path.storage.scheme, m.path.storage.identity(m.path.path)) for m in self._mounts]
@@ -108,9 +108,7 @@ class CheckpointManager:
         if options.async_mode is AsyncMode.DOUBLE_BUFFER:
             self._stager = DoubleBufferStager(options.device_type, policy=options.policy)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="ckpt-persist", initializer=single_threaded_aten)
-        # Written by save() on the training thread, read by the writer thread (retention): guarded.
-        self._inflight: dict[int, Future] = {}
-        self._inflight_lock = threading.Lock()
+        self._inflight = SavesInFlight()
         self._failures = BackgroundFailures(options.on_error)
         self._hooks: list[Any] = []
         self._closed = False
@@ -127,6 +125,11 @@ class CheckpointManager:
             self._stats.last_stall_s += new
         return self._stats
 
+    @property
+    def load_stats(self) -> LoadStats:
+        """What the last :meth:`load` moved on this rank (bytes read from storage, from peers)."""
+        return self._load_stats
+
     def attach(self, optimizer: torch.optim.Optimizer | None = None, *, model: torch.nn.Module | None = None) -> None:
         """Wait for a pending snapshot right before the live state first changes: before
         ``optimizer.step()`` and, with ``model``, before the forward of every module that holds
@@ -135,7 +138,7 @@ class CheckpointManager:
         updated by the loop, say) must call :meth:`before_step` first."""
         if optimizer is not None:
             self._hooks.append(optimizer.register_step_pre_hook(lambda *_: self.before_step()))
-        for module in _buffer_owners(model) if model is not None else ():
+        for module in buffer_owners(model) if model is not None else ():
             self._hooks.append(module.register_forward_pre_hook(lambda *_: self.before_step()))
 
     def before_step(self) -> None:
@@ -167,7 +170,7 @@ class CheckpointManager:
             self._stager is not None and self.options.policy is BusyPolicy.SKIP and not self._stager.has_free_set(),
             self._stager is not None and not self._deltas.eligible(signature))
         if failed:  # one rank noticed: all finish their writes, all raise (or warn) here
-            self._drain()
+            self._inflight.drain()
             self._raise_background_error(stacklevel=3)
         if self._stager is None:
             self._deltas.started(step, None, None, delta=False)
@@ -191,37 +194,28 @@ class CheckpointManager:
         snapshot = self._stager.stage(tree, keep_previous=delta, release=written, signature=signature)
         self._deltas.started(step, snapshot, signature, delta=delta)
         future = self._writer.submit(self._persist, step, snapshot)
-        with self._inflight_lock:
-            self._inflight[step] = future
+        self._inflight.add(step, future)
         future.add_done_callback(lambda f, step=step: self._finished(step, f, written))
         self._account(start)
         return True
 
     def wait(self) -> None:
         """Block until every started save is committed; raise the first background error."""
-        self._drain()
+        self._inflight.drain()
         if self._stager is not None:
             self._stager.wait_snapshot(host=True)
         self._raise_background_error(stacklevel=3)
-
-    def _drain(self) -> None:
-        """Wait for every save in flight (their errors are recorded by _finished)."""
-        with self._inflight_lock:
-            pending = list(self._inflight.values())
-        for future in pending:
-            try:
-                future.result()
-            except BaseException:
-                pass
 
     def load(self, state: dict[str, Any], step: int | None = None, *, strict: bool = True) -> int | None:
         """Load ``step`` (default: the newest committed step that loads, see :mod:`ckpt.root.resume`) into
         ``state``; return the step loaded, or None when the root holds no checkpoint."""
         self._check_open()
         self.wait()
+        self._load_stats = stats = LoadStats()  # every attempt of this load, a fallback's included
 
         def load(target: dict, path, mirrors) -> None:
-            load_checkpoint(target, path, strict=strict, process_group=self._control_pg, mirrors=mirrors)
+            load_checkpoint(target, path, strict=strict, process_group=self._control_pg, mirrors=mirrors,
+                            stats=stats)
 
         if step is not None:
             return resume.load_step(self._mounts, state, step, load, run=self.run)
@@ -333,16 +327,13 @@ class CheckpointManager:
             self._replicator.submit(step)
         if self.rank != 0:
             return
-        with self._inflight_lock:
-            writing = list(self._inflight.items())
-        in_flight = {s for s, f in writing if not f.done()} - {step}
+        in_flight = self._inflight.writing(besides=step)
         retention.apply(self._root, keep=self.options.keep, keep_every=self.options.keep_every, protected=in_flight,
                         bases_in_flight=self._deltas.bases_in_flight(),
                         deleted=lambda old: self._catalog.forget(self._root.path, old))
 
     def _finished(self, step: int, future: Future, written: Future) -> None:
-        with self._inflight_lock:
-            self._inflight.pop(step, None)
+        self._inflight.remove(step)
         error = future.exception()
         self._deltas.finished(step, failed=error is not None)  # a delta must never build on a failed write
         if error is not None:
@@ -362,12 +353,3 @@ class CheckpointManager:
         if self._closed:
             raise RuntimeError("CheckpointManager is closed")
 
-
-def _buffer_owners(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """Modules whose forward may change checkpointed buffers: each owner of a persistent buffer,
-    and the root when it is a DDP module that broadcasts buffers before its forward."""
-    owners = [m for m in model.modules()
-              if any(name not in m._non_persistent_buffers_set for name, b in m._buffers.items() if b is not None)]
-    if owners and getattr(model, "broadcast_buffers", False) and model not in owners:
-        owners.insert(0, model)
-    return owners

@@ -1,5 +1,5 @@
-"""What a manager's saves come to, as the caller sees it: the counters (:class:`SaveStats`, the stall
-included), the report of each commit (:class:`CommitInfo`, given to ``on_commit``), and failures of
+"""What a manager's saves and loads come to, as the caller sees it: the counters (:class:`SaveStats`, the stall
+included; :class:`LoadStats`, the bytes one load moved on this rank), the report of each commit (:class:`CommitInfo`, given to ``on_commit``), and failures of
 background writes (:class:`BackgroundFailures`: recorded by the writer thread, raised — policy
 ``stop`` — or warned about and counted — ``continue`` — on the training thread at the next due
 save, ``wait`` or ``close``; anything that is not a CheckpointError is wrapped in one).
@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from .errors import CheckpointError, CheckpointWriteError
@@ -33,6 +34,28 @@ class SaveStats:
     last_stall_s: float = 0.0
     device_stall_s: float = 0.0
     host_buffer_bytes: int = 0  # staging memory as the (pinned) host allocator reserves it
+
+
+@dataclass
+class LoadStats:
+    """What one load moved on this rank. ``bytes_read``: from storage (the data files, a delta's base
+    links included; not the manifest); ``bytes_received`` / ``bytes_sent``: stored chunks that several
+    ranks need whole, read by one of them and sent to the others over the load's process group
+    (decoded bytes); ``chunks_received``: how many came that way. Summed over the ranks of a
+    replicated (DDP) load, ``bytes_read`` is one copy of the state."""
+
+    bytes_read: int = 0
+    bytes_received: int = 0
+    bytes_sent: int = 0
+    chunks_received: int = 0
+
+    def summary(self) -> str:
+        """One line for a log: what came from storage and what from peers."""
+        line = f"read {self.bytes_read / 2**20:.1f} MiB from storage"
+        if self.bytes_received or self.bytes_sent:
+            line += (f", {self.bytes_received / 2**20:.1f} MiB from peers, "
+                     f"{self.bytes_sent / 2**20:.1f} MiB sent to them")
+        return line
 
 
 @dataclass(frozen=True)
@@ -83,3 +106,36 @@ class BackgroundFailures:
             log.warning("checkpoint save failed (%s); training continues, the next save retries", error)
             warnings.warn(f"checkpoint save failed ({error}); continuing (on_error='continue')",
                           stacklevel=stacklevel)
+
+
+class SavesInFlight:
+    """The saves being written, step → future: added by ``save`` on the training thread, removed
+    when the write ends, read by the writer thread (retention must not delete a step being written)."""
+
+    def __init__(self) -> None:
+        self._futures: dict[int, Future] = {}
+        self._lock = threading.Lock()
+
+    def add(self, step: int, future: Future) -> None:
+        with self._lock:
+            self._futures[step] = future
+
+    def remove(self, step: int) -> None:
+        with self._lock:
+            self._futures.pop(step, None)
+
+    def writing(self, besides: int) -> set[int]:
+        """The steps still being written, ``besides`` left out."""
+        with self._lock:  # copied, then asked: done() is never called under the lock add() takes
+            futures = list(self._futures.items())
+        return {step for step, future in futures if not future.done()} - {besides}
+
+    def drain(self) -> None:
+        """Wait for every save in flight (their errors are recorded by the manager's done callback)."""
+        with self._lock:
+            pending = list(self._futures.values())
+        for future in pending:
+            try:
+                future.result()
+            except BaseException:
+                pass

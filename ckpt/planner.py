@@ -21,11 +21,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint import _version
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.tensor import DTensor
 
+from ._gc import paused_gc
+from ._local_plan import local_load_plan
 from .errors import IncompatibleCheckpointError, UnsafeCheckpointError
 
 try:  # private in torch; only used to put values back where they came from
@@ -47,20 +51,38 @@ class SafeLoadPlanner(DefaultLoadPlanner):
     def __init__(self, strict: bool = True):
         super().__init__(allow_partial_load=not strict)
         self.strict = strict
+        self.plan_checks = 0  # overlap tests of local against saved chunks in the last local plan
 
     def create_local_plan(self) -> LoadPlan:
         report = self._local_report()
         if report.mismatched or (self.strict and report.missing):
             return LoadPlan([], planner_data=report)  # the coordinator raises, for every rank at once
-        plan = super().create_local_plan()
+        plan = self._indexed_local_plan()
         return LoadPlan(plan.items, plan.storage_data, report)
+
+    def _indexed_local_plan(self) -> LoadPlan:
+        """DCP's local plan, its saved chunks indexed (:mod:`ckpt._local_plan`); ``plan_checks``: the
+        overlap tests it made. DCP's own key fallback for pre-2.4 flattened checkpoints is kept."""
+        if self.flatten_state_dict:
+            missing = self.metadata.state_dict_metadata.keys() - self.state_dict.keys()
+            if missing:
+                _version._derived_version = "2_3"
+                old_state_dict, old_mappings = flatten_state_dict(self.original_state_dict)
+                if old_state_dict.keys() & missing:
+                    self.state_dict, self.mappings = old_state_dict, old_mappings
+                _version._derived_version = None
+        with paused_gc():
+            plan, self.plan_checks = local_load_plan(self.state_dict, self.metadata, not self.allow_partial_load)
+        return plan
 
     def create_global_plan(self, global_plan: list[LoadPlan]) -> list[LoadPlan]:
         reports = [plan.planner_data for plan in global_plan if isinstance(plan.planner_data, _FitReport)]
         missing = sorted({key for r in reports for key in r.missing})
         mismatched = sorted({problem for r in reports for problem in r.mismatched})
-        # unexpected: saved keys no rank asks for (each rank reports those it does not)
-        unexpected = sorted(set.intersection(*(set(r.unasked) for r in reports))) if reports else []
+        # unexpected: saved keys no rank asks for (each rank reports the saved keys it asks for: a
+        # report as long as the rank's own state, never as long as every rank's rank-local keys)
+        asked = set().union(*(r.asked for r in reports))
+        unexpected = sorted(self.metadata.state_dict_metadata.keys() - asked) if reports and self.strict else []
         if mismatched or (self.strict and (missing or unexpected)):
             raise IncompatibleCheckpointError(
                 missing if self.strict else [], unexpected if self.strict else [], mismatched
@@ -76,8 +98,8 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             problem = _mismatch(saved[key], live[key])
             if problem:
                 mismatched.append((key, *problem))
-        unasked = [k for k in saved if k not in live] if self.strict else []  # only strict mode needs them
-        return _FitReport(missing=[k for k in live if k not in saved], unasked=unasked, mismatched=mismatched)
+        asked = [k for k in live if k in saved] if self.strict else []  # only strict mode needs them
+        return _FitReport(missing=[k for k in live if k not in saved], asked=asked, mismatched=mismatched)
 
     def load_value(self, read_item: ReadItem, value: Any) -> None:
         """Put a decoded non-tensor value where its key came from in the caller's state."""
@@ -102,7 +124,7 @@ class _FitReport:
     """One rank's view of how the checkpoint fits its state, sent to the coordinator in its plan."""
 
     missing: list[str] = field(default_factory=list)  # live keys the checkpoint lacks
-    unasked: list[str] = field(default_factory=list)  # saved keys this rank does not ask for
+    asked: list[str] = field(default_factory=list)  # saved keys this rank asks for (strict mode)
     mismatched: list[tuple[str, str, str]] = field(default_factory=list)
 
 

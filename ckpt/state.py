@@ -189,3 +189,13 @@ def _as_tuple(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return tuple(_as_tuple(v) for v in value)
     return value
+
+
+def buffer_owners(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Modules whose forward may change checkpointed buffers: each owner of a persistent buffer,
+    and the root when it is a DDP module that broadcasts buffers before its forward."""
+    owners = [m for m in model.modules()
+              if any(name not in m._non_persistent_buffers_set for name, b in m._buffers.items() if b is not None)]
+    if owners and getattr(model, "broadcast_buffers", False) and model not in owners:
+        owners.insert(0, model)
+    return owners

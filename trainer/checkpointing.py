@@ -141,7 +141,8 @@ class RunCheckpoints:
             raise exits.Failed(f"the checkpoint to resume from cannot be loaded: {exc}") from exc
         if step is not None:
             self.resumed_step = step
-            self.log(f"resumed from checkpoint step {step} ({self.manager.root}){note}")
+            self.log(f"resumed from checkpoint step {step} ({self.manager.root}){note}; "
+                     f"{self.manager.load_stats.summary()} on this rank")
             self._branch_if_asked(step)
 
     def _branch_if_asked(self, step: int) -> None:

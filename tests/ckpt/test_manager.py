@@ -209,13 +209,13 @@ def test_save_adds_to_the_in_flight_set_while_retention_lists_it(tmp_path):
     state = {"w": torch.randn(64, 64)}
     with CheckpointManager(tmp_path, keep=5) as manager:
         stalled = StallingFuture()
-        manager._inflight[-1] = stalled  # asked about by step 1's retention pass
+        manager._inflight.add(-1, stalled)  # asked about by step 1's retention pass
         manager.save(1, state)
         assert listing.wait(timeout=60), "retention never listed the saves in flight"
         manager.save(2, state)  # adds step 2 while the writer thread is in the middle of that list
         added.set()
         stalled.set_result(None)
-        manager._inflight.pop(-1)
+        manager._inflight.remove(-1)
         manager.wait()  # before the fix: CheckpointWriteError (dictionary changed size during iteration)
     assert committed_steps(tmp_path) == [1, 2]
 
@@ -379,7 +379,13 @@ def test_attach_waits_before_a_forward_that_changes_buffers(tmp_path, monkeypatc
     optim = torch.optim.SGD(model.parameters(), lr=0.1)
     with CheckpointManager(tmp_path, interval=1, keep=2) as manager:
         waits = []
-        monkeypatch.setattr(manager, "before_step", lambda: waits.append(True))
+        wait_for_snapshot = manager.before_step
+
+        def counted() -> None:  # still waits: a forward must not race the snapshot it counts
+            waits.append(True)
+            wait_for_snapshot()
+
+        monkeypatch.setattr(manager, "before_step", counted)
         manager.attach(optim, model=model)
         state = {"model": model, "optim": optim}
         expected = {k: v.clone() for k, v in model.state_dict().items()}

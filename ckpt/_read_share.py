@@ -1,0 +1,199 @@
+"""Replicated bytes read once, the exchange: each rank walks its :class:`~ckpt._read_assign.RankShares`
+in the global order, reading and sending the chunks it was given, receiving the others.
+
+Transport: point-to-point sends on the load's process group (``group_dst``/``group_src``: ranks of
+that group), on the accelerator when the group's backend is an accelerator's (NCCL, HCCL: the
+training backend's collectives), else on CPU (gloo). Per receiver, one exchange is a header
+(status, digest) and, when the status is good, the chunk's decoded bytes.
+
+Verification: the reader verifies the stored bytes against the manifest as every read does
+(:class:`~ckpt.read.ChunkSource`), decodes them, and only then takes the xxh3-64 of the very
+buffer it sends; the receiver hashes what it received and refuses a mismatch
+(:class:`~ckpt.errors.CorruptCheckpointError`). So the bytes a receiver uses are the bytes the
+reader verified, whatever happened in between.
+
+Failure: a rank that failed (its read, its check) keeps walking its exchanges so that no peer waits
+forever: as a reader it sends a failed status (no data); as a receiver it still receives. It then
+raises its first error; a receiver told of a peer's failure raises :class:`PeerReadFailed`, which
+is no CheckpointError, so the caller unwrapping DCP's per-rank failures finds the reader's own.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import xxhash
+
+from ._read_assign import RankShares
+from .errors import CorruptCheckpointError
+from .outcomes import LoadStats
+
+_OK, _FAILED = 1, 0
+_ACCELERATOR_BACKENDS = {"nccl": "cuda", "hccl": "npu"}
+
+
+class PeerReadFailed(RuntimeError):
+    """Another rank could not read a chunk this rank was to receive from it."""
+
+
+def _digest(raw: torch.Tensor) -> int:
+    """xxh3-64 of a CPU uint8 tensor, as a signed 64-bit value (what an int64 header carries)."""
+    value = xxhash.xxh3_64_intdigest(memoryview(raw.numpy()))
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+class Exchange:
+    """Point-to-point sends of one load's process group (see the module docstring)."""
+
+    def __init__(self, group: dist.ProcessGroup):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        backend = str(dist.get_backend(group))
+        device_type = next((d for b, d in _ACCELERATOR_BACKENDS.items() if b in backend), "cpu")
+        if device_type == "cpu":
+            self.device = torch.device("cpu")
+        else:
+            module = getattr(torch, device_type)
+            self.device = torch.device(device_type, module.current_device())
+
+    def send(self, receivers: tuple[int, ...], header: torch.Tensor, raw: torch.Tensor | None) -> None:
+        tensors = [header] if raw is None else [header, raw]
+        tensors = [t.to(self.device) for t in tensors]
+        works = [dist.isend(t, group=self.group, group_dst=r) for r in receivers for t in tensors]
+        for work in works:
+            work.wait()
+
+    def receive_header(self, reader: int) -> torch.Tensor:
+        header = torch.zeros(2, dtype=torch.int64, device=self.device)
+        dist.recv(header, group=self.group, group_src=reader)
+        return header.cpu()
+
+    def receive_into(self, reader: int, raw: torch.Tensor) -> None:
+        if self.device.type == "cpu":
+            dist.recv(raw, group=self.group, group_src=reader)
+            return
+        staged = torch.empty(raw.shape, dtype=raw.dtype, device=self.device)
+        dist.recv(staged, group=self.group, group_src=reader)
+        raw.copy_(staged)
+
+
+def exchange_shared(shares: RankShares, exchange: Exchange, *, read: Callable[[Any, list], torch.Tensor],
+                    target: Callable[[Any, list], torch.Tensor | None], deliver: Callable[[list, torch.Tensor], None],
+                    chunk_of: Callable[[Any], tuple[tuple, torch.dtype]], items: dict, stats: LoadStats) -> None:
+    """Walk ``shares`` (see the module docstring). ``read(index, items)``: the stored chunk, verified
+    and decoded (into the live tensor when ``target`` gave one); ``target(index, items)``: a live
+    CPU tensor to receive the whole chunk into, or None; ``deliver(items, tensor)``: hand the chunk
+    to the planner; ``chunk_of(index)``: its sizes and dtype; ``items``: this rank's read items by
+    stored chunk."""
+    error: BaseException | None = None
+    for op in shares.ops:
+        wanted = items[op.index]
+        sizes, dtype = chunk_of(op.index)
+        nbytes = math.prod(sizes) * dtype.itemsize
+        if op.reader == exchange.rank:
+            raw, header = None, torch.tensor([_FAILED, 0], dtype=torch.int64)
+            if error is None:
+                try:
+                    tensor = read(op.index, wanted)
+                    raw = _as_bytes(tensor)
+                    header = torch.tensor([_OK, _digest(raw)], dtype=torch.int64)
+                except Exception as exc:
+                    error, raw = exc, None
+            exchange.send(op.receivers, header, raw)
+            if raw is not None:
+                stats.bytes_sent += nbytes * len(op.receivers)
+                try:
+                    deliver(wanted, tensor)
+                except Exception as exc:
+                    error = exc
+            continue
+        status, digest = exchange.receive_header(op.reader).tolist()
+        if status != _OK:
+            error = error or PeerReadFailed(f"rank {op.reader} could not read {op.index.fqn} for this rank "
+                                            "(its own error says why)")
+            continue
+        into = None
+        if error is None:
+            try:
+                into = target(op.index, wanted)
+            except Exception as exc:
+                error = exc
+        tensor = into if into is not None else torch.empty(sizes, dtype=dtype)
+        raw = _as_bytes(tensor)
+        exchange.receive_into(op.reader, raw)  # received even after a failure: the reader is sending it
+        stats.bytes_received += nbytes
+        stats.chunks_received += 1
+        if error is not None:
+            continue
+        try:
+            if _digest(raw) != digest:
+                raise CorruptCheckpointError(f"{op.index.fqn}: the bytes received from rank {op.reader} differ "
+                                             "from the bytes it read and verified", tensor=op.index.fqn)
+            deliver(wanted, tensor)
+        except Exception as exc:
+            error = exc
+    if error is not None:
+        raise error
+
+
+def serve_shared(plan, planner, source, storage: dict, group: dist.ProcessGroup | None, stats: LoadStats) -> list:
+    """Take part in the exchange ``plan.storage_data`` assigns this rank (none without a
+    :class:`RankShares`) and deliver what it brings; the plan's other items, for the reader's own
+    storage path."""
+    shares = plan.storage_data
+    if not isinstance(shares, RankShares) or group is None:
+        return list(plan.items)
+    mine = shares.indices()
+    items: dict = {index: [] for index in mine}
+    rest = []
+    for item in plan.items:
+        (items[item.storage_index] if item.storage_index in mine else rest).append(item)
+    manifest = source.manifest
+
+    def chunk_of(index):
+        return storage[index].sizes, manifest.tensors[index.fqn].dtype
+
+    def target(index, wanted):
+        return _whole_target(planner, wanted, storage[index], manifest.tensors[index.fqn].dtype)
+
+    def read(index, wanted):
+        chunk = storage[index]
+        source.files.check(chunk.blob, what=index.fqn)
+        into = target(index, wanted) if chunk.blob.codec == "raw" else None
+        return next(iter(source.read_tensors([(None, index.fqn, chunk, into)])))[1]
+
+    def deliver(wanted, tensor):
+        _deliver(planner, wanted, tensor)
+
+    exchange_shared(shares, Exchange(group), read=read, target=target, deliver=deliver, chunk_of=chunk_of,
+                    items=items, stats=stats)
+    return rest
+
+
+def _whole_target(planner, wanted: list, chunk, dtype: torch.dtype) -> torch.Tensor | None:
+    """The live tensor itself, when the one read item wants the whole chunk in its layout on CPU."""
+    if len(wanted) != 1 or any(wanted[0].dest_offsets) or any(wanted[0].storage_offsets):
+        return None
+    target = planner.resolve_tensor(wanted[0])
+    if (tuple(target.shape) != tuple(chunk.sizes) or target.device.type != "cpu" or target.dtype != dtype
+            or not target.is_contiguous()):
+        return None
+    return target
+
+
+def _deliver(planner, wanted: list, stored: torch.Tensor) -> None:
+    for item in wanted:
+        target = planner.resolve_tensor(item)
+        if not (target.data_ptr() == stored.data_ptr() and target.shape == stored.shape):  # not read in place
+            piece = stored
+            for dim, (start, length) in enumerate(zip(item.storage_offsets, item.lengths)):
+                piece = piece.narrow(dim, start, length)
+            target.copy_(piece)
+        planner.commit_tensor(item, target)
