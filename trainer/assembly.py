@@ -69,9 +69,9 @@ def assemble(cfg, model: model_mod.Transformer, dims: ParallelDims, mesh, device
         ep_mesh = expert_parallel.build_mesh(mesh.device_type, pp=dims.pp, dp_replicate=dims.dp_replicate,
                                              dp_shard=dims.dp_shard, ep=ep, tp=dims.tp)
         expert_parallel.apply(model, ep_mesh)
-        ignored = expert_parallel.expert_params(model)
-        after_backward = partial(expert_parallel.sync_grads, list(ignored), expert_parallel.replica_group(ep_mesh),
-                                 dims.dp)
+        experts = expert_parallel.expert_params(model)
+        ignored = set(experts)
+        after_backward = partial(expert_parallel.sync_grads, experts, expert_parallel.replica_group(ep_mesh), dims.dp)
         clip = expert_parallel.clip_grad_norm_
 
     def wrap(module: nn.Module) -> nn.Module:

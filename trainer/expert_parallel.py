@@ -69,9 +69,10 @@ def moe_modules(model: nn.Module) -> list[MoE]:
     return [m for m in model.modules() if isinstance(m, MoE)]
 
 
-def expert_params(model: nn.Module) -> set[nn.Parameter]:
-    """The routed experts' 3-D weights (what EP shards and FSDP2 leaves out)."""
-    return {p for moe in moe_modules(model) for p in moe.experts.parameters()}
+def expert_params(model: nn.Module) -> list[nn.Parameter]:
+    """The routed experts' 3-D weights (what EP shards and FSDP2 leaves out), in module order: the
+    same order on every rank, as their gradient all-reduces must be (a set's order is by id)."""
+    return [p for moe in moe_modules(model) for p in moe.experts.parameters()]
 
 
 def is_expert(param: torch.Tensor) -> bool:
