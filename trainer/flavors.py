@@ -91,10 +91,10 @@ FLAVORS: dict[str, ModelArgs] = {
         dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, vocab_size=32000,
         ffn_dim_multiplier=1.3, multiple_of=4096, max_seq_len=4096,
     ),
-    # Mixture of experts (trainer.moe), Mixtral-shaped: 8 experts, 2 per token. ~1.9M parameters.
+    # Mixture of experts (trainer.moe), Mixtral-shaped: 8 experts, 2 per token. ~1.8M parameters.
     "moe_debug": ModelArgs(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, multiple_of=64, num_experts=8, top_k=2,
                            moe_ffn_dim=128),
-    # ~80M parameters (~30M active per token), one shared expert beside the routed ones.
+    # ~92M parameters (~37M active per token), one shared expert beside the routed ones.
     "moe_small": ModelArgs(dim=512, n_layers=8, n_heads=8, n_kv_heads=4, num_experts=8, top_k=2, moe_ffn_dim=768,
                            num_shared_experts=1),
     # torchtitan's llama3 "debugmodel" (its vocabulary 2048 is replaced by the tokenizer's).

@@ -125,3 +125,26 @@ def test_expert_parallel_layout_rules(kwargs, match):
     with pytest.raises(ParallelismError, match=match):
         check(**kwargs)
     check(**dict(kwargs, ep=1))  # EP 1 always fits
+
+
+def test_dry_run_divides_the_experts_by_ep_and_notes_the_all_to_all():
+    from trainer.plan import plan
+    from trainer.plan.layout import resolve_layout
+    from trainer.plan.params import meta_model, rank_params
+    from trainer.pipeline import layer_ranges
+
+    def stored(ep: int) -> int:
+        cfg = load_config(["--model.flavor", "moe_debug", "--parallelism.ep", str(ep)])
+        args = cfg.model_args(258)
+        lay = resolve_layout(cfg, 4, args)
+        return rank_params(meta_model(args), lay, layer_ranges(args.n_layers, 1))[0][0]["stored"]
+
+    args = model.model_args("moe_debug")
+    experts = args.n_layers * 3 * args.num_experts * args.dim * args.moe_ffn_dim
+    # EP 1: everything FSDP-sharded over 4; EP 2: experts split over 2 only, the rest still over 4
+    assert stored(2) - stored(1) == experts // 2 - experts // 4
+    assert stored(4) == stored(1)
+    cfg = load_config(["--model.flavor", "moe_debug", "--parallelism.ep", "2"])
+    assert any("all-to-all buffers" in note for note in plan(cfg, 4).notes)
+    with pytest.raises(ParallelismError, match="divide parallelism.dp_shard"):
+        resolve_layout(load_config(["--model.flavor", "moe_debug", "--parallelism.ep", "4"]), 2, args)
