@@ -46,7 +46,7 @@ from .errors import CheckpointError, InvalidOptionError
 from .options import AsyncMode, BusyPolicy, SaveOptions
 from .outcomes import BackgroundFailures, CommitInfo, SaveStats
 from .root import resume, retention
-from .root.catalog import Catalog, open_catalog
+from .root.catalog_updates import CatalogUpdates
 from .root.claim import claim_primary
 from .root.replicate import Replicator
 from .root.steps import CheckpointRoot
@@ -93,7 +93,8 @@ class CheckpointManager:
         run_on_src(self._lock_primary if self.rank == 0 else lambda: None, self._control_pg,
                    distributed=self._distributed)
         self.run = self._root.run = broadcast_value(self._root.run, self._control_pg, distributed=self._distributed)
-        self._catalog = self._open_catalog() if self.rank == 0 else None
+        self._catalog = (CatalogUpdates.open(options.catalog, self._root.path, [m.path for m in self._mounts])
+                         if self.rank == 0 else CatalogUpdates(None))
         self._replicator = None
         if options.replicas:
             groups = [dist.new_group(backend="gloo") if self._distributed else None for _ in options.replicas]
@@ -101,7 +102,7 @@ class CheckpointManager:
                 self._root, self._mounts[1:], groups=groups, distributed=self._distributed,
                 keep=options.keep, keep_every=options.keep_every, read_back=options.replica_read_back,
                 backlog=options.replica_backlog, retry_initial=options.replica_retry_initial,
-                retry_max=options.replica_retry_max, on_state=self._record_replica_state, run=self.run)
+                retry_max=options.replica_retry_max, on_state=self._catalog.replica_state, run=self.run)
         self._deltas = DeltaChain(options.full_every)
         self._stager = None
         if options.async_mode is AsyncMode.DOUBLE_BUFFER:
@@ -235,18 +236,11 @@ class CheckpointManager:
         deleted: list[int] = []
         error = None
         if self.rank == 0:
-            for mount in reversed(self._mounts):  # replicas first: a catch-up never copies them back
-                try:
-                    gone = retention.discard_after(mount, step, deleted=lambda old, m=mount: self._catalog_call(
-                        "forget", m.path, old))
-                except (CheckpointError, OSError) as exc:
-                    if mount is self._root:
-                        error = exc
-                        break
-                    log.warning("replica %s: steps after %d not deleted (%s)", mount.path, step, exc)
-                    continue
-                if mount is self._root:
-                    deleted = gone
+            try:
+                deleted = retention.discard_after_on_mounts(self._root, self._mounts[1:], step,
+                                                            deleted=lambda m, old: self._catalog.forget(m.path, old))
+            except (CheckpointError, OSError) as exc:
+                error = exc
         if self._agree_any(error is not None)[0]:
             raise error if error is not None else CheckpointError(f"deleting the steps after {step} failed on rank 0")
         return deleted
@@ -277,8 +271,7 @@ class CheckpointManager:
             if self._stager is not None:
                 self._stager.close()
             self._writer.shutdown(wait=True)
-            if self._catalog is not None:
-                self._catalog.close()
+            self._catalog.close()
             self._root.unlock()
             for group in (self._control_pg, self._write_pg, *(self._replicator.groups if self._replicator else ())):
                 if group is not None:
@@ -306,31 +299,6 @@ class CheckpointManager:
         self._root.check_unchanged()
         self._root.check_held()
 
-    def _open_catalog(self) -> Catalog | None:
-        """Rank 0's LMDB catalog (a cache of the mounts' manifests; see ckpt.root.catalog), or None."""
-        path = self.options.catalog if self.options.catalog is not None else Catalog.default_path(self._root.path)
-        if not path:
-            return None
-        try:
-            return open_catalog(path, [mount.path for mount in self._mounts])
-        except CheckpointError as exc:
-            log.warning("checkpoint catalog %s unavailable (%s); continuing without it", path, exc)
-            return None
-
-    def _catalog_call(self, method: str, *args) -> None:
-        if self._catalog is None:
-            return
-        try:
-            getattr(self._catalog, method)(*args)
-        except Exception as exc:  # a cache: never let it fail a save
-            log.warning("checkpoint catalog update (%s) failed: %s", method, exc)
-
-    def _record_replica_state(self, mount: str, step: int, state: str, detail: str) -> None:
-        if state == "deleted":
-            self._catalog_call("forget", mount, step)
-        else:
-            self._catalog_call("set_state", mount, step, state, None, detail[:500])
-
     def _agree_any(self, *flags: bool) -> tuple[bool, ...]:
         return any_rank(flags, self._control_pg, distributed=self._distributed)
 
@@ -340,7 +308,7 @@ class CheckpointManager:
         start = time.perf_counter()
         write_tree(tree, writer, process_group=self._write_pg, no_dist=not self._distributed)
         if writer.manifest is not None:  # the coordinator
-            self._catalog_call("record_commit", self._root.path, step, writer.manifest)
+            self._catalog.committed(self._root.path, step, writer.manifest)
             self._tell_commit(step, writer.manifest, time.perf_counter() - start)
 
     def _tell_commit(self, step: int, manifest, seconds: float) -> None:
@@ -370,7 +338,7 @@ class CheckpointManager:
         in_flight = {s for s, f in writing if not f.done()} - {step}
         retention.apply(self._root, keep=self.options.keep, keep_every=self.options.keep_every, protected=in_flight,
                         bases_in_flight=self._deltas.bases_in_flight(),
-                        deleted=lambda old: self._catalog_call("forget", self._root.path, old))
+                        deleted=lambda old: self._catalog.forget(self._root.path, old))
 
     def _finished(self, step: int, future: Future, written: Future) -> None:
         with self._inflight_lock:

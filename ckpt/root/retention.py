@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
+from ..errors import CheckpointError
 from .steps import CheckpointRoot
 
 log = logging.getLogger(__name__)
@@ -73,3 +74,19 @@ def discard_after(root: CheckpointRoot, step: int, *, deleted: Callable[[int], N
         if deleted is not None:
             deleted(old)
     return later
+
+
+def discard_after_on_mounts(primary: CheckpointRoot, replicas: list[CheckpointRoot], step: int, *,
+                            deleted: Callable[[CheckpointRoot, int], None] | None = None) -> list[int]:
+    """:func:`discard_after` on every replica, then on the primary (so a catch-up never copies the
+    later steps back). A replica that fails is warned about (its later steps stay); the primary's
+    failure is raised. Returns the steps deleted on the primary."""
+    for mount in [*reversed(replicas), primary]:
+        forget = None if deleted is None else (lambda old, m=mount: deleted(m, old))
+        try:
+            gone = discard_after(mount, step, deleted=forget)
+        except (CheckpointError, OSError) as exc:
+            if mount is primary:
+                raise
+            log.warning("replica %s: steps after %d not deleted (%s)", mount.path, step, exc)
+    return gone
