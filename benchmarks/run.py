@@ -69,6 +69,8 @@ BENCHES = [
           "Lightning and HF Trainer plug-ins vs their default saving"),
     Bench("layouts", "bench_layouts.py", ["--quick"], ["--repeats", "3"],
           "trainer tokens/s per parallel layout", in_quick=False),
+    Bench("moe", "bench_moe.py", ["--quick"], ["--repeats", "3"],
+          "mixture of experts: EP 2 vs EP 1 tokens/s, MoE delta ratio", in_quick=False),
 ]
 BY_NAME = {b.name: b for b in BENCHES}
 RESULTS_DIR = HERE / "results"
