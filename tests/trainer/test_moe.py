@@ -148,3 +148,7 @@ def test_dry_run_divides_the_experts_by_ep_and_notes_the_all_to_all():
     assert any("all-to-all buffers" in note for note in plan(cfg, 4).notes)
     with pytest.raises(ParallelismError, match="divide parallelism.dp_shard"):
         resolve_layout(load_config(["--model.flavor", "moe_debug", "--parallelism.ep", "4"]), 2, args)
+    from trainer.measure.run import measure
+
+    with pytest.raises(ParallelismError, match="mixture of experts"):  # routing: data-dependent shapes
+        measure(cfg, 4)
