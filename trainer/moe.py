@@ -70,7 +70,9 @@ class GroupedExperts(nn.Module):
         self.w3 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        w1, w2, w3 = local(self.w1), local(self.w2), local(self.w3)
+        # the compute dtype of the tokens (bf16 under FSDP2's mixed precision; the experts, outside
+        # FSDP2 under expert parallel, keep their fp32 masters and gradients)
+        w1, w2, w3 = (local(w).to(x.dtype) for w in (self.w1, self.w2, self.w3))
         if len(counts) != w1.shape[0]:
             raise ValueError(f"{len(counts)} token counts for {w1.shape[0]} local experts")
         outs = [F.linear(F.silu(F.linear(rows, w1[e])) * F.linear(rows, w3[e]), w2[e])
