@@ -75,7 +75,7 @@ import ckpt.dcp  # noqa: E402
 import peers  # noqa: E402
 import reshard_load  # noqa: E402  (next to this script: the multi-process part)
 from report import (  # noqa: E402
-    command_line, goal, median_span, metric, provenance, publish, ratio_span, table_head, verdict, write_json,
+    command_line, goal, goal_line, median_span, metric, provenance, publish, ratio_span, table_head, verdict, write_json,
 )
 from states import describe_mixed, mixed_state, state_bytes, zeros_like  # noqa: E402
 
@@ -83,6 +83,7 @@ BENCH_NAME = "save_load"
 SECTION = "## Save/load throughput (issue 2)"
 GOAL_SAVE_X_RAW = 1.0  # issue 15: ours saves at least as fast as raw write+fsync
 GOAL_LOAD_X_RAW = 0.95  # issue 15: ours loads at 0.95x raw read or better
+GOAL_RESHARD_X_SAME = 1.15  # issue 27: a resharded load of ours within 1.15x of its same-layout load
 QUICK = {"gib": 0.25, "repeats": 1, "reshard_gib": 0.125}
 FULL = {"gib": 1.0, "repeats": 3, "reshard_gib": 1.0}
 
@@ -348,6 +349,19 @@ def reshard_report(res: dict) -> tuple[list[str], list[dict]]:
     return lines, metrics
 
 
+def reshard_goals(res: dict) -> list[dict]:
+    """Issue 27: each resharded layout's load of ours within 1.15x of ours' same-layout load (median
+    of the per-repeat ratios), DCP's ratio of the same run in the detail."""
+    same, times, goals = reshard_load.SAVED.name, res["load_s"], []
+    for layout in (lay.name for lay in reshard_load.LAYOUTS if lay is not reshard_load.SAVED):
+        xs = ratios(times[("ours", layout)], times[("ours", same)])
+        dcp_xs = ratios(times[("DCP", layout)], times[("DCP", same)])
+        goals.append(goal(f"ours resharded load ({layout}) ≤ {GOAL_RESHARD_X_SAME}× same layout", median(xs),
+                          GOAL_RESHARD_X_SAME, "<=", f"load s / same-layout load s, paired per repeat, {len(xs)} "
+                          f"repeat(s); DCP {ratio_span(dcp_xs, '×')}"))
+    return goals
+
+
 def reshard_section(res: dict, args: argparse.Namespace) -> tuple[list[str], list[dict]]:
     lines, metrics = reshard_report(res)
     shapes = ", ".join("x".join(map(str, s)) for s in res["shapes"])
@@ -429,6 +443,9 @@ def report(methods: list[Method], info: dict, reshard: dict | None, args: argpar
         reshard_lines, reshard_metrics = reshard_section(reshard, args)
         body += ["", *reshard_lines]
         metrics += reshard_metrics
+        resharded = reshard_goals(reshard)
+        goals += resharded
+        body += [goal_line(g, 2) for g in resharded]
         contention += f"; reshard part: {reshard['contention']}"
     body += ["", *provenance(info["machine"], command, load=contention)]
     return "\n".join(body), metrics, goals

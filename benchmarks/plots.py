@@ -212,6 +212,35 @@ def trainer(records: dict, path: Path) -> bool:
                        "tokens/s (higher is better)", "Trainer throughput with and without checkpointing", path, 5)
 
 
+def resume_parts(records: dict, path: Path) -> bool:
+    """Time to first step after resume: one stacked bar per (layout, system), a segment per part."""
+    ms = _metrics(records.get("resume"), "ttfs_part_s")
+    if not ms:
+        return False
+    bars: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+    parts: list[str] = []
+    for m in ms:
+        bars[(m.get("case", ""), m["system"])][m.get("part", "")] = m["median"]
+        if m.get("part", "") not in parts:
+            parts.append(m.get("part", ""))
+    labels = [f"{case}: {system}" for case, system in bars]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(bars) + 2.2))
+    left = [0.0] * len(bars)
+    for part in parts:
+        widths = [b.get(part, 0.0) for b in bars.values()]
+        ax.barh(range(len(bars)), widths, left=left, label=part)
+        left = [a + w for a, w in zip(left, widths)]
+    ax.set_yticks(range(len(bars)))
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds from the launcher's clock to the first optimizer step (median)")
+    ax.set_title("Time to first step after resume, by part")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=len(parts))
+    ax.grid(True, axis="x", alpha=0.3)
+    _save(fig, path)
+    return True
+
+
 PLOTS = [
     ("stall_vs_size.png", "Stall per save vs state size", stall_vs_size),
     ("stall_vs_ranks.png", "Stall per save vs ranks", stall_vs_ranks),
@@ -220,6 +249,7 @@ PLOTS = [
     ("merge_memory.png", "Merge peak memory and time vs model size", merge_memory),
     ("storage.png", "Replication and object-store save/load", storage),
     ("trainer.png", "Trainer tokens/s", trainer),
+    ("resume.png", "Time to first step after resume", resume_parts),
 ]
 
 

@@ -67,8 +67,12 @@ BENCHES = [
           "trainer tokens/s with and without checkpointing"),
     Bench("integrations", "bench_integrations.py", ["--quick"], [],
           "Lightning and HF Trainer plug-ins vs their default saving"),
+    Bench("resume", "bench_resume.py", ["--quick"], ["--repeats", "2"],
+          "time to first step after resume"),
     Bench("layouts", "bench_layouts.py", ["--quick"], ["--repeats", "3"],
           "trainer tokens/s per parallel layout", in_quick=False),
+    Bench("cp", "bench_cp.py", ["--quick"], ["--repeats", "3"],
+          "context parallel tokens/s against one rank", in_quick=False),
     Bench("moe", "bench_moe.py", ["--quick"], ["--repeats", "3"],
           "mixture of experts: EP 2 vs EP 1 tokens/s, MoE delta ratio", in_quick=False),
 ]

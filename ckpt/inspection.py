@@ -9,7 +9,9 @@ catalog ignored, a replica that cannot be listed) goes to its ``note`` callback.
   the mounts themselves (committed, or missing), merged with what the catalog knows of steps in
   flight (pending, copying, failed): the mounts are the truth; the catalog is only read
   (:func:`read_catalog`: nothing when it is absent, unreadable or another primary's).
-* one checkpoint: :func:`summarize` (totals, tensors, values: a JSON-ready dict).
+* one checkpoint: :func:`summarize` (totals, tensors, values previewed, sizes per prefix, the run
+  config: a JSON-ready dict; :mod:`ckpt.inspect_step`). A diff of two: :mod:`ckpt.inspect_diff`;
+  a ``.safetensors`` file or a Hugging Face directory: :mod:`ckpt.inspect_files`.
 * verify: :func:`open_manifests`, then :func:`verify_one` per checkpoint: every blob read and
   checked against its checksum (:func:`ckpt.read.verify_blobs`) and a delta's whole chain walked, link
   by link down to a full checkpoint, each link committed and readable on some mount and of the same
@@ -28,6 +30,7 @@ from .root import Catalog, CheckpointRoot, StepInfo, mount_id
 from .committed import is_committed, read_manifest, read_manifest_bytes
 from .errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, ForeignRunError
 from .format import MANIFEST_NAME, Manifest, unseal
+from .inspect_step import prefix_sizes, preview, run_config
 from .root.claim import read_claim
 from .read import verify_blobs
 from .storage import Location, locate
@@ -141,7 +144,8 @@ def stored_bytes(manifest: Manifest) -> int:
 # -- one checkpoint ------------------------------------------------------------------------------
 def summarize(path: Location) -> dict:
     """The checkpoint at ``path`` described: its header, totals, each tensor (dtype, shape, chunks,
-    stored and raw bytes, codecs) and each value's encoding."""
+    stored and raw bytes, codecs), each value's encoding and preview, the sizes per prefix and the
+    recorded run config (:mod:`ckpt.inspect_step`)."""
     manifest, raw = read_manifest_bytes(path)
     version = json.loads(raw).get("format_version")
     tensors = {}
@@ -152,7 +156,8 @@ def summarize(path: Location) -> dict:
             "raw_bytes": sum(c.blob.decoded_length for c in entry.chunks),
             "codecs": sorted({c.blob.codec for c in entry.chunks}),
         }
-    values = {key: {"encoding": entry.encoding} for key, entry in sorted(manifest.values.items())}
+    values = {key: {"encoding": entry.encoding, "preview": preview(entry)}
+              for key, entry in sorted(manifest.values.items())}
     totals = {"tensors": len(tensors), "chunks": sum(t["chunks"] for t in tensors.values()), "values": len(values),
               "stored_bytes": stored_bytes(manifest),
               "raw_bytes": sum(blob.decoded_length for _key, blob in manifest.blobs()),
@@ -160,7 +165,7 @@ def summarize(path: Location) -> dict:
     return {"path": str(path), "step": manifest.step, "kind": manifest.kind, "base_step": manifest.base_step,
             "base": manifest.base, "world_size": manifest.world_size, "created": manifest.created,
             "format_version": version, "dcp_version": manifest.dcp_version, "totals": totals,
-            "tensors": tensors, "values": values}
+            "tensors": tensors, "values": values, "prefixes": prefix_sizes(manifest), "config": run_config(manifest)}
 
 
 # -- verify --------------------------------------------------------------------------------------

@@ -42,10 +42,17 @@ def trainer_module(name: str) -> ModuleType:
     return importlib.import_module(f"{tools[: -len('tools')]}trainer.{name}")
 
 
-def error_line(prog: str, exc: BaseException) -> str:
-    """The one line a CLI prints for an expected failure (CLI words, not library ones)."""
+def error_line(prog: str, exc: BaseException, *, forced: bool | None = None) -> str:
+    """The one line a CLI prints for an expected failure (CLI words, not library ones).
+
+    ``forced`` is whether the tool was given ``--force`` (None: it has no such flag). Only an output
+    that merely exists, on a tool that has ``--force`` not given, gets the hint "pass --force"; an
+    output refused for another reason (a root holding other steps, the source itself), or refused
+    although --force was given, is reported in the library's own words."""
     if isinstance(exc, CheckpointExistsError):
-        text = f"{exc.path or 'the output'} already exists; pass --force to replace it"
+        text = _LIBRARY_HINT.sub("", str(exc))
+        if forced is False and _MERELY_EXISTS.search(text):
+            text = f"{exc.path or text.removesuffix(' already exists')} already exists; pass --force to replace it"
     elif isinstance(exc, OSError) and not isinstance(exc, CheckpointError):
         text = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
     else:
@@ -53,8 +60,12 @@ def error_line(prog: str, exc: BaseException) -> str:
     return f"{prog}: error: {' '.join(redact(text).split())}"  # never a credential (issue 22, item 5)
 
 
-def fail(prog: str, exc: BaseException) -> int:
-    print(error_line(prog, exc), file=sys.stderr)
+_LIBRARY_HINT = re.compile(r";\s*pass overwrite=True to replace it")  # the library's words for --force
+_MERELY_EXISTS = re.compile(r"already exists\s*$")
+
+
+def fail(prog: str, exc: BaseException, *, forced: bool | None = None) -> int:
+    print(error_line(prog, exc, forced=forced), file=sys.stderr)
     return 1
 
 
@@ -100,6 +111,14 @@ def progress(total: int, description: str, *, quiet: bool, unit: str = "B") -> t
 
 
 # -- shared arguments ------------------------------------------------------------------------------
+def doc_parser(prog: str, doc: str) -> argparse.ArgumentParser:
+    """A tool's parser whose help is its module docstring: the first paragraph as the description,
+    the paragraphs after the synopsis as the epilog (argparse prints the usage itself)."""
+    paragraphs = doc.split("\n\n")
+    return argparse.ArgumentParser(prog=prog, description=paragraphs[0], epilog="\n\n".join(paragraphs[2:]),
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 EXTENSIONS = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch"}
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}

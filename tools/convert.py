@@ -1,16 +1,20 @@
 """ckpt-convert: a trainer checkpoint as a Hugging Face model or plain weights files, and back.
 
-    ckpt-convert SRC DST --to hf [--step N] [--dtype bf16|fp16|fp32] [--max-shard-size 5GB] [--force] [--quiet]
+    ckpt-convert SRC DST --to hf [--step N] [--dtype bf16|fp16|fp32] [--max-shard-size 5GB]
+                                 [--config FILE | --model-args JSON] [--force] [--quiet] [--json]
     ckpt-convert SRC DST --to torch|safetensors [--step N] [--dtype ...] [--max-shard-size SIZE] [--force] [--quiet]
-    ckpt-convert SRC DST --from hf [--step N] [--dtype ...] [--force] [--quiet]
-    ckpt-convert SRC DST --from dcp [--force] [--quiet]
-    ckpt-convert SRC DST --from torchtitan --flavor FLAVOR [--step N] [--force] [--quiet]
-    ckpt-convert SRC DST --to torchtitan [--step N] [--force] [--quiet]
+    ckpt-convert SRC DST --from hf [--step N] [--dtype ...] [--force] [--quiet] [--json]
+    ckpt-convert SRC DST --from dcp [--force] [--quiet] [--json]
+    ckpt-convert SRC DST --from torchtitan --flavor FLAVOR [--step N] [--force] [--quiet] [--json]
+    ckpt-convert SRC DST --to torchtitan [--step N] [--force] [--quiet] [--json]
 
 --to: SRC is a trainer checkpoint (a directory or URL holding manifest.json) or a checkpoint root
 (then --step N, default the newest committed step); its model weights (the tensors under "model.")
 are read one whole tensor at a time, every chunk verified, deltas replayed. The model's shapes come
-from the run config the trainer recorded in the manifest.
+from the run config the trainer recorded in the manifest; a checkpoint that records none (one
+imported --from dcp) is told with --config FILE (the trainer config it was trained with: .toml,
+.yaml, or the run's config.json) or --model-args JSON (trainer.model.ModelArgs fields, inline or
+a .json file); the weights' shapes are checked against it.
 
   hf           DST is a local directory for transformers' LlamaForCausalLM.from_pretrained: the
                weights under Hugging Face names with the rotary q/k rows permuted to its layout
@@ -30,7 +34,8 @@ read and written one tensor at a time. The trainer starts from it with
 schedule and data position start fresh).
 
 --from dcp: SRC is a plain torch.distributed.checkpoint directory (.metadata, read without
-unpickling code); DST the equivalent checkpoint of this engine.
+unpickling code); DST the equivalent checkpoint of this engine (export it --to hf with --config or
+--model-args: a DCP checkpoint records no model config).
 
 --from torchtitan: SRC is a torchtitan llama3 checkpoint (its checkpoint folder: the newest step-N,
 or --step N; or one step-N directory), FLAVOR its model flavor (debugmodel, 1B, 3B, 8B, 70B: the
@@ -42,13 +47,18 @@ where step-N is written as the DCP checkpoint its CheckpointManager resumes (wit
 checkpoint.exclude_from_loading = ["dataloader"]).
 
 Outputs appear whole or not at all (written under a temporary name, renamed at the end); an existing
-DST is refused without --force. Exit codes (tools/cli.py): 0 done, 1 a checkpoint or model could not
-be read or converted, or the output not written (one line on stderr says why), 2 bad arguments.
+DST is refused without --force. --json prints one JSON object on stdout instead of the summary
+lines (direction, format, source, destination, step, kind, tensors, bytes, the paths written, the
+model's arguments, notes); errors are still one line on stderr. Exit codes (tools/cli.py): 0 done,
+1 a checkpoint or model could not be read or converted, or the output not written (one line on
+stderr says why), 2 bad arguments, 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -57,7 +67,10 @@ import torch
 import ckpt
 from ckpt import CheckpointError, CheckpointNotFoundError
 from ckpt.convert import import_dcp, read_dcp_metadata, total_tensor_bytes
+from ckpt.inspect_step import run_config
 from ckpt.root import resolve_checkpoint
+from ckpt.units import human_bytes
+from .convert_model import MODEL_OPTIONS, add_model_options, with_model_config
 from .cli import DTYPES, EXPECTED_FAILURES, command, fail, implied_format, parse_size, progress, trainer_module
 
 hf = trainer_module("hf")
@@ -73,6 +86,7 @@ EPILOG = """examples:
   ckpt-convert hf-llama ckpts/init --from hf                            then: python -m trainer.train ... \\
                                                                           --checkpoint.initial_load_path ckpts/init
   ckpt-convert dcp-ckpt ckpts/imported/step-00000100 --from dcp         a plain DCP checkpoint into this format
+  ckpt-convert ckpts/imported hf-imported --to hf --config configs/debug.toml   ... and on to Hugging Face
 
 Sizes: 5GB, 500MB (powers of 1000), 2GiB (powers of 1024), or bytes. URLs (s3://...) take
 AWS_ENDPOINT_URL etc. from the environment; --to hf and --from hf need local directories.
@@ -100,6 +114,9 @@ def parser() -> argparse.ArgumentParser:
                    help="--to: shard into files of at most SIZE (default for hf: 5GB; torch/safetensors: one file)")
     p.add_argument("--force", action="store_true", help="replace an existing DST")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no summary lines")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the summary lines: "
+                   "direction, format, source, destination, step, kind, tensors, bytes, paths written, notes")
+    add_model_options(p)
     return p
 
 
@@ -115,6 +132,11 @@ def _check_arguments(p: argparse.ArgumentParser, args) -> None:
         p.error("torchtitan conversions take neither --dtype nor --max-shard-size (the state is converted as it is)")
     if args.from_ == "dcp" and (args.step is not None or args.dtype is not None):
         p.error("--from dcp takes neither --step nor --dtype (the checkpoint is imported as it is)")
+    if args.to not in ("hf", "torch", "safetensors") and (args.config or args.model_args):
+        p.error(f"{MODEL_OPTIONS} apply to --to hf/torch/safetensors only (the model a checkpoint without a "
+                "recorded run config holds)")
+    if args.config and args.model_args:
+        p.error("give --config or --model-args, not both")
     if args.step is not None and args.step < 0:
         p.error(f"--step must be >= 0, not {args.step}")
     if (args.to == "hf" or args.from_ == "hf") and "://" in (args.dst if args.to == "hf" else args.src):
@@ -135,23 +157,26 @@ def main(argv: list[str] | None = None) -> int:
     dtype = DTYPES[args.dtype] if args.dtype else None
     try:
         if "torchtitan" in (args.to, args.from_):
-            lines = _torchtitan(args)
+            lines, report = _torchtitan(args)
         elif args.to is not None:
-            lines = _export(args, dtype)
+            lines, report = _export(args, dtype)
         elif args.from_ == "hf":
-            lines = _import_hf(args, dtype)
+            lines, report = _import_hf(args, dtype)
         else:
-            lines = _import_dcp(args)
+            lines, report = _import_dcp(args)
     except (*EXPECTED_FAILURES, ConfigError) as exc:
-        return fail(PROG, exc)
+        return fail(PROG, exc, forced=args.force)
     except RuntimeError as exc:  # torch's zip writer reports a failed write as RuntimeError
-        return fail(PROG, CheckpointError(f"writing {args.dst} failed: {exc}"))
-    if not args.quiet:
+        return fail(PROG, CheckpointError(f"writing {args.dst} failed: {exc}"), forced=args.force)
+    if args.json:
+        print(json.dumps({"direction": "to" if args.to else "from", "format": args.to or args.from_,
+                          "source": str(args.src), "destination": str(args.dst), **report}))
+    elif not args.quiet:
         print("\n".join(lines))
     return 0
 
 
-def _export(args, dtype: torch.dtype | None) -> list[str]:
+def _export(args, dtype: torch.dtype | None) -> tuple[list[str], dict]:
     try:
         source = resolve_checkpoint(args.src, args.step)
     except CheckpointNotFoundError as exc:
@@ -160,9 +185,13 @@ def _export(args, dtype: torch.dtype | None) -> list[str]:
             raise CheckpointNotFoundError(f"{exc}; it is a Hugging Face model directory: import it with --from hf",
                                           path=exc.path) from None
         raise
-    manifest = ckpt.read_manifest(source)
+    manifest = with_model_config(ckpt.read_manifest(source), args)
+    if args.to == "hf" and run_config(manifest) is None:
+        raise CheckpointError(f"{source} records no run config (a checkpoint imported --from dcp, or saved outside "
+                              "the trainer), so its model is unknown: name it with --config FILE (the trainer config "
+                              "it was trained with) or --model-args JSON", path=str(source))
     step = "" if manifest.step is None else f"step {manifest.step} "
-    with progress(hf.export_bytes(manifest, dtype), f"convert {step}".strip(), quiet=args.quiet) as bar:
+    with progress(hf.export_bytes(manifest, dtype), f"convert {step}".strip(), quiet=args.quiet or args.json) as bar:
         if args.to == "hf":
             result = hf.export_hf(source, args.dst, dtype=dtype, max_shard_size=args.max_shard_size or
                                   hf.DEFAULT_HF_SHARD, overwrite=args.force, progress=bar.update, manifest=manifest)
@@ -172,57 +201,68 @@ def _export(args, dtype: torch.dtype | None) -> list[str]:
                                        manifest=manifest)
     weights = result.weight_files
     shards = f"{len(weights)} shards + index" if len(weights) > 1 else Path(weights[0]).name
+    report = {"step": manifest.step, "kind": manifest.kind, "checkpoint": str(source), "tensors": result.tensors,
+              "bytes": result.nbytes, "written": [str(f) for f in result.files], "model": dataclasses.asdict(result.args) if result.args else None,
+              "verified": "every chunk read", "note": result.note or None}
     if args.to == "hf":
         return [f"{step}({manifest.kind}) of {source} -> {args.dst}: "
                 f"LlamaForCausalLM ({hf.describe(result.args)}), "
-                f"{result.tensors} tensors, {result.nbytes / 1e9:.3f} GB in {shards}, config.json, "
-                f"generation_config.json; {result.note}"]
-    return [f"{step}({manifest.kind}) of {source}: {result.tensors} model tensors, {result.nbytes / 1e9:.3f} GB as "
-            f"{args.to} -> {args.dst}" + (f" ({shards})" if len(weights) > 1 else "")]
+                f"{result.tensors} tensors, {human_bytes(result.nbytes)} in {shards}, config.json, "
+                f"generation_config.json; {result.note}"], report
+    return [f"{step}({manifest.kind}) of {source}: {result.tensors} model tensors, {human_bytes(result.nbytes)} as "
+            f"{args.to} -> {args.dst}" + (f" ({shards})" if len(weights) > 1 else "")], report
 
 
-def _import_hf(args, dtype: torch.dtype | None) -> list[str]:
+def _import_hf(args, dtype: torch.dtype | None) -> tuple[list[str], dict]:
     model = hf.open_hf(args.src)
-    with progress(model.import_bytes(dtype or torch.float32), "import hf", quiet=args.quiet) as bar:
+    with progress(model.import_bytes(dtype or torch.float32), "import hf", quiet=args.quiet or args.json) as bar:
         result = hf.import_hf(args.src, args.dst, step=args.step or 0, dtype=dtype or torch.float32,
                               overwrite=args.force, progress=bar.update)
     lines = [f"Hugging Face llama {args.src} ({hf.describe(result.model.args)}) -> {result.path}: "
-             f"{result.tensors} tensors, {result.nbytes / 1e9:.3f} GB"]
+             f"{result.tensors} tensors, {human_bytes(result.nbytes)}"]
+    flags = hf.trainer_flags(result.model_config) if result.model_config is not None else None
+    notes = []
     if result.model_config is None:
-        lines.append("note: no trainer configuration rebuilds this model exactly; "
+        notes.append("no trainer configuration rebuilds this model exactly; "
                      "trainer.model.Transformer(ModelArgs(**manifest.user['model_args'])) loads it with ckpt.load")
     else:
-        flags = hf.trainer_flags(result.model_config)
         lines.append("start training from it: python -m trainer.train --config <your config> "
                      f"{' '.join(flags)} --checkpoint.initial_load_path {os.path.abspath(args.dst)}")
         byte_model = result.model.config.get("bos_token_id") == 256 and result.model.args.vocab_size == 258
         if result.model.tokenizer is None and not byte_model:
-            lines.append(f"note: {args.src} has no tokenizer.json; the trainer then uses its byte tokenizer, whose "
+            notes.append(f"{args.src} has no tokenizer.json; the trainer then uses its byte tokenizer, whose "
                          "ids are not this model's")
-    return lines
+    lines += [f"note: {text}" for text in notes]
+    return lines, {"step": args.step or 0, "kind": "full", "written": [result.path], "tensors": result.tensors,
+                   "bytes": result.nbytes, "model": dataclasses.asdict(result.model.args), "trainer_flags": flags,
+                   "notes": notes}
 
 
-def _torchtitan(args) -> list[str]:
+def _torchtitan(args) -> tuple[list[str], dict]:
     if args.to == "torchtitan":
         path, tensors = titan.export_torchtitan(args.src, args.dst, step=args.step, overwrite=args.force)
         return [f"{args.src} -> {path}: a torchtitan DCP checkpoint ({tensors} tensors); torchtitan resumes it with "
-                f"--checkpoint.folder {os.path.abspath(args.dst)} --checkpoint.exclude_from_loading dataloader"]
+                f"--checkpoint.folder {os.path.abspath(args.dst)} --checkpoint.exclude_from_loading dataloader"], \
+            {"written": [str(path)], "tensors": tensors}
     result = titan.import_torchtitan(args.src, args.dst, flavor=args.flavor, step=args.step, overwrite=args.force)
     lines = [f"torchtitan llama3 {args.src} ({hf.describe(result.args)}) -> {result.path}: step {result.step}, "
              f"{result.tensors} tensors (model, optimizer); left out: {', '.join(result.left_out) or 'nothing'}"]
     flags = hf.trainer_flags(result.model_config) if result.model_config else []
     lines.append("resume training from it: python -m trainer.train --config <your config> "
                  f"{' '.join(flags)} --checkpoint.enable --checkpoint.folder {os.path.abspath(args.dst)}")
-    return lines
+    return lines, {"step": result.step, "written": [str(result.path)], "tensors": result.tensors,
+                   "model": dataclasses.asdict(result.args), "trainer_flags": flags, "left_out": result.left_out}
 
 
-def _import_dcp(args) -> list[str]:
+def _import_dcp(args) -> tuple[list[str], dict]:
     total = total_tensor_bytes(read_dcp_metadata(args.src))
-    with progress(total, "import dcp", quiet=args.quiet) as bar:
+    with progress(total, "import dcp", quiet=args.quiet or args.json) as bar:
         manifest = import_dcp(args.src, args.dst, overwrite=args.force, progress=bar.update)
     step = "" if manifest.step is None else f"step {manifest.step}, "
     return [f"DCP checkpoint {args.src} -> {args.dst} ({step}{len(manifest.tensors)} tensors, "
-            f"{len(manifest.values)} values)"]
+            f"{human_bytes(total)}, {len(manifest.values)} values)"], \
+        {"step": manifest.step, "kind": manifest.kind, "written": [str(args.dst)], "tensors": len(manifest.tensors),
+         "values": len(manifest.values), "bytes": total, "verified": "every chunk checked against the metadata"}
 
 
 if __name__ == "__main__":

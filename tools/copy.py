@@ -25,15 +25,13 @@ from ckpt import CheckpointNotFoundError, CheckpointRoot, read_manifest
 from ckpt.root import copy_step, open_root
 from ckpt.root.claim import foreign, read_claim
 from ckpt.units import human_bytes
-from .cli import EXPECTED_FAILURES, command, fail, progress
+from .cli import EXPECTED_FAILURES, command, doc_parser, fail, progress
 
 PROG = "ckpt-copy"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                epilog="\n\n".join(__doc__.split("\n\n")[2:]),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = doc_parser(PROG, __doc__)
     p.add_argument("src", help="the checkpoint root to copy from")
     p.add_argument("dst", help="the checkpoint root to copy to (created if missing)")
     p.add_argument("--step", type=int, action="append", help="copy this step (and its delta chain); repeatable")

@@ -2,7 +2,10 @@
 
     ckpt-inspect ROOT [--mount URL ...] [--catalog DIR] [--json]    steps x mounts table
     ckpt-inspect ROOT --verify [--step N] [--quiet]                 read and check every blob
-    ckpt-inspect ROOT/step-N [--json]                               one manifest: totals, tensors, values
+    ckpt-inspect ROOT/step-N [--json]                               one checkpoint: totals, sizes per prefix,
+                                                                    tensors, values, the recorded run config
+    ckpt-inspect FILE.safetensors | HF_DIR [--json]                 weights' headers: names, dtypes, shapes, sizes
+    ckpt-inspect [ROOT] --diff A B [--no-values] [--json]           two checkpoints (steps of ROOT, or paths)
     ckpt-inspect ROOT --rebuild-catalog [--catalog DIR]             rebuild the catalog, then list
 
 Mounts are ROOT and every ``--mount``; never the mounts the catalog (``ROOT/.catalog`` by default
@@ -22,12 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
-import time
 
-from ckpt import CheckpointNotFoundError, CheckpointRoot
+from ckpt import CheckpointNotFoundError, CheckpointRoot, read_manifest
 from ckpt.committed import is_committed
-from ckpt.root import Catalog, mount_id, open_catalog, open_root
+from ckpt.inspect_diff import diff
+from ckpt.inspect_files import hf_summary, is_hf_directory, is_weights_file, safetensors_summary
+from ckpt.root import Catalog, mount_id, open_catalog, open_root, resolve_checkpoint
 from ckpt.inspection import (
     compare_mounts,
     mount_list,
@@ -40,7 +45,9 @@ from ckpt.inspection import (
 )
 from ckpt.storage import Location, locate
 from ckpt.units import human_bytes
+from . import inspect_views as views
 from .cli import EXPECTED_FAILURES, command, fail, progress
+from .inspect_views import table, when
 
 PROG = "ckpt-inspect"
 MAX_HEADER = 24  # a mount URL longer than this is shown as "mount N" with a legend
@@ -51,20 +58,12 @@ EPILOG = """examples:
   ckpt-inspect s3://bucket/run1 --verify --step 1200       one step (AWS_ENDPOINT_URL etc. apply)
   ckpt-inspect ckpts/run1/step-00001200 --json             one checkpoint's manifest, for scripts
   ckpt-inspect ckpts/run1 --rebuild-catalog                re-index ckpts/run1/.catalog from the manifests
+  ckpt-inspect ckpts/run1 --diff 1000 1200                 what changed between two steps
+  ckpt-inspect hf-out/model.safetensors                    a weights file's header (names, dtypes, shapes)
 """
 
 
 # -- formatting ----------------------------------------------------------------------------------
-def when(created: float | None) -> str:
-    return "-" if not created else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created))
-
-
-def table(headers: list[str], rows: list[list]) -> str:
-    cells = [headers] + [["-" if c is None else str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
-
-
 def note(text: str) -> None:
     print(f"{PROG}: note: {text}", file=sys.stderr)
 
@@ -153,26 +152,33 @@ def verify(args, target: Location) -> int:
     return 0
 
 
-# -- one checkpoint ------------------------------------------------------------------------------
-def summary(args, path: Location) -> int:
-    doc = summarize(path)
-    version, totals, tensors, values = doc["format_version"], doc["totals"], doc["tensors"], doc["values"]
-    if args.json:
-        print(json.dumps(doc, indent=2))
-        return 0
-    base = "-" if doc["base"] is None else f"{doc['base']} (step {doc['base_step']})"
-    print(f"{path}\nstep {doc['step']}  kind {doc['kind']}  base {base}  world size {doc['world_size']}  "
-          f"created {when(doc['created'])}  format version {version if version is not None else '?'}")
-    print(f"{totals['tensors']} tensors in {totals['chunks']} chunks, {totals['values']} values; stored "
-          f"{human_bytes(totals['stored_bytes'])} ({human_bytes(totals['raw_bytes'])} raw) in {totals['files']} data file(s)")
-    if tensors:
-        print()
-        print(table(["tensor", "dtype", "shape", "chunks", "stored", "codecs"],
-                    [[key, t["dtype"], "x".join(map(str, t["shape"])) or "()", t["chunks"], human_bytes(t["stored_bytes"]),
-                      ",".join(t["codecs"])] for key, t in tensors.items()]))
-    if values:
-        print()
-        print(table(["value", "encoding"], [[key, v["encoding"]] for key, v in values.items()]))
+# -- one checkpoint, weights files, a diff --------------------------------------------------------
+def one(args, target: Location) -> int:
+    """A checkpoint of ours, a .safetensors file or a Hugging Face directory (headers only)."""
+    if is_committed(target):
+        views.checkpoint(summarize(target), args.json)
+    elif target.is_local and is_weights_file(target.path):
+        views.weights(safetensors_summary(target.path), args.json)
+    elif target.is_local and is_hf_directory(target.path):
+        views.weights(hf_summary(target.path), args.json)
+    else:
+        return listing(args, target)
+    return 0
+
+
+def checkpoint_named(name: str, root: str | None) -> Location:
+    """``--diff`` operands: a step number of ROOT, or a checkpoint (or a root: its newest step)."""
+    if name.isdigit() and root is not None:
+        return resolve_checkpoint(root, int(name))
+    return resolve_checkpoint(name)
+
+
+def compare(args) -> int:
+    a, b = (checkpoint_named(name, args.root) for name in args.diff)
+    total = sum(e.dtype.itemsize * math.prod(e.shape) for e in read_manifest(b).tensors.values())
+    with progress(total, "diff", quiet=args.quiet or args.json) as bar:
+        doc = diff(a, b, values=not args.no_values, progress=bar.update)
+    views.diff(doc, args.json)
     return 0
 
 
@@ -180,7 +186,8 @@ def summary(args, path: Location) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0], epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("root", help="a checkpoint root (directory or URL), or one checkpoint (ROOT/step-N)")
+    p.add_argument("root", nargs="?", help="a checkpoint root (directory or URL), one checkpoint (ROOT/step-N), "
+                                           "a .safetensors file or a Hugging Face model directory")
     p.add_argument("--mount", action="append", default=[], metavar="URL",
                    help="a further mount (replica) to list or verify; repeatable")
     p.add_argument("--catalog", metavar="DIR", help="the catalog directory (default ROOT/.catalog for a local ROOT)")
@@ -188,6 +195,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", action="store_true", help="read every blob and check its checksum")
     p.add_argument("--step", type=int, help="with --verify: only this step")
     p.add_argument("--rebuild-catalog", action="store_true", help="rebuild the catalog from the manifests, then list")
+    p.add_argument("--diff", nargs=2, metavar=("A", "B"), help="compare two checkpoints: step numbers of ROOT, or "
+                   "checkpoint paths/URLs: tensors added, removed, retyped, changed (checksums first, values where "
+                   "they cannot tell) and values changed")
+    p.add_argument("--no-values", action="store_true", help="with --diff: judge by the manifests only, read no data")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -198,9 +209,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.verify and args.rebuild_catalog:
         p.error("--verify and --rebuild-catalog do not go together")
+    if args.diff is not None and (args.verify or args.rebuild_catalog or args.mount or args.step is not None):
+        p.error("--diff goes with none of --verify, --rebuild-catalog, --mount, --step")
+    if args.no_values and args.diff is None:
+        p.error("--no-values goes with --diff")
+    if args.root is None and args.diff is None:
+        p.error("the following arguments are required: root")
     if args.step is not None and not args.verify:
         p.error("--step goes with --verify (to summarise one step, name it: ROOT/step-N)")
     try:
+        if args.diff is not None:
+            return compare(args)
         target = locate(args.root)
         if args.rebuild_catalog and args.catalog is None and not target.is_local:
             p.error(f"--rebuild-catalog: {target} is not local; say where the catalog lives with --catalog DIR")
@@ -208,9 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             return verify(args, target)
         if args.rebuild_catalog:
             return rebuild(args, target)
-        if is_committed(target):
-            return summary(args, target)
-        return listing(args, target)
+        return one(args, target)
     except EXPECTED_FAILURES as exc:
         return fail(PROG, exc)
 

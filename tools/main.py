@@ -15,7 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 from .cli import command
 
 COMMANDS = {  # name -> (module, what it does)
-    "inspect": ("inspection", "list a root's steps, summarise or verify a checkpoint"),
+    "inspect": ("inspection", "list a root's steps, summarise, diff or verify checkpoints; weights files' headers"),
     "merge": ("merge", "one checkpoint's tensors as consolidated .safetensors / torch.save files"),
     "convert": ("convert", "Hugging Face, torch.save, safetensors and DCP checkpoints in and out"),
     "replay": ("replay", "a delta step materialised as a full checkpoint"),

@@ -97,9 +97,9 @@ def main(argv: list[str] | None = None) -> int:
             written = merge(source, args.dst, format=fmt, dtype=dtype, only=args.only, max_shard_size=max_shard_size,
                             overwrite=args.force, progress=bar.update, manifest=manifest)
     except EXPECTED_FAILURES as exc:
-        return fail(PROG, exc)
+        return fail(PROG, exc, forced=args.force)
     except RuntimeError as exc:  # torch's zip writer reports a failed write as RuntimeError
-        return fail(PROG, CheckpointError(f"writing {args.dst} failed: {exc}"))
+        return fail(PROG, CheckpointError(f"writing {args.dst} failed: {exc}"), forced=args.force)
     if args.json:
         print(json.dumps({"source": str(source), "step": manifest.step, "kind": manifest.kind, "format": fmt,
                           "tensors": len(keys), "bytes": total, "written": [str(w) for w in written],

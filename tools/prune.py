@@ -21,7 +21,7 @@ import json
 from ckpt.root import open_root
 from ckpt.root.catalog_sync import record_deleted
 from ckpt.root.retention import apply, steps_to_delete
-from .cli import EXPECTED_FAILURES, command, fail
+from .cli import EXPECTED_FAILURES, command, doc_parser, fail
 
 PROG = "ckpt-prune"
 
@@ -34,9 +34,7 @@ def positive(text: str) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                epilog="\n\n".join(__doc__.split("\n\n")[2:]),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = doc_parser(PROG, __doc__)
     p.add_argument("root", help="checkpoint root holding step-XXXXXXXX checkpoints (directory or URL)")
     p.add_argument("--keep", type=positive, required=True, help="keep the newest N loadable steps")
     p.add_argument("--keep-every", type=positive, metavar="M", help="also keep every step that is a multiple of M")

@@ -63,7 +63,7 @@ def assemble(cfg, model: model_mod.Transformer, dims: ParallelDims, mesh, device
         raise expert_parallel.ParallelismError(
             f"a mixture-of-experts model does not compose with parallelism.tp = {dims.tp} / pp = {dims.pp} above 1 yet")
     expert_parallel.check(ep, num_experts=model.args.num_experts, dp_shard=dims.dp_shard, tp=dims.tp, pp=dims.pp,
-                          zero_stage=o.zero_stage)
+                          zero_stage=o.zero_stage, cp=dims.cp)
     ignored, after_backward, clip = None, None, None
     if ep > 1:
         ep_mesh = expert_parallel.build_mesh(mesh.device_type, pp=dims.pp, dp_replicate=dims.dp_replicate,

@@ -7,8 +7,10 @@
 - ``TokenStream``: every document tokenized once into one int32 array, ``BOS doc EOS BOS doc EOS ...``.
 - ``load_training_tokens``: the trainer's tokenizer and token array, refusing (ConfigError) what cannot work.
 - ``DataLoader``: fixed windows of the stream in a seeded per-epoch order. Its state is the number of
-  *global* samples consumed, so a run resumed with another data-parallel degree continues with exactly
-  the samples the union of all ranks would have seen.
+  *global* samples consumed, so a run resumed with another data-parallel (or context-parallel) degree
+  continues with exactly the samples the union of all ranks would have seen. Under context
+  parallelism every rank of a CP group gets the same samples, cut to its positions
+  (:func:`trainer.context_parallel.shard_positions`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 import torch
 
 from .config.schema import ConfigError, is_byte_tokenizer
+from .context_parallel import shard_positions
 
 SHIPPED_CORPUS = Path(__file__).with_name("corpus")
 
@@ -202,12 +205,13 @@ class DataLoader:
     wrap forever, each in its own seeded order. Every ``next_batch`` call consumes the next
     ``global_batch`` global samples; rank ``r`` of ``D`` takes the contiguous slice
     ``[r * global_batch / D, (r + 1) * global_batch / D)`` of them. The state is the global position,
-    so resuming with another ``dp_degree`` continues with the same global samples.
+    so resuming with another ``dp_degree`` continues with the same global samples. CP rank ``c`` of
+    ``cp_degree`` keeps its positions of each (inputs and labels alike); the state does not change.
     """
 
     def __init__(
         self, stream_tokens: np.ndarray, seq_len: int, global_batch: int,
-        dp_rank: int = 0, dp_degree: int = 1, seed: int = 0,
+        dp_rank: int = 0, dp_degree: int = 1, seed: int = 0, cp_rank: int = 0, cp_degree: int = 1,
     ):
         if global_batch % dp_degree:
             raise ValueError(f"global_batch {global_batch} is not divisible by dp_degree {dp_degree}")
@@ -221,6 +225,7 @@ class DataLoader:
         self.global_batch = global_batch
         self.local_batch = global_batch // dp_degree
         self.dp_rank = dp_rank
+        self.columns = np.asarray(shard_positions(self.seq_len, cp_degree, cp_rank))
         self.seed = int(seed)
         self.position = 0  # global samples consumed
         self._perm_epoch: int | None = None
@@ -234,14 +239,15 @@ class DataLoader:
         return int(self._perm[i])
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(inputs, labels)``, each ``LongTensor[local_batch, seq_len]``; labels are inputs shifted by one."""
+        """``(inputs, labels)``, each ``LongTensor[local_batch, seq_len / cp_degree]``; labels are inputs
+        shifted by one (before the CP cut)."""
         first = self.position + self.dp_rank * self.local_batch
         windows = [self._window(g) for g in range(first, first + self.local_batch)]
         width = self.seq_len + 1
         rows = [self.tokens[w * width:(w + 1) * width] for w in windows]
         self.position += self.global_batch
-        batch = torch.from_numpy(np.stack(rows).astype(np.int64))
-        return batch[:, :-1], batch[:, 1:]
+        batch = np.stack(rows).astype(np.int64)
+        return torch.from_numpy(batch[:, self.columns]), torch.from_numpy(batch[:, self.columns + 1])
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         while True:

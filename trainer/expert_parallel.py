@@ -5,8 +5,8 @@ The rule (torchtitan's without CP): **EP borrows its ranks from dp_shard.** ``pa
 must divide ``parallelism.dp_shard`` (and ``model.num_experts``); the data-parallel ranks are cut
 into ``dp_shard / ep`` groups of ``ep`` consecutive shards, the mesh ``(pp, dp_replicate,
 dp_shard_mod_ep, ep, tp)`` (:func:`build_mesh`; row-major, so its ``(dp_shard_mod_ep, ep)`` is the
-main mesh's ``dp_shard``). EP multiplies nothing: the world size stays ``dp_replicate * dp_shard *
-tp * pp``; each EP rank still reads its own data. Not with tp or pp above 1, nor DDP
+main mesh's ``dp_shard``, with cp 1). EP multiplies nothing: the world size stays ``dp_replicate * dp_shard *
+tp * pp``; each EP rank still reads its own data. Not with tp, pp or cp above 1, nor DDP
 (:func:`check`).
 
 What :func:`apply` does to a model (before FSDP2):
@@ -40,7 +40,7 @@ from .parallel import ParallelismError
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard_mod_ep", "ep", "tp")
 
 
-def check(ep: int, *, num_experts: int, dp_shard: int, tp: int, pp: int, zero_stage: int) -> None:
+def check(ep: int, *, num_experts: int, dp_shard: int, tp: int, pp: int, zero_stage: int, cp: int = 1) -> None:
     """ParallelismError naming what does not fit when ``parallelism.ep = ep`` (see the module docstring)."""
     if ep < 1:
         raise ParallelismError(f"parallelism.ep must be >= 1, got {ep}")
@@ -54,8 +54,9 @@ def check(ep: int, *, num_experts: int, dp_shard: int, tp: int, pp: int, zero_st
     if dp_shard % ep:
         raise ParallelismError(f"parallelism.ep = {ep} must divide parallelism.dp_shard = {dp_shard} "
                                "(expert parallel borrows its ranks from the data-parallel shards)")
-    if tp > 1 or pp > 1:
-        raise ParallelismError(f"parallelism.ep = {ep} does not compose with tp = {tp} / pp = {pp} above 1 yet")
+    if tp > 1 or pp > 1 or cp > 1:
+        raise ParallelismError(f"parallelism.ep = {ep} does not compose with tp = {tp} / pp = {pp} / cp = {cp} "
+                               "above 1 yet")
     if zero_stage == 0:
         raise ParallelismError("parallelism.ep > 1 needs FSDP2 for the other parameters: zero_stage >= 1")
 

@@ -18,9 +18,11 @@ frequency scaling (``rope_scaling``, a :class:`RopeScaling`), the norm epsilon, 
 (``ffn_dim``, or the ``multiple_of`` / ``ffn_dim_multiplier`` rounding) and tied embeddings
 (``tie_embeddings``: ``output.weight`` is ``tok_embeddings.weight``, one parameter under both keys).
 
-The rotary tables are non-persistent buffers (not in the state dict). Building under
-``torch.device("meta")`` works; after ``to_empty(device=...)`` call ``init_weights()`` to fill
-parameters and rotary tables.
+Attention runs through each block's ``attention.core`` (:mod:`trainer.attention`: the whole sequence;
+context parallelism swaps in its own, :mod:`trainer.context_parallel`), which also picks the rotary
+rows of the positions the rank holds. The rotary tables are non-persistent buffers (not in the
+state dict). Building under ``torch.device("meta")`` works; after ``to_empty(device=...)`` call
+``init_weights()`` to fill parameters and rotary tables.
 """
 
 from __future__ import annotations
@@ -29,20 +31,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention import WHOLE_SEQUENCE, repeat_kv  # noqa: F401 (repeat_kv: part of this module's interface)
 from .flavors import BYTE_VOCAB_SIZE, FLAVORS, LLAMA3_FLAVORS, ModelArgs, ffn_hidden_dim, model_args  # noqa: F401
 from .flavors import expert_hidden_dim
 from .loss import lm_loss
 from .moe import MoE
 from .rope import apply_rope, rope_tables
 
-
-
-def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """``[b, s, kv_heads, d]`` → ``[b, s, kv_heads * n_rep, d]``, each kv head repeated n_rep times."""
-    if n_rep == 1:
-        return x
-    b, s, kv, d = x.shape
-    return x[:, :, :, None, :].expand(b, s, kv, n_rep, d).reshape(b, s, kv * n_rep, d)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -73,21 +68,18 @@ class Attention(nn.Module):
         self.wk = nn.Linear(args.dim, args.kv_heads * args.head_dim, bias=False)
         self.wv = nn.Linear(args.dim, args.kv_heads * args.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+        self.core = WHOLE_SEQUENCE  # context parallelism sets its own (trainer.context_parallel)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        cos, sin = cos[:s], sin[:s]  # the full tables come in: under sequence parallelism only the
-        # attention input (gathered) knows the whole sequence length.
+        cos, sin = self.core.positions(cos, sin, s)  # the full tables come in: under sequence parallelism
+        # only the attention input (gathered) knows the sequence length, and context parallelism its positions.
         # -1 rather than the head counts: under tensor parallelism each rank holds a slice of heads.
         q = self.wq(x).view(b, s, -1, self.head_dim)
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k, v = repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-        )
-        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+        return self.wo(self.core(q, k, v, self.n_rep).reshape(b, s, -1))  # causal (trainer.attention)
 
     def init_weights(self, out_std: float) -> None:
         for linear in (self.wq, self.wk, self.wv):

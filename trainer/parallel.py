@@ -1,4 +1,4 @@
-"""Parallel layout: the device mesh (pp × dp_replicate × dp_shard × tp) and how the model is wrapped.
+"""Parallel layout: the device mesh (pp × dp_replicate × dp_shard × cp × tp) and how the model is wrapped.
 
 Order of application (torchtitan's): tensor parallel → activation checkpointing → compile →
 data parallel (FSDP2/HSDP, or DDP for zero_stage 0). ``zero_stage``: 0 → DDP; 1 and 2 → FSDP2
@@ -10,7 +10,10 @@ Checkpoints do not care: plain tensors and DTensor shards load into each other b
 With ``precision = "bf16"`` FSDP2 computes in bf16 and reduces gradients in fp32 (master weights
 and optimizer state stay fp32); DDP and the unwrapped model use autocast. Tensor parallelism
 (``apply_tp``) is Megatron-style with sequence parallelism; FSDP2 then shards the TP DTensors over
-the data-parallel dimensions (2-D), HSDP when ``dp_replicate > 1``.
+the data-parallel dimensions (2-D), HSDP when ``dp_replicate > 1``. Context parallelism (``cp``,
+:mod:`trainer.context_parallel`) splits every sequence over the ``cp`` dimension; its ranks hold the
+same samples, so FSDP2 shards (and averages gradients) over ``dp_shard × cp`` flattened
+(``dp_shard_cp``, torchtitan's name) and the data loader shards over ``dp_replicate × dp_shard``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from .context_parallel import apply_cp
 
 
 class ParallelismError(ValueError):
@@ -35,31 +40,52 @@ class ParallelDims:
     tp: int
     pp: int
     world_size: int
+    cp: int = 1
 
     @classmethod
-    def resolve(cls, dp_replicate: int, dp_shard: int, tp: int, pp: int, world_size: int) -> "ParallelDims":
-        for name, value in (("dp_replicate", dp_replicate), ("tp", tp), ("pp", pp)):
+    def resolve(cls, dp_replicate: int, dp_shard: int, tp: int, pp: int, world_size: int,
+                cp: int = 1) -> "ParallelDims":
+        for name, value in (("dp_replicate", dp_replicate), ("tp", tp), ("pp", pp), ("cp", cp)):
             if value < 1:
                 raise ParallelismError(f"parallelism.{name} must be >= 1, got {value}")
-        others = dp_replicate * tp * pp
+        if cp > 1 and pp > 1:
+            raise ParallelismError("parallelism.cp > 1 with parallelism.pp > 1 is not supported yet")
+        others = dp_replicate * tp * pp * cp
         if dp_shard == -1:
             if world_size % others:
                 raise ParallelismError(
-                    f"world size {world_size} is not divisible by dp_replicate*tp*pp = {others}")
+                    f"world size {world_size} is not divisible by dp_replicate*cp*tp*pp = {others}")
             dp_shard = world_size // others
-        if dp_shard < 1 or dp_replicate * dp_shard * tp * pp != world_size:
+        if dp_shard < 1 or dp_shard * others != world_size:
             raise ParallelismError(
-                f"dp_replicate({dp_replicate}) * dp_shard({dp_shard}) * tp({tp}) * pp({pp}) = "
-                f"{dp_replicate * dp_shard * tp * pp}, but the world size is {world_size}")
-        return cls(dp_replicate, dp_shard, tp, pp, world_size)
+                f"dp_replicate({dp_replicate}) * dp_shard({dp_shard}) * cp({cp}) * tp({tp}) * pp({pp}) = "
+                f"{dp_shard * others}, but the world size is {world_size}")
+        return cls(dp_replicate, dp_shard, tp, pp, world_size, cp)
 
     @property
     def dp(self) -> int:
+        """Data-parallel ranks: those holding different samples (the loader's and the batch's degree)."""
         return self.dp_replicate * self.dp_shard
 
+    @property
+    def dp_cp(self) -> int:
+        """Ranks the gradients are averaged over (the data-parallel ones and, in each, its CP ranks)."""
+        return self.dp * self.cp
+
     def build_mesh(self, device_type: str) -> DeviceMesh:
-        return init_device_mesh(device_type, (self.pp, self.dp_replicate, self.dp_shard, self.tp),
-                                mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
+        return init_device_mesh(device_type, (self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp),
+                                mesh_dim_names=("pp", "dp_replicate", "dp_shard", "cp", "tp"))
+
+
+def fsdp_mesh(mesh: DeviceMesh, dims: ParallelDims) -> DeviceMesh:
+    """The mesh FSDP2 shards over: ``dp_shard`` (with CP: ``dp_shard × cp`` flattened to
+    ``dp_shard_cp``), under ``dp_replicate`` for HSDP."""
+    if dims.cp == 1:
+        return mesh["dp_shard"] if dims.dp_replicate == 1 else mesh["dp_replicate", "dp_shard"]
+    flat = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+    # HSDP: a 2-D mesh over a flattened dimension is still sliced from the root (torch warns that
+    # this goes away; torchtitan does the same today)
+    return flat if dims.dp_replicate == 1 else mesh["dp_replicate", "dp_shard_cp"]
 
 
 def dp_rank(mesh: DeviceMesh, dims: ParallelDims) -> int:
@@ -194,7 +220,7 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, reshard_after_forward: boo
 def apply_ddp(model: nn.Module, mesh: DeviceMesh, device: torch.device) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
-    group = mesh["dp_replicate", "dp_shard"]._flatten("dp").get_group()
+    group = mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp").get_group()
     device_ids = None if device.type == "cpu" else [device.index]
     return DistributedDataParallel(model, process_group=group, device_ids=device_ids)
 
@@ -203,25 +229,26 @@ def parallelize(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, *, zero_
                 activation_checkpointing: bool, compile: bool, device: torch.device, ac_every: int = 1,
                 ac_op_level: bool = False, cpu_offload: bool = False, loss_parallel: bool = True,
                 ignored_params: set | None = None) -> nn.Module:
-    if cpu_offload and (dims.dp == 1 or zero_stage == 0):
+    if cpu_offload and (dims.dp_cp == 1 or zero_stage == 0):
         raise ParallelismError("optimization.cpu_offload needs FSDP2: zero_stage >= 1 and more than one "
                                "data-parallel rank")
     if dims.tp > 1:
-        if zero_stage == 0 and dims.dp > 1:
+        if zero_stage == 0 and dims.dp_cp > 1:
             raise ParallelismError("zero_stage 0 (DDP) cannot wrap a tensor-parallel model; use zero_stage >= 1")
         apply_tp(model, mesh["tp"], loss_parallel=loss_parallel)
+    if dims.cp > 1:
+        apply_cp(model, mesh["cp"])
     if activation_checkpointing:
         apply_activation_checkpointing(model, every=ac_every, op_level=ac_op_level)
     if compile:
         apply_compile(model)
-    if dims.dp == 1:
+    if dims.dp_cp == 1:
         return model
     if zero_stage == 0:
         if dims.dp_replicate > 1:
             raise ParallelismError("zero_stage 0 (DDP) replicates over all dp ranks; set dp_replicate = 1")
         return apply_ddp(model, mesh, device)
-    dp_mesh = mesh["dp_shard"] if dims.dp_replicate == 1 else mesh["dp_replicate", "dp_shard"]
-    return apply_fsdp(model, dp_mesh, reshard_after_forward=zero_stage == 3, precision=precision,
+    return apply_fsdp(model, fsdp_mesh(mesh, dims), reshard_after_forward=zero_stage == 3, precision=precision,
                       cpu_offload=cpu_offload, ignored_params=ignored_params)
 
 

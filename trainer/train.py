@@ -126,7 +126,7 @@ class Trainer:
             self.device_type = resolve_device_type(t.device)
         self.rank, self.world, self.device, self._owns_process_group = init_distributed(self.device_type)
         p = cfg.parallelism
-        self.dims = ParallelDims.resolve(p.dp_replicate, p.dp_shard, p.tp, p.pp, self.world)
+        self.dims = ParallelDims.resolve(p.dp_replicate, p.dp_shard, p.tp, p.pp, self.world, cp=p.cp)
         self.mesh = self.dims.build_mesh(self.device_type)
         self.dp_rank = dp_rank(self.mesh, self.dims)
         self.micro_batch, self.accumulation = cfg.resolve_batch(self.dims.dp)
@@ -144,7 +144,8 @@ class Trainer:
                                          seed=cfg.job.seed, rank=self.rank)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(t.warmup_steps, t.steps, t.min_lr_ratio))
-        self.loader = data_mod.DataLoader(tokens, t.seq_len, t.batch_size, self.dp_rank, self.dims.dp, cfg.job.seed)
+        self.loader = data_mod.DataLoader(tokens, t.seq_len, t.batch_size, self.dp_rank, self.dims.dp, cfg.job.seed,
+                                          cp_rank=self.mesh.get_local_rank("cp"), cp_degree=self.dims.cp)
         self.train_state = TrainState()
         self.state = {"model": self.model, "optim": self.optimizer, "lr_scheduler": self.scheduler,
                       "dataloader": self.loader, "train": self.train_state}
@@ -285,7 +286,7 @@ def _train(argv: list[str]) -> None:
     trainer = Trainer(load_config(argv))
     try:
         trainer.log(f"training {trainer.cfg.model.name}/{trainer.cfg.model.flavor} ({_params_line(trainer)}) "
-                    f"on {trainer.world} x {trainer.device_type}, dp={trainer.dims.dp}, "
+                    f"on {trainer.world} x {trainer.device_type}, dp={trainer.dims.dp}, cp={trainer.dims.cp}, "
                     f"micro_batch={trainer.micro_batch}, accumulation={trainer.accumulation}")
         losses = trainer.fit()
     except Stopped as stop:  # preempted: the saves in flight finish, then the newest step is named

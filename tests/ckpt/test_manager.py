@@ -379,7 +379,13 @@ def test_attach_waits_before_a_forward_that_changes_buffers(tmp_path, monkeypatc
     optim = torch.optim.SGD(model.parameters(), lr=0.1)
     with CheckpointManager(tmp_path, interval=1, keep=2) as manager:
         waits = []
-        monkeypatch.setattr(manager, "before_step", lambda: waits.append(True))
+        wait_for_snapshot = manager.before_step
+
+        def counted() -> None:  # still waits: a forward must not race the snapshot it counts
+            waits.append(True)
+            wait_for_snapshot()
+
+        monkeypatch.setattr(manager, "before_step", counted)
         manager.attach(optim, model=model)
         state = {"model": model, "optim": optim}
         expected = {k: v.clone() for k, v in model.state_dict().items()}

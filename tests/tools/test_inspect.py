@@ -127,7 +127,7 @@ def test_summary_of_one_checkpoint(run, capsys):
     assert code == 0 and (doc["step"], doc["kind"], doc["base"], doc["world_size"]) == (1, "full", None, 1)
     assert doc["tensors"]["layer.bias"] == {"dtype": "float32", "shape": [5], "chunks": 1, "stored_bytes": 20,
                                             "raw_bytes": 20, "codecs": ["raw"]}
-    assert doc["values"] == {"step": {"encoding": "json"}} and doc["totals"]["tensors"] == 2
+    assert doc["values"] == {"step": {"encoding": "json", "preview": "1"}} and doc["totals"]["tensors"] == 2
 
 
 def test_rebuild_catalog(run, tmp_path, capsys):

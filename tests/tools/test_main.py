@@ -37,6 +37,9 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
     result = _run(f"""
         import os, signal, time
         import ckpt.convert, tools.merge
+        # Python raises KeyboardInterrupt only where SIGINT was not ignored at its start; a job
+        # started in the background (a CI runner, `cmd &`) inherits it ignored.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         def interrupted(*args, **kwargs):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(30)

@@ -138,3 +138,28 @@ def test_replay_never_stores_a_step_under_another_steps_name(tmp_path, capsys):
     # the step's own name, in another root, is fine
     assert main([str(root), "--step", "3", "--out", str(tmp_path / "copy" / "step-00000003"), "--quiet"]) == 0
     assert ckpt.read_manifest(tmp_path / "copy" / "step-00000003").kind == "full"
+
+
+def test_replay_names_the_committed_steps_and_reports_json(tmp_path, capsys):
+    """A step the root does not hold: one line listing the committed steps (the newest 20);
+    --json: one object on stdout."""
+    import json
+
+    import torch
+
+    import ckpt
+    from tools.replay import main
+
+    with ckpt.CheckpointManager(tmp_path / "root", interval=1, full_every=30, catalog="") as manager:
+        for step in range(1, 26):
+            manager.before_step()
+            manager.save(step, {"w": torch.full((8,), float(step))})
+    assert main([str(tmp_path / "root"), "--step", "99"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no checkpoint of step 99" in err
+    assert "committed steps (the newest 20 of 25): 6, 7," in err and err.rstrip().endswith("24, 25")
+    assert main([str(tmp_path / "root"), "--step", "3", "--out", str(tmp_path / "out"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["step"], report["kind_before"], report["kind"], report["in_place"]) == (3, "delta", "full", False)
+    assert report["written"] == str(tmp_path / "out") and report["tensors"] == 1 and report["bytes"] == 32
+    assert ckpt.read_manifest(tmp_path / "out").kind == "full"

@@ -1,7 +1,7 @@
 """trainer.measure, the dry run proven by measurement: one real training step of a layout at its full
 world size in this process (fake process group, FakeTensorMode, torch's MemTracker), its peak
 beside the plan's for the same rank role. The plan must be within TOLERANCE of what is measured
-for the debug and the small model across layouts (FSDP, FSDP x TP, PP x FSDP; with and without
+for the debug and the small model across layouts (FSDP, FSDP x TP, FSDP x CP, CP x TP, PP x FSDP; with and without
 activation checkpointing, gradient accumulation, the memory-lean precisions); and the measurement
 itself must see what it should (more layers, more memory; nothing allocated for real). The 70B
 layout of torchtitan's published run is measured in a slow test (about a minute); the seed's
@@ -35,6 +35,9 @@ LAYOUTS = {  # name: (world size, overrides)
     "tp2-unwrapped-bf16": (2, ["--parallelism.tp=2", "--optimization.precision=bf16"]),
     "fsdp2-bf16-masters-moments": (2, ["--optimization.precision=bf16", "--optimization.master_dtype=bf16",
                                        "--optimization.optimizer_state_dtype=bf16"]),
+    "fsdp2xcp2-fp32": (4, ["--parallelism.cp=2", "--training.seq_len=512"]),
+    "cp2xtp2-bf16": (4, ["--parallelism.cp=2", "--parallelism.tp=2", "--training.seq_len=512",
+                         "--optimization.precision=bf16"]),
     "small-fsdp4xtp2-bf16-ac": (8, ["--model.flavor=small", "--training.seq_len=256", "--parallelism.tp=2",
                                     "--training.batch_size=16", *BF16_AC]),
 }

@@ -7,6 +7,7 @@ seed key                        native field
 ``training.max_steps``          ``training.steps``
 ``distributed.tp_size``         ``parallelism.tp``
 ``distributed.pp_size``         ``parallelism.pp``
+``distributed.cp_size``         ``parallelism.cp``
 ``distributed.dp_size``         ``parallelism.dp_shard`` (and ``parallelism.dp_replicate = 1``)
 ``distributed.ep_size``         ``parallelism.ep``
 ==============================  =======================================================
@@ -42,7 +43,8 @@ KEY_ALIASES: dict[tuple[str, str], str] = {
 }
 
 # The seed's `distributed` section: key -> parallelism key.
-DISTRIBUTED_KEYS: dict[str, str] = {"tp_size": "tp", "pp_size": "pp", "dp_size": "dp_shard", "ep_size": "ep"}
+DISTRIBUTED_KEYS: dict[str, str] = {"tp_size": "tp", "pp_size": "pp", "dp_size": "dp_shard", "cp_size": "cp",
+                                    "ep_size": "ep"}
 
 SEED_SECTION_NOTE = f"{SEED_SECTION} (seed style: {', '.join(DISTRIBUTED_KEYS)})"
 """How the seed section is listed among the valid sections."""
@@ -56,6 +58,7 @@ TORCHTITAN_KEYS: dict[tuple[str, str], tuple[str, str]] = {
     ("parallelism", "data_parallel_replicate_degree"): ("parallelism", "dp_replicate"),
     ("parallelism", "tensor_parallel_degree"): ("parallelism", "tp"),
     ("parallelism", "pipeline_parallel_degree"): ("parallelism", "pp"),
+    ("parallelism", "context_parallel_degree"): ("parallelism", "cp"),
     ("parallelism", "pipeline_parallel_schedule"): ("parallelism", "pp_schedule"),
     ("training", "local_batch_size"): ("training", "micro_batch_size"),
     ("training", "global_batch_size"): ("training", "batch_size"),

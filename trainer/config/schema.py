@@ -149,7 +149,8 @@ class TrainingConfig:
 
 @dataclass
 class ParallelismConfig:
-    """Parallel degrees; their product must equal the world size (checked by the parallel layer)."""
+    """Parallel degrees; their product pp x dp_replicate x dp_shard x cp x tp must equal the world
+    size (checked by the parallel layer)."""
 
     dp_replicate: int = 1
     """Data-parallel replicas (HSDP's replicate dimension; DDP's degree with zero_stage 0)."""
@@ -160,6 +161,10 @@ class ParallelismConfig:
     """Tensor-parallel degree, with sequence parallelism (seed key: distributed.tp_size)."""
     pp: int = 1
     """Pipeline-parallel degree (seed key: distributed.pp_size)."""
+    cp: int = 1
+    """Context-parallel degree: every sequence split over this many ranks, attention exchanging
+    keys/values (seed key: distributed.cp_size). training.seq_len must be divisible by 2 x cp;
+    not with pp above 1."""
     pp_schedule: str = "1f1b"
     """Pipeline schedule: gpipe, 1f1b, or interleaved1f1b (needs pp_virtual_stages >= 2)."""
     pp_microbatches: int | None = None

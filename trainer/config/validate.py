@@ -105,9 +105,13 @@ def validate(cfg: Any) -> None:
         _fail("training", "dataset", t.dataset, 'must be "shipped" or a path')
     model_args(cfg, BYTE_VOCAB_SIZE if is_byte_tokenizer(m.tokenizer) else None)  # the shapes fit together
 
-    for key in ("dp_replicate", "tp", "pp", "ep"):
+    for key in ("dp_replicate", "tp", "pp", "cp", "ep"):
         if getattr(p, key) < 1:
             _fail("parallelism", key, getattr(p, key), "must be >= 1")
+    if p.cp > 1 and t.seq_len % (2 * p.cp):
+        _fail("parallelism", "cp", p.cp, f"needs training.seq_len ({t.seq_len}) divisible by 2 x cp = {2 * p.cp}")
+    if p.cp > 1 and p.pp > 1:
+        _fail("parallelism", "cp", p.cp, f"is not supported with parallelism.pp = {p.pp} above 1 yet")
     o = cfg.optimization
     if o.ac_every < 1:
         _fail("optimization", "ac_every", o.ac_every, "must be >= 1")

@@ -167,5 +167,6 @@ def model_args_of(manifest: Manifest, source: object = "the checkpoint") -> Mode
     problems = shape_problems(shapes, args)
     if problems:
         raise CheckpointError(f"{source}: its model weights do not match the recorded config "
-                              f"({describe(args)}): {'; '.join(problems)}")
+                              f"({describe(args)}): {'; '.join(problems[:3])}"
+                              + (f"; and {len(problems) - 3} more" if len(problems) > 3 else ""))
     return args

@@ -96,7 +96,7 @@ def _step(cfg, lay, args, rank: int, stage: int, micro: int, accumulation: int) 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     started = time.perf_counter()
-    dims = ParallelDims(lay.dp_replicate, lay.dp_shard, lay.tp, lay.pp, lay.world_size)
+    dims = ParallelDims(lay.dp_replicate, lay.dp_shard, lay.tp, lay.pp, lay.world_size, lay.cp)
     mesh = dims.build_mesh("cpu")  # outside the fake mode: the mesh's own tensors are real
     device = torch.device("cpu")
     with torch.device("meta"):
@@ -115,7 +115,7 @@ def _step(cfg, lay, args, rank: int, stage: int, micro: int, accumulation: int) 
             p.grad = torch.zeros_like(p)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        shape = (micro * accumulation, t.seq_len)
+        shape = (micro * accumulation, t.seq_len // lay.cp)  # a CP rank's share of each sequence
         inputs = torch.randint(0, args.vocab_size, shape, device=device)
         labels = torch.randint(0, args.vocab_size, shape, device=device)
         tracker = StepTracker()

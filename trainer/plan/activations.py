@@ -47,6 +47,20 @@ def layer_activation_bytes(args: ModelArgs, num: Numerics, tp: int, b: int, s: i
     return along_sequence + gathered + split
 
 
+def cp_gathered_bytes(args: ModelArgs, num: Numerics, tp: int, b: int, s: int, cp: int) -> int:
+    """What a layer saves under context parallelism beyond :func:`layer_activation_bytes` of its
+    ``s / cp`` local positions (``s``: the whole sequence): attention keeps the keys and values of the
+    whole sequence gathered from the CP group (repeated to every query head, unless a rank has one kv
+    head), instead of its own, and the causal masks of its two chunks, ``(2 cp + 1) L²`` elements
+    with ``L = s / (2 cp)`` (SDPA keeps them as an additive mask in the compute dtype)."""
+    if cp == 1:
+        return 0
+    a = args.n_heads // tp
+    kv = 1 if args.kv_heads // tp == 1 else a
+    chunk = s // (2 * cp)
+    return b * (s - s // cp) * num.e * args.head_dim * 2 * kv + num.e * (2 * cp + 1) * chunk * chunk
+
+
 def layer_input_bytes(args: ModelArgs, num: Numerics, tp: int, b: int, s: int) -> int:
     """What a layer keeps under activation checkpointing: its input."""
     return b * -(-s // tp) * num.e_input * args.dim

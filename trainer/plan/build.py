@@ -99,7 +99,7 @@ def plan(cfg: Config, world_size: int, *, device_memory_gib: float | None = None
     per, layer_local = params.rank_params(model, lay, ranges)
     mb = memory.microbatch(args, num, lay.tp, batch, op_level=op_level,
                            loss_parallel=bool(getattr(o, "loss_parallel", False)),
-                           chunk_len=int(getattr(o, "loss_chunk_len", 0) or 0))
+                           chunk_len=int(getattr(o, "loss_chunk_len", 0) or 0), cp=lay.cp)
     stages = memory.stage_plans(cfg, lay, num, mb, batch, per, layer_local, ranges, pp_schedule)
 
     model_info = params.model_info(cfg, args, model, total, notes)
@@ -120,11 +120,14 @@ def plan(cfg: Config, world_size: int, *, device_memory_gib: float | None = None
     b, s = mb.b, mb.s
     chunk, loss_par = int(getattr(o, "loss_chunk_len", 0) or 0), bool(getattr(o, "loss_parallel", False))
     formulas = [
-        f"activations per layer and microbatch ({b} x {s} tokens, {num.name}, tp {lay.tp}): "
+        f"activations per layer and microbatch ({b} x {s} tokens{f' of {s * lay.cp} (cp {lay.cp})' if lay.cp > 1 else ''}, "
+        f"{num.name}, tp {lay.tp}): "
         f"b*ceil(s/tp)*(8h + 2*{num.e_norm}h + 8) + b*s*{num.gathered_inputs}*{num.e}h + "
         f"b*s*(4*{num.e}h + 4a + 4*{num.e}f)/tp = {mib(mb.layer)} "
         f"(Korthikanti et al. s*b*h*(34 + 5as/h)/tp, GPT block storing attention scores: "
-        f"{mib(korthikanti_layer_bytes(args, lay.tp, b, s))})",
+        f"{mib(korthikanti_layer_bytes(args, lay.tp, b, s))})"
+        + (f"; context parallel: + gathered keys/values b*(S-s)*2*{num.e}*hd*kv + chunk masks "
+           f"{num.e}*(2cp+1)*(S/2cp)^2 included" if lay.cp > 1 else ""),
         (f"with op-level activation checkpointing a layer keeps its input b*ceil(s/tp)*{num.e_input}h and its "
          f"matmul/attention outputs b*s*({num.e}*(2h + 2kv*hd + 2f)/tp + 4a/tp + 2*{num.e}h) = {mib(mb.kept_layer)}"
          if op_level else
@@ -151,13 +154,14 @@ def _layout_info(cfg: Config, lay: Layout, num: Numerics, pp_schedule: str, virt
     if lay.wrap == "fsdp":
         hsdp = f", HSDP x{lay.dp_replicate} replicas" if lay.dp_replicate > 1 else ""
         reshard = "reshard after forward" if o.zero_stage == 3 else "no reshard after forward"
-        data_parallel = f"FSDP2 over dp_shard {lay.dp_shard}{hsdp}, zero_stage {o.zero_stage} ({reshard})"
+        over = f"dp_shard {lay.dp_shard}" + (f" x cp {lay.cp}" if lay.cp > 1 else "")
+        data_parallel = f"FSDP2 over {over}{hsdp}, zero_stage {o.zero_stage} ({reshard})"
     elif lay.wrap == "ddp":
-        data_parallel = f"DDP over {lay.dp} ranks (zero_stage 0)"
+        data_parallel = f"DDP over {lay.dp_cp} ranks (zero_stage 0)"
     else:
         data_parallel = "none (one data-parallel rank: the model is not wrapped)"
     return {
-        "dp_replicate": lay.dp_replicate, "dp_shard": lay.dp_shard, "tp": lay.tp, "pp": lay.pp,
+        "dp_replicate": lay.dp_replicate, "dp_shard": lay.dp_shard, "cp": lay.cp, "tp": lay.tp, "pp": lay.pp,
         "world_size": lay.world_size, "data_parallel": data_parallel,
         "wrap": lay.wrap, "zero_stage": o.zero_stage, "precision": o.precision, "numerics": num.name,
         "activation_checkpointing": bool(o.gradient_checkpointing),

@@ -82,9 +82,9 @@ def _default_world(cfg: Config, notes: list[str]) -> int:
         notes.append(f"world size {env} from $WORLD_SIZE")
         return int(env)
     p = cfg.parallelism
+    others = p.dp_replicate * p.tp * p.pp * getattr(p, "cp", 1)
     if p.dp_shard != -1:
-        return p.dp_replicate * p.dp_shard * p.tp * p.pp
-    others = p.dp_replicate * p.tp * p.pp
+        return others * p.dp_shard
     notes.append(f"world size {others}: parallelism.dp_shard = -1 fills whatever --world-size gives "
                  "(none given: the other degrees' product)")
     return others

@@ -42,6 +42,11 @@ but before data-parallel sharding, e = 2 for bf16/fp16 compute, 4 for fp32):
   loss: logits, their log-softmax and its gradient, b·c·(e + 8)·V_l, where V_l = ceil(V/tp) under
   loss parallel (TP with optimization.loss_parallel) and V otherwise, and c the positions of one
   chunk of the chunked loss (optimization.loss_chunk_len; the whole sequence s when off or longer).
+* context parallelism (parallelism.cp, trainer.context_parallel): every sequence split over cp
+  ranks, so s above is seq_len / cp for every per-position figure; attention adds what
+  :func:`~trainer.plan.activations.cp_gathered_bytes` counts, the whole sequence's gathered keys
+  and values b·(S - s)·2·e·hd·kv' more than the local ones (kv' as above) and the causal masks of the
+  rank's two chunks, e·(2cp + 1)·L² with L = S / (2cp). FSDP2 shards over dp_shard·cp.
 * pipeline: layers cut into consecutive runs per stage (the first stages take one more when pp does
   not divide n_layers), the embedding on stage 0, norm and output on the last. With 1F1B stage r
   holds the activations of min(pp - r, microbatches) microbatches (GPipe: all of them), and every
@@ -74,6 +79,7 @@ from ..config import Config
 from ..model import ModelArgs
 from .activations import (
     Numerics,
+    cp_gathered_bytes,
     head_activation_bytes,
     layer_activation_bytes,
     layer_input_bytes,
@@ -109,12 +115,15 @@ class Microbatch:
 
 
 def microbatch(args: ModelArgs, num: Numerics, tp: int, batch: dict[str, Any], *, op_level: bool,
-               loss_parallel: bool = False, chunk_len: int = 0) -> Microbatch:
-    """The :class:`Microbatch` of the plan's ``batch`` section."""
-    b, s = batch.get("pipeline_microbatch_size", batch["micro_batch_size"]), batch["seq_len"]
+               loss_parallel: bool = False, chunk_len: int = 0, cp: int = 1) -> Microbatch:
+    """The :class:`Microbatch` of the plan's ``batch`` section; under context parallelism ``cp`` a
+    rank holds ``seq_len / cp`` positions of each sequence (and the gathered keys/values)."""
+    b, whole = batch.get("pipeline_microbatch_size", batch["micro_batch_size"]), batch["seq_len"]
+    s = whole // cp
     kept = (layer_op_level_bytes if op_level else layer_input_bytes)(args, num, tp, b, s)
     head = head_activation_bytes(args, num, tp, b, s, loss_parallel=loss_parallel, chunk_len=chunk_len)
-    return Microbatch(b, s, batch.get("pipeline_microbatches", 1), layer_activation_bytes(args, num, tp, b, s),
+    layer = layer_activation_bytes(args, num, tp, b, s) + cp_gathered_bytes(args, num, tp, b, whole, cp)
+    return Microbatch(b, s, batch.get("pipeline_microbatches", 1), layer,
                       kept, head, 8 * b * s, output=b * -(-s // tp) * args.dim * num.e_input,
                       buffers=4 * args.max_seq_len * args.head_dim)
 

@@ -56,7 +56,8 @@ def format_plan(p: Plan) -> str:
                  f"{m['head_dim']}), SwiGLU {m['ffn_hidden_dim']}, vocab {a['vocab_size']}")
     by = m["params_by_module"]
     lines.append("           " + ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in by.items()))
-    lines.append(f"Layout     dp_replicate {lay['dp_replicate']} x dp_shard {lay['dp_shard']} x tp {lay['tp']} x "
+    cp = f"cp {lay['cp']} x " if lay.get("cp", 1) > 1 else ""
+    lines.append(f"Layout     dp_replicate {lay['dp_replicate']} x dp_shard {lay['dp_shard']} x {cp}tp {lay['tp']} x "
                  f"pp {lay['pp']} = {lay['world_size']}; data parallel: {lay['data_parallel']}")
     ac = "off"
     if lay["activation_checkpointing"]:
