@@ -75,6 +75,8 @@ BENCHES = [
           "trainer tokens/s per parallel layout", in_quick=False),
     Bench("cp", "bench_cp.py", ["--quick"], ["--repeats", "3"],
           "context parallel tokens/s against one rank", in_quick=False),
+    Bench("moe", "bench_moe.py", ["--quick"], ["--repeats", "3"],
+          "mixture of experts: EP 2 vs EP 1 tokens/s, MoE delta ratio", in_quick=False),
 ]
 BY_NAME = {b.name: b for b in BENCHES}
 RESULTS_DIR = HERE / "results"

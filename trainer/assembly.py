@@ -13,10 +13,13 @@ FSDP2/DDP) per model or per pipeline part.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
+from typing import Callable
 
 import torch
 from torch import nn
 
+from . import expert_parallel
 from . import model as model_mod
 from . import pipeline as pipeline_mod
 from .parallel import COMPUTE_DTYPES, ParallelDims, accumulates_unsharded, parallelize, uses_autocast
@@ -31,6 +34,8 @@ class Assembled:
     autocast: bool  # bf16/fp16 through autocast (no FSDP2 mixed precision)
     low_dtype: torch.dtype | None  # the compute dtype; None for fp32
     param_dtype: torch.dtype  # the stored parameters' (master weights') dtype
+    after_backward: Callable[[], None] | None = None  # expert parallel: the experts' gradient sync
+    clip_grad_norm: Callable | None = None  # expert parallel: clipping over the FSDP2 and EP meshes
 
     @property
     def roots(self) -> list[nn.Module]:
@@ -53,12 +58,27 @@ def assemble(cfg, model: model_mod.Transformer, dims: ParallelDims, mesh, device
     model.loss_chunk_len = o.loss_chunk_len
     low = COMPUTE_DTYPES[o.precision]
     sharded = not accumulates_unsharded(o.zero_stage, o.accumulate_unsharded)
+    ep = getattr(p, "ep", 1)
+    if model.args.is_moe and (dims.tp > 1 or dims.pp > 1):
+        raise expert_parallel.ParallelismError(
+            f"a mixture-of-experts model does not compose with parallelism.tp = {dims.tp} / pp = {dims.pp} above 1 yet")
+    expert_parallel.check(ep, num_experts=model.args.num_experts, dp_shard=dims.dp_shard, tp=dims.tp, pp=dims.pp,
+                          zero_stage=o.zero_stage, cp=dims.cp)
+    ignored, after_backward, clip = None, None, None
+    if ep > 1:
+        ep_mesh = expert_parallel.build_mesh(mesh.device_type, pp=dims.pp, dp_replicate=dims.dp_replicate,
+                                             dp_shard=dims.dp_shard, ep=ep, tp=dims.tp)
+        expert_parallel.apply(model, ep_mesh)
+        experts = expert_parallel.expert_params(model)
+        ignored = set(experts)
+        after_backward = partial(expert_parallel.sync_grads, experts, expert_parallel.replica_group(ep_mesh), dims.dp)
+        clip = expert_parallel.clip_grad_norm_
 
     def wrap(module: nn.Module) -> nn.Module:
         return parallelize(module, dims, mesh, zero_stage=o.zero_stage, precision=o.precision,
                            activation_checkpointing=o.gradient_checkpointing, compile=o.compile, device=device,
                            ac_every=o.ac_every, ac_op_level=o.ac_op_level, cpu_offload=o.cpu_offload,
-                           loss_parallel=o.loss_parallel)
+                           loss_parallel=o.loss_parallel, ignored_params=ignored)
 
     pipeline = None
     if dims.pp > 1:
@@ -72,4 +92,4 @@ def assemble(cfg, model: model_mod.Transformer, dims: ParallelDims, mesh, device
         wrapped = autocast_root = wrap(model)
     return Assembled(model=wrapped, pipeline=pipeline, loss_parallel=dims.tp > 1 and o.loss_parallel,
                      sync_every_micro_step=sharded, autocast=low is not None and uses_autocast(autocast_root),
-                     low_dtype=low, param_dtype=param_dtype)
+                     low_dtype=low, param_dtype=param_dtype, after_backward=after_backward, clip_grad_norm=clip)

@@ -5,6 +5,7 @@ Module names follow torchtitan (and so Meta's llama checkpoints, modulo the ``la
     tok_embeddings
     layers.{0..N-1}.attention.{wq,wk,wv,wo}   attention_norm
     layers.{0..N-1}.feed_forward.{w1,w2,w3}   ffn_norm
+    layers.{0..N-1}.moe.{router.gate, experts.w{1,2,3}, shared_experts.w{1,2,3}}   (a MoE flavour)
     norm
     output
 
@@ -26,135 +27,17 @@ state dict). Building under ``torch.device("meta")`` works; after ``to_empty(dev
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .attention import WHOLE_SEQUENCE, repeat_kv  # noqa: F401 (repeat_kv: part of this module's interface)
+from .flavors import BYTE_VOCAB_SIZE, FLAVORS, LLAMA3_FLAVORS, ModelArgs, ffn_hidden_dim, model_args  # noqa: F401
+from .flavors import expert_hidden_dim
 from .loss import lm_loss
-from .rope import RopeScaling, apply_rope, rope_tables
+from .moe import MoE
+from .rope import apply_rope, rope_tables
 
-BYTE_VOCAB_SIZE = 258  # trainer.data.ByteTokenizer: 256 bytes + BOS + EOS
-
-
-@dataclass
-class ModelArgs:
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int | None = None  # None: as many as n_heads (plain multi-head attention)
-    vocab_size: int = BYTE_VOCAB_SIZE
-    multiple_of: int = 256  # the SwiGLU hidden size is rounded up to a multiple of this
-    ffn_dim_multiplier: float | None = None
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    max_seq_len: int = 2048
-    rope_scaling: RopeScaling | None = None  # None: plain rotary frequencies
-    tie_embeddings: bool = False  # the output projection is the embedding matrix
-    ffn_dim: int | None = None  # the SwiGLU width itself; None: from multiple_of / ffn_dim_multiplier
-
-    def __post_init__(self) -> None:
-        if isinstance(self.rope_scaling, dict):  # ModelArgs(**dataclasses.asdict(args)) round-trips
-            self.rope_scaling = RopeScaling(**self.rope_scaling)
-        if self.ffn_dim is not None and self.ffn_dim < 1:
-            raise ValueError(f"ffn_dim {self.ffn_dim} must be >= 1")
-        if not self.norm_eps > 0 or not self.rope_theta > 0:
-            raise ValueError(f"norm_eps {self.norm_eps} and rope_theta {self.rope_theta} must be > 0")
-        if self.dim % self.n_heads:
-            raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim {self.head_dim} must be even for RoPE")
-        if self.n_heads % self.kv_heads:
-            raise ValueError(
-                f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.kv_heads}; "
-                "set n_kv_heads to a divisor of n_heads"
-            )
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    @property
-    def kv_heads(self) -> int:
-        return self.n_kv_heads or self.n_heads
-
-
-# Llama-3's rotary numerics (torchtitan's llama3 flavors: theta 500000, llama scaling with its defaults).
-_LLAMA3 = dict(rope_theta=500000.0, rope_scaling=RopeScaling(), max_seq_len=8192)
-
-FLAVORS: dict[str, ModelArgs] = {
-    # ~0.85M parameters: trains in seconds on a CPU.
-    "debug": ModelArgs(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, multiple_of=64),
-    # ~25M parameters: a bigger CPU / single-device model.
-    "small": ModelArgs(dim=512, n_layers=8, n_heads=8, n_kv_heads=4, multiple_of=256),
-    # Llama-2 shapes.
-    "7b": ModelArgs(dim=4096, n_layers=32, n_heads=32, vocab_size=32000, max_seq_len=4096),
-    "13b": ModelArgs(dim=5120, n_layers=40, n_heads=40, vocab_size=32000, max_seq_len=4096),
-    "70b": ModelArgs(
-        dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, vocab_size=32000,
-        ffn_dim_multiplier=1.3, multiple_of=4096, max_seq_len=4096,
-    ),
-    # torchtitan's llama3 "debugmodel" (its vocabulary 2048 is replaced by the tokenizer's).
-    "debugmodel": ModelArgs(dim=256, n_layers=6, n_heads=16, vocab_size=2048, multiple_of=256,
-                            **_LLAMA3),
-    # Llama-3.x shapes (torchtitan's llama3 flavors 1B, 3B, 8B, 70B; the 1B and 3B tie embeddings).
-    "llama3-1b": ModelArgs(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, vocab_size=128256, multiple_of=1024,
-                           ffn_dim_multiplier=1.5, tie_embeddings=True, **_LLAMA3),
-    "llama3-3b": ModelArgs(dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, vocab_size=128256, multiple_of=1024,
-                           ffn_dim_multiplier=1.0, tie_embeddings=True, **_LLAMA3),
-    "llama3-8b": ModelArgs(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256, multiple_of=1024,
-                           ffn_dim_multiplier=1.3, **_LLAMA3),
-    "llama3-70b": ModelArgs(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, vocab_size=128256, multiple_of=4096,
-                            ffn_dim_multiplier=1.3, **_LLAMA3),
-}
-LLAMA3_FLAVORS = {"debugmodel": "debugmodel", "1b": "llama3-1b", "3b": "llama3-3b", "8b": "llama3-8b",
-                  "70b": "llama3-70b"}
-"""torchtitan's llama3 flavor names -> ours (``model.name = "llama3"`` looks flavors up here)."""
-
-
-def model_args(
-    flavor: str,
-    *,
-    vocab_size: int | None = None,
-    dim: int | None = None,
-    n_layers: int | None = None,
-    n_heads: int | None = None,
-    n_kv_heads: int | None = None,
-    max_seq_len: int | None = None,
-    **numerics,
-) -> ModelArgs:
-    """The flavor's ``ModelArgs`` (name case-insensitive), with any explicit value overriding it:
-    the shapes above, and any other ``ModelArgs`` field by name (``rope_theta``, ``rope_scaling``,
-    ``norm_eps``, ``tie_embeddings``, ``ffn_dim``, ``multiple_of``, ``ffn_dim_multiplier``; None
-    keeps the flavor's). ``rope_scaling=False`` removes the flavor's scaling."""
-    key = flavor.lower()
-    if key not in FLAVORS:
-        raise ValueError(f"unknown model flavor {flavor!r}; known flavors: {', '.join(FLAVORS)}")
-    overrides = dict(
-        vocab_size=vocab_size, dim=dim, n_layers=n_layers, n_heads=n_heads,
-        n_kv_heads=n_kv_heads, max_seq_len=max_seq_len, **numerics,
-    )
-    given = {k: v for k, v in overrides.items() if v is not None}
-    if given.get("rope_scaling") is False:
-        given["rope_scaling"] = None
-    if "multiple_of" in given or "ffn_dim_multiplier" in given:
-        given.setdefault("ffn_dim", None)  # a rounding given replaces the flavor's fixed width
-    return dataclasses.replace(FLAVORS[key], **given)
-
-
-def ffn_hidden_dim(args: ModelArgs) -> int:
-    """Llama's SwiGLU width: ``ffn_dim`` when given, else 2/3 of 4*dim, times the multiplier,
-    rounded up to ``multiple_of``."""
-    if args.ffn_dim is not None:
-        return args.ffn_dim
-    hidden = int(2 * (4 * args.dim) / 3)
-    if args.ffn_dim_multiplier is not None:
-        hidden = int(args.ffn_dim_multiplier * hidden)
-    return args.multiple_of * math.ceil(hidden / args.multiple_of)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -205,11 +88,11 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """SwiGLU: ``w2(silu(w1 x) * w3 x)``."""
+    """SwiGLU: ``w2(silu(w1 x) * w3 x)`` (``hidden`` wide; default: the dense width)."""
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, hidden: int | None = None):
         super().__init__()
-        hidden = ffn_hidden_dim(args)
+        hidden = hidden or ffn_hidden_dim(args)
         self.w1 = nn.Linear(args.dim, hidden, bias=False)
         self.w2 = nn.Linear(hidden, args.dim, bias=False)
         self.w3 = nn.Linear(args.dim, hidden, bias=False)
@@ -223,26 +106,38 @@ class FeedForward(nn.Module):
             nn.init.trunc_normal_(linear.weight, mean=0.0, std=out_std)
 
 
+def build_moe(args: ModelArgs) -> MoE:
+    """The block's mixture of experts (:mod:`trainer.moe`), its shared expert one SwiGLU
+    ``num_shared_experts`` experts wide."""
+    hidden = expert_hidden_dim(args)
+    shared = FeedForward(args, hidden * args.num_shared_experts) if args.num_shared_experts else None
+    return MoE(args.dim, hidden, args.num_experts, args.top_k, shared)
+
+
 class TransformerBlock(nn.Module):
-    """Pre-norm block: ``h = x + attn(norm(x)); out = h + ffn(norm(h))``."""
+    """Pre-norm block: ``h = x + attn(norm(x)); out = h + ffn(norm(h))``; the ffn is ``moe``
+    (a mixture of experts) instead of ``feed_forward`` when ``args.num_experts > 0``."""
 
     def __init__(self, layer_id: int, args: ModelArgs):
         super().__init__()
         self.layer_id = layer_id
         self.attention = Attention(args)
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
-        self.feed_forward = FeedForward(args)
+        if args.is_moe:
+            self.moe = build_moe(args)
+        else:
+            self.feed_forward = FeedForward(args)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin)
-        return h + self.feed_forward(self.ffn_norm(h))
+        return h + (self.moe if hasattr(self, "moe") else self.feed_forward)(self.ffn_norm(h))
 
     def init_weights(self) -> None:
         # torchtitan's depth init: output projections of deeper layers start smaller.
         out_std = 0.02 / (2 * (self.layer_id + 1)) ** 0.5
         self.attention.init_weights(out_std)
-        self.feed_forward.init_weights(out_std)
+        (self.moe if hasattr(self, "moe") else self.feed_forward).init_weights(out_std)
         self.attention_norm.reset_parameters()
         self.ffn_norm.reset_parameters()
 
@@ -276,7 +171,18 @@ class Transformer(nn.Module):
             h = self.norm(h)
         if self.output is None:
             return h
-        return self.output(h) if labels is None else lm_loss(h, self.output, labels, self.loss_chunk_len)
+        if labels is None:
+            return self.output(h)
+        loss = lm_loss(h, self.output, labels, self.loss_chunk_len)
+        return loss + self._moe_aux_loss() if self.args.is_moe else loss
+
+    def _moe_aux_loss(self) -> torch.Tensor:
+        """The mean of the blocks' load-balancing losses times ``moe_aux_loss_coef``; the
+        unweighted mean is left in ``moe_aux_loss`` (detached) for the metrics."""
+        losses = [layer.moe.aux_loss for layer in self.layers.values()]
+        mean = torch.stack(losses).mean()
+        self.moe_aux_loss = mean.detach()
+        return self.args.moe_aux_loss_coef * mean
 
     @torch.no_grad()
     def init_weights(self, buffer_device: torch.device | str | None = None) -> None:
@@ -338,9 +244,12 @@ def num_params(model: nn.Module, exclude_embedding: bool = False) -> int:
 
 
 def _non_embedding_params(args: ModelArgs) -> int:
-    """What ``num_params(build(args), exclude_embedding=True)`` returns, from the shapes alone."""
+    """What ``num_params(build(args), exclude_embedding=True)`` returns, from the shapes alone (a
+    mixture of experts: the parameters one token is computed with, its active parameters)."""
     attention = args.dim * args.head_dim * (2 * args.n_heads + 2 * args.kv_heads)
     feed_forward = 3 * args.dim * ffn_hidden_dim(args)
+    if args.is_moe:  # the parameters a token meets: router, its top_k experts, the shared expert
+        feed_forward = args.dim * (args.num_experts + 3 * expert_hidden_dim(args) * (args.top_k + args.num_shared_experts))
     norms = 2 * args.dim
     output = 0 if args.tie_embeddings else args.dim * args.vocab_size  # tied: it is the embedding
     return args.n_layers * (attention + feed_forward + norms) + args.dim + output

@@ -200,11 +200,12 @@ COMPUTE_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, reshard_after_forward: bool, precision: str = "fp32",
-               cpu_offload: bool = False) -> nn.Module:
-    """FSDP2 over ``mesh`` per block, then the root (HSDP when ``mesh`` is 2-D)."""
+               cpu_offload: bool = False, ignored_params: set | None = None) -> nn.Module:
+    """FSDP2 over ``mesh`` per block, then the root (HSDP when ``mesh`` is 2-D); ``ignored_params``
+    (expert-parallel experts, :mod:`trainer.expert_parallel`) are left as they are."""
     low = COMPUTE_DTYPES[precision]
     policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32 if low is not None else None)
-    extra = {}
+    extra = {"ignored_params": ignored_params} if ignored_params else {}
     if cpu_offload:  # parameters, gradients and optimizer state in host memory (the seeds' swap optimizer)
         from torch.distributed.fsdp import CPUOffloadPolicy
 
@@ -226,7 +227,8 @@ def apply_ddp(model: nn.Module, mesh: DeviceMesh, device: torch.device) -> nn.Mo
 
 def parallelize(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, *, zero_stage: int, precision: str,
                 activation_checkpointing: bool, compile: bool, device: torch.device, ac_every: int = 1,
-                ac_op_level: bool = False, cpu_offload: bool = False, loss_parallel: bool = True) -> nn.Module:
+                ac_op_level: bool = False, cpu_offload: bool = False, loss_parallel: bool = True,
+                ignored_params: set | None = None) -> nn.Module:
     if cpu_offload and (dims.dp_cp == 1 or zero_stage == 0):
         raise ParallelismError("optimization.cpu_offload needs FSDP2: zero_stage >= 1 and more than one "
                                "data-parallel rank")
@@ -247,7 +249,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, *, zero_
             raise ParallelismError("zero_stage 0 (DDP) replicates over all dp ranks; set dp_replicate = 1")
         return apply_ddp(model, mesh, device)
     return apply_fsdp(model, fsdp_mesh(mesh, dims), reshard_after_forward=zero_stage == 3, precision=precision,
-                      cpu_offload=cpu_offload)
+                      cpu_offload=cpu_offload, ignored_params=ignored_params)
 
 
 def uses_autocast(model: nn.Module) -> bool:

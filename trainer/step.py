@@ -25,8 +25,9 @@ from .parallel import set_gradient_sync
 def forward_backward(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor, *,
                      pipeline: pipeline_mod.Pipeline | None, micro_batch: int, accumulation: int,
                      sync_every_micro_step: bool, loss_parallel: bool, autocast=None,
-                     scale: float = 1.0) -> torch.Tensor:
-    """Forward and backward of one step's per-rank batch (see the module docstring); the mean loss."""
+                     scale: float = 1.0, after_backward=None) -> torch.Tensor:
+    """Forward and backward of one step's per-rank batch (see the module docstring); the mean loss.
+    ``after_backward()`` runs once after the last micro-step (expert parallel's gradient sync)."""
     autocast = autocast if autocast is not None else contextlib.nullcontext()
     with loss_context(loss_parallel):
         if pipeline is not None:  # the whole per-rank batch, in the schedule's microbatches
@@ -40,15 +41,20 @@ def forward_backward(model: torch.nn.Module, inputs: torch.Tensor, labels: torch
                 loss = model(inputs[chunk], labels=labels[chunk])
                 (loss * (scale / accumulation)).backward()
             total += loss.detach() / accumulation
+        if after_backward is not None:
+            after_backward()
         return total
 
 
 def optimizer_step(parameters: list[torch.Tensor], optimizer: torch.optim.Optimizer, scheduler, *,
-                   max_norm: float, scaler=None, pp_group=None) -> None:
-    """Unscale (fp16), clip over the whole model, step — or skip the step on an fp16 overflow."""
+                   max_norm: float, scaler=None, pp_group=None, clip_grad_norm=None) -> None:
+    """Unscale (fp16), clip over the whole model, step — or skip the step on an fp16 overflow.
+    ``clip_grad_norm(parameters, max_norm)`` replaces torch's clipping (expert parallel's two meshes)."""
     overflow = scaler is not None and scaler.unscale_(parameters)
     if max_norm > 0 and not overflow:
-        if pp_group is not None:
+        if clip_grad_norm is not None:
+            clip_grad_norm(parameters, max_norm)
+        elif pp_group is not None:
             pipeline_mod.clip_grad_norm(parameters, max_norm, pp_group)
         else:
             torch.nn.utils.clip_grad_norm_(parameters, max_norm, foreach=True)

@@ -178,10 +178,11 @@ class Trainer:
             self.model, inputs, labels, pipeline=self.pipeline, micro_batch=self.micro_batch,
             accumulation=self.accumulation, sync_every_micro_step=self.run.sync_every_micro_step,
             loss_parallel=self.run.loss_parallel, autocast=autocast,
-            scale=1.0 if self.scaler is None else self.scaler.scale)
+            scale=1.0 if self.scaler is None else self.scaler.scale, after_backward=self.run.after_backward)
         step_mod.optimizer_step(list(self.model.parameters()), self.optimizer, self.scheduler,
                                 max_norm=self.cfg.training.max_norm, scaler=self.scaler,
-                                pp_group=self.mesh["pp"].get_group() if self.pipeline is not None else None)
+                                pp_group=self.mesh["pp"].get_group() if self.pipeline is not None else None,
+                                clip_grad_norm=self.run.clip_grad_norm)
         return total
 
     def fit(self, stop_at: int | None = None) -> list[float]:
@@ -216,8 +217,9 @@ class Trainer:
             # The mean loss, "did a save fail on any rank?" and "did a rank get SIGTERM/SIGINT?" in one
             # all-reduce: every rank stops at the same step, also when the failure of a background
             # write (or the signal) reached one rank first.
-            mean_loss, any_failed, any_signal = all_reduce_mean(torch.stack(
-                [loss, loss.new_tensor(float(failure is not None)), loss.new_tensor(float(signals.received))]))
+            moe = [self.model.moe_aux_loss] if self.model_args.is_moe else []  # the last micro-step's
+            mean_loss, any_failed, any_signal, *moe_aux = all_reduce_mean(torch.stack(
+                [loss, loss.new_tensor(float(failure is not None)), loss.new_tensor(float(signals.received)), *moe]))
             if any_failed:
                 raise exits.save_failed(self.manager, failure)
             losses.append(mean_loss)
@@ -239,6 +241,7 @@ class Trainer:
                     "memory_gib": peak_memory_gib(self.device_type),
                     "ckpt_stall_ms": 1e3 * stall / window_steps,
                     "ckpt_failures": self.checkpoints.failures,
+                    **({"moe_aux_loss": moe_aux[0]} if moe_aux else {}),
                 })
                 window_start, window_steps, stall = time.perf_counter(), 0, 0.0
             collect_garbage(step)

@@ -9,6 +9,7 @@ seed key                        native field
 ``distributed.pp_size``         ``parallelism.pp``
 ``distributed.cp_size``         ``parallelism.cp``
 ``distributed.dp_size``         ``parallelism.dp_shard`` (and ``parallelism.dp_replicate = 1``)
+``distributed.ep_size``         ``parallelism.ep``
 ==============================  =======================================================
 
 torchtitan's keys (:data:`TORCHTITAN_KEYS`; its TOML files and ``--section.key`` flags) are accepted
@@ -42,7 +43,8 @@ KEY_ALIASES: dict[tuple[str, str], str] = {
 }
 
 # The seed's `distributed` section: key -> parallelism key.
-DISTRIBUTED_KEYS: dict[str, str] = {"tp_size": "tp", "pp_size": "pp", "dp_size": "dp_shard", "cp_size": "cp"}
+DISTRIBUTED_KEYS: dict[str, str] = {"tp_size": "tp", "pp_size": "pp", "dp_size": "dp_shard", "cp_size": "cp",
+                                    "ep_size": "ep"}
 
 SEED_SECTION_NOTE = f"{SEED_SECTION} (seed style: {', '.join(DISTRIBUTED_KEYS)})"
 """How the seed section is listed among the valid sections."""

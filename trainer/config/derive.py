@@ -16,7 +16,8 @@ from ..rope import RopeScaling
 from ..model import model_args as flavor_args
 
 
-NUMERIC_KEYS = ("ffn_dim", "multiple_of", "ffn_dim_multiplier", "norm_eps", "rope_theta", "tie_embeddings")
+NUMERIC_KEYS = ("ffn_dim", "multiple_of", "ffn_dim_multiplier", "norm_eps", "rope_theta", "tie_embeddings",
+                "num_experts", "top_k", "num_shared_experts", "moe_ffn_dim", "moe_aux_loss_coef")
 """``model.*`` keys passed to the model's arguments under the same name, overriding the flavor."""
 ROPE_FACTOR_KEYS = {"rope_factor": "factor", "rope_low_freq_factor": "low_freq_factor",
                     "rope_high_freq_factor": "high_freq_factor",

@@ -18,6 +18,6 @@ MAX_VOCAB = 1 << 24  # 16.7M rows: 64x the largest vocabularies in use
 MAX_SEQ_LEN = 1 << 24  # positions (max_position_embeddings, training.seq_len)
 
 MODEL_LIMITS = {"hidden_dim": MAX_HIDDEN_DIM, "n_layers": MAX_LAYERS, "n_heads": MAX_HEADS,
-                "n_kv_heads": MAX_HEADS, "vocab_size": MAX_VOCAB, "ffn_dim": MAX_FFN_DIM,
+                "n_kv_heads": MAX_HEADS, "vocab_size": MAX_VOCAB, "ffn_dim": MAX_FFN_DIM, "moe_ffn_dim": MAX_FFN_DIM,
                 "max_seq_len": MAX_SEQ_LEN, "rope_original_max_positions": MAX_SEQ_LEN}
 """The trainer's ``model`` section keys and their upper bounds."""

@@ -96,6 +96,19 @@ class ModelConfig:
     the flavor's, or training.seq_len when longer. Must be at least training.seq_len."""
     tokenizer: str | None = None
     """Path to a local tokenizer.json; none: the built-in byte-level tokenizer (no download)."""
+    num_experts: int | None = None
+    """Mixture of experts: routed experts per block (0: a dense SwiGLU); none: the flavor's
+    (moe_debug, moe_small: 8)."""
+    top_k: int | None = None
+    """Mixture of experts: experts each token is routed to; none: the flavor's (2)."""
+    num_shared_experts: int | None = None
+    """Mixture of experts: always-on experts beside the routed ones (0 for a Mixtral layout that
+    --to hf exports); none: the flavor's (moe_debug 0, moe_small 1)."""
+    moe_ffn_dim: int | None = None
+    """Mixture of experts: one expert's SwiGLU width; none: the flavor's."""
+    moe_aux_loss_coef: float | None = None
+    """Mixture of experts: weight of the router's load-balancing loss added to the training loss
+    (reported as moe_aux_loss); none: the flavor's (0.01)."""
 
 
 @dataclass
@@ -159,6 +172,10 @@ class ParallelismConfig:
     fills it). Must divide the per-rank batch."""
     pp_virtual_stages: int = 1
     """Pipeline stages per rank (interleaved1f1b: 2 or more; the layers are cut into pp x this)."""
+    ep: int = 1
+    """Expert-parallel degree (seed key: distributed.ep_size): a mixture of experts' routed experts
+    split over ep ranks, tokens exchanged all-to-all. Borrowed from dp_shard (must divide it and
+    model.num_experts): it multiplies nothing, the world size is unchanged."""
 
 
 @dataclass

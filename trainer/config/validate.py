@@ -55,13 +55,18 @@ def validate(cfg: Any) -> None:
     if not m.flavor:
         _fail("model", "flavor", m.flavor, "must not be empty")
     for key in ("vocab_size", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "multiple_of",
-                "max_seq_len", "rope_original_max_positions"):
+                "max_seq_len", "rope_original_max_positions", "top_k", "moe_ffn_dim"):
         v = getattr(m, key)
         if v is not None and v < 1:
             _fail("model", key, v, "must be >= 1 (or none for the flavor's)")
         if v is not None and key in MODEL_LIMITS and v > MODEL_LIMITS[key]:
             _fail("model", key, v, f"must be at most {MODEL_LIMITS[key]} (far beyond any llama; refused before "
                                    "anything is built of it)")
+    for key in ("num_experts", "num_shared_experts"):
+        if getattr(m, key) is not None and not 0 <= getattr(m, key) <= 1024:
+            _fail("model", key, getattr(m, key), "must be in [0, 1024] (or none for the flavor's)")
+    if m.moe_aux_loss_coef is not None and m.moe_aux_loss_coef < 0:
+        _fail("model", "moe_aux_loss_coef", m.moe_aux_loss_coef, "must be >= 0 (or none for the flavor's)")
     for key in ("ffn_dim_multiplier", "norm_eps", "rope_theta", "rope_factor", "rope_low_freq_factor",
                 "rope_high_freq_factor"):
         v = getattr(m, key)
@@ -100,7 +105,7 @@ def validate(cfg: Any) -> None:
         _fail("training", "dataset", t.dataset, 'must be "shipped" or a path')
     model_args(cfg, BYTE_VOCAB_SIZE if is_byte_tokenizer(m.tokenizer) else None)  # the shapes fit together
 
-    for key in ("dp_replicate", "tp", "pp", "cp"):
+    for key in ("dp_replicate", "tp", "pp", "cp", "ep"):
         if getattr(p, key) < 1:
             _fail("parallelism", key, getattr(p, key), "must be >= 1")
     if p.cp > 1 and t.seq_len % (2 * p.cp):

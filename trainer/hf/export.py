@@ -28,6 +28,8 @@ from ckpt.format import Manifest
 from ckpt.storage import Location, locate
 from ..config.schema import is_byte_tokenizer
 from .config import generation_config, hf_config
+from .mixtral import check as check_mixtral
+from .mixtral import expert_parts, mixtral_config, moe_name
 from .names import hf_name
 from .rotary import to_hf
 from .byte_tokenizer import byte_tokenizer_files
@@ -62,8 +64,9 @@ def export_bytes(manifest: Manifest, dtype: torch.dtype | None = None) -> int:
 def export_hf(source: str | Location, dst: str | os.PathLike, *, dtype: torch.dtype | None = None,
               max_shard_size: int = DEFAULT_HF_SHARD, overwrite: bool = False,
               progress: Callable[[int], object] | None = None, manifest: Manifest | None = None) -> Export:
-    """The checkpoint ``source`` as a Hugging Face ``LlamaForCausalLM`` directory ``dst`` (local),
-    published whole (:func:`ckpt.convert.write_output` with the config files beside the shards)."""
+    """The checkpoint ``source`` as a Hugging Face ``LlamaForCausalLM`` directory ``dst`` (local), a
+    mixture of experts as ``MixtralForCausalLM`` (:mod:`trainer.hf.mixtral`), published whole
+    (:func:`ckpt.convert.write_output` with the config files beside the shards)."""
     source = locate(source)
     manifest = read_manifest(source) if manifest is None else manifest
     if "://" in os.fspath(dst):
@@ -72,25 +75,51 @@ def export_hf(source: str | Location, dst: str | os.PathLike, *, dtype: torch.dt
     if target.exists() and not overwrite:
         raise CheckpointExistsError(f"{target} already exists", path=str(target))
     args = model_args_of(manifest, source)
+    if args.is_moe:
+        check_mixtral(args)  # what Mixtral's layout cannot hold, before anything is written
     tied = {PREFIX + "output.weight"} if args.tie_embeddings else set()  # lm_head is embed_tokens
-    keys = sorted(set(select_keys(manifest, "model")) - tied, key=lambda k: _natural(hf_name(k[len(PREFIX):])))
-    specs = [TensorSpec(hf_name(s.key[len(PREFIX):]), s.dtype, s.shape)
-             for s in _in_order(tensor_specs(manifest, keys, dtype=dtype), keys)]
+    keys = sorted(set(select_keys(manifest, "model")) - tied, key=lambda k: _natural(_hf_key(k[len(PREFIX):])))
+    specs = [spec for s in _in_order(tensor_specs(manifest, keys, dtype=dtype), keys)
+             for spec in _hf_specs(s, args)]
     out_dtype = next((s.dtype for s in specs if s.dtype.is_floating_point), torch.float32)
 
     files, note, tokenizer = _tokenizer_export(manifest)
-    files["config.json"] = _json(hf_config(args, out_dtype, tokenizer=tokenizer))
+    config = hf_config(args, out_dtype, tokenizer=tokenizer)
+    files["config.json"] = _json(mixtral_config(config, args) if args.is_moe else config)
     files["generation_config.json"] = _json(generation_config(args, tokenizer=tokenizer))
 
     def stream() -> Iterator[tuple[str, torch.Tensor]]:
         for key, tensor in full_tensors(source, keys, dtype=dtype, manifest=manifest):
-            yield to_hf(key[len(PREFIX):], tensor, args)
+            parts = expert_parts(key[len(PREFIX):], args.num_experts) if args.is_moe else None
+            if parts is None:
+                yield _to_hf(key[len(PREFIX):], tensor, args)
+            else:  # a 3-D expert weight: one Hugging Face tensor per expert (trainer.hf.mixtral)
+                yield from zip(parts, (part.contiguous() for part in tensor.unbind(0)))
 
     written = write_output(target, specs, stream(), format="safetensors", max_shard_size=max_shard_size,
                            metadata=step_metadata(manifest), progress=progress, overwrite=overwrite,
                            extra_files=files)
     weights = [p for p in written if p.endswith(".safetensors")]
     return Export(weights, written, args, len(specs), sum(s.nbytes for s in specs), note)
+
+
+def _hf_key(key: str) -> str:
+    """Our key's Hugging Face name (a MoE key: Mixtral's, :mod:`trainer.hf.mixtral`)."""
+    return moe_name(key) or hf_name(key)
+
+
+def _to_hf(key: str, tensor: torch.Tensor, args: ModelArgs) -> tuple[str, torch.Tensor]:
+    name = moe_name(key)
+    return (name, tensor) if name is not None else to_hf(key, tensor, args)
+
+
+def _hf_specs(spec: TensorSpec, args: ModelArgs) -> list[TensorSpec]:
+    """The Hugging Face tensor(s) one of our tensors becomes: itself renamed, or one per expert."""
+    key = spec.key[len(PREFIX):]
+    parts = expert_parts(key, args.num_experts) if args.is_moe else None
+    if parts is None:
+        return [TensorSpec(_hf_key(key), spec.dtype, spec.shape)]
+    return [TensorSpec(name, spec.dtype, tuple(spec.shape[1:])) for name in parts]
 
 
 def _in_order(specs: list[TensorSpec], keys: list[str]) -> list[TensorSpec]:

@@ -12,7 +12,8 @@ one step of :mod:`trainer.step` (every micro-step or the pipeline schedule, clip
 What a fake device cannot show: the allocator (caching, fragmentation, a few % to 10 % on a GPU),
 the runtime's own memory (CUDA/CANN context, NCCL/HCCL buffers), the CUDA path's stream
 bookkeeping (FSDP2 keeps an all-gather or reduce-scatter buffer a little longer on a GPU), and
-torch.compile (blocks run eagerly here). The pipeline's shape exchange and its start-up vote need
+torch.compile (blocks run eagerly here). A mixture of experts is refused: its expert batches are
+data-dependent shapes. The pipeline's shape exchange and its start-up vote need
 real point-to-point messages; the stages are given their shapes (:func:`trainer.pipeline.stage_io`)
 and the vote's only possible outcome, static shapes, is set directly.
 """
@@ -30,7 +31,7 @@ from .. import optim as optim_mod
 from .. import step as step_mod
 from ..assembly import assemble
 from .tracker import StepTracker, peak, untracked_propagation
-from ..parallel import ParallelDims
+from ..parallel import ParallelDims, ParallelismError
 from ..plan.layout import resolve_layout
 from ..plan.params import model_args_for
 
@@ -62,6 +63,9 @@ def measure(cfg, world_size: int, stage: int = 0) -> Measured:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     args = model_args_for(cfg)
+    if args.is_moe:
+        raise ParallelismError("--measure cannot step a mixture of experts: how many tokens each expert gets "
+                               "depends on the routing, values a fake device does not have; --dry-run alone plans it")
     lay = resolve_layout(cfg, world_size, args)  # refuses what the trainer and the plan refuse
     micro, accumulation = cfg.resolve_batch(lay.dp)
     rank = stage * (world_size // lay.pp)

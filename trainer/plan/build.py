@@ -56,6 +56,21 @@ def _batch(cfg: Config, dp: int, pp: int, problems: list[str]) -> dict[str, Any]
     return out
 
 
+def _moe_note(args, lay: Layout, batch: dict[str, Any], num: Numerics) -> str:
+    """What the plan says about a mixture of experts: what EP divides, the all-to-all buffers."""
+    tokens = batch["tokens_per_microbatch"]
+    copies = tokens * args.top_k * args.dim * num.e
+    ep = getattr(lay, "ep", 1)
+    where = (f"expert parallel {ep}: the routed experts (parameters, gradients, optimizer state) are divided by "
+             f"{ep} on each rank and replicated over the {lay.dp // ep} ranks holding the same experts"
+             if ep > 1 else "no expert parallel: the experts are FSDP-sharded like every other parameter")
+    buffers = (f"; all-to-all buffers per MoE block and microbatch: the routed token copies sent and received, "
+               f"2 x {tokens} tokens x top_k {args.top_k} x dim {args.dim} = {2 * copies / 2**20:.1f} MiB, "
+               "the received ones kept for backward" if ep > 1 else "")
+    return (f"mixture of experts ({args.num_experts} experts, top {args.top_k}): {where}{buffers}; activations are "
+            "planned as a dense block (the experts' top_k x routed copies are not in the peak)")
+
+
 def plan(cfg: Config, world_size: int, *, device_memory_gib: float | None = None, device: str | None = None,
          storage_gbps: float = 2.0, storage_shared: bool = False, source: str | None = None) -> Plan:
     """The dry-run plan of ``cfg`` on ``world_size`` ranks (see :mod:`trainer.plan.memory` and
@@ -95,6 +110,8 @@ def plan(cfg: Config, world_size: int, *, device_memory_gib: float | None = None
         notes.append("interleaved 1F1B: in-flight microbatches estimated as for 1F1B")
     if o.compile:
         notes.append("optimization.compile: compiled blocks may save less than eager (not modelled)")
+    if args.is_moe:
+        notes.append(_moe_note(args, lay, batch, num))
     if cfg.training.seq_len == SEQ_LEN_DEFAULT and cfg.model.flavor.lower() in params.LLAMA2_PARAMS:
         notes.append(f"training.seq_len is the default {SEQ_LEN_DEFAULT}, which makes activations negligible for "
                      f"a {cfg.model.flavor} model: the seeds train 7B-70B at 2048 tokens a sequence (their FSDP "

@@ -4,7 +4,8 @@ Contract: :func:`resolve_layout` resolves the degrees with :meth:`trainer.parall
 (``dp_replicate × dp_shard × cp × tp × pp = world size``, ``dp_shard = -1`` fills) and refuses, with
 :class:`~trainer.parallel.ParallelismError`, what the trainer would refuse when it builds the model:
 heads not divisible by tp (:func:`trainer.parallel.check_tp_heads`), fewer layers than pipeline
-stages, DDP (``zero_stage = 0``) with tp, ``dp_replicate > 1`` or pp, ``cpu_offload`` without FSDP2.
+stages, DDP (``zero_stage = 0``) with tp, ``dp_replicate > 1`` or pp, ``cpu_offload`` without FSDP2,
+an expert-parallel degree that does not fit (:func:`trainer.expert_parallel.check`).
 :class:`Layout` says how the model is wrapped and over how many ranks a piece of state is sharded
 or replicated.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import Config
+from ..expert_parallel import check as check_ep
 from ..model import ModelArgs
 from ..parallel import ParallelDims, ParallelismError, check_tp_heads
 
@@ -23,6 +25,7 @@ class Layout(ParallelDims):
     """The trainer's :class:`~trainer.parallel.ParallelDims` and how the model is wrapped."""
 
     wrap: str = "none"  # "fsdp", "ddp" or "none"
+    ep: int = 1  # expert parallel: the routed experts split over ep ranks (borrowed from dp_shard)
 
     @property
     def shard(self) -> int:
@@ -58,7 +61,9 @@ def resolve_layout(cfg: Config, world_size: int, args: ModelArgs) -> Layout:
     if getattr(cfg.optimization, "cpu_offload", False) and wrap != "fsdp":
         raise ParallelismError("optimization.cpu_offload needs FSDP2: zero_stage >= 1 and more than one "
                                "data-parallel rank")
-    return Layout(dims.dp_replicate, dims.dp_shard, dims.tp, dims.pp, world_size, cp, wrap)
+    ep = int(getattr(p, "ep", 1) or 1)
+    check_ep(ep, num_experts=args.num_experts, dp_shard=dims.dp_shard, tp=p.tp, pp=p.pp, zero_stage=zero, cp=cp)
+    return Layout(dims.dp_replicate, dims.dp_shard, dims.tp, dims.pp, world_size, cp, wrap, ep)
 
 
 def virtual_stages(cfg: Config) -> int:

@@ -82,10 +82,13 @@ def rank_params(model: torch.nn.Module, lay: Layout, ranges: list[range]) -> tup
     for name, p in model.named_parameters():
         rank = _owner_stage(name, ranges) % lay.pp
         shape = tp_shape(name, tuple(p.shape), lay.tp)
+        experts = getattr(lay, "ep", 1) > 1 and ".moe.experts." in name
+        if experts:  # expert parallel: num_experts / ep experts a rank, not FSDP-sharded further
+            shape = (shape[0] // lay.ep, *shape[1:])
         local = math.prod(shape)
         d = per[rank]
         d["local"] += local
-        stored = shard_numel(shape, lay.shard)
+        stored = local if experts else shard_numel(shape, lay.shard)
         d["stored"] += stored
         d["largest"] = max(d["largest"], stored)
         d["tensors"] += 1
@@ -102,6 +105,8 @@ def rank_params(model: torch.nn.Module, lay: Layout, ranges: list[range]) -> tup
 
 def _breakdown(model: torch.nn.Module) -> dict[str, int]:
     counts = {"embedding": 0, "attention": 0, "feed_forward": 0, "norms": 0, "output": 0}
+    if any(".moe." in name for name, _ in model.named_parameters()):
+        counts["experts"] = counts["router_and_shared"] = 0
     for name, p in model.named_parameters():
         if name.startswith("tok_embeddings."):
             counts["embedding"] += p.numel()
@@ -111,6 +116,10 @@ def _breakdown(model: torch.nn.Module) -> dict[str, int]:
             counts["attention"] += p.numel()
         elif ".feed_forward." in name:
             counts["feed_forward"] += p.numel()
+        elif ".moe.experts." in name:
+            counts["experts"] += p.numel()
+        elif ".moe." in name:
+            counts["router_and_shared"] += p.numel()
         else:
             counts["norms"] += p.numel()
     return counts

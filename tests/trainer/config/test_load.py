@@ -21,7 +21,7 @@ def test_to_dict_round_trip():
     cfg = load_config(["--config", str(CONFIGS / "seed_70b.yaml")])
     d = cfg.to_dict()
     assert d["parallelism"] == {"dp_replicate": 1, "dp_shard": 4, "tp": 4, "pp": 4, "cp": 1, "pp_schedule": "1f1b",
-                                "pp_microbatches": None, "pp_virtual_stages": 1}
+                                "pp_microbatches": None, "pp_virtual_stages": 1, "ep": 1}
     assert d["model"]["flavor"] == "70B" and "size" not in d["model"]
     assert set(d) == {"job", "model", "training", "parallelism", "optimization", "checkpoint", "metrics"}
     assert Config.from_dict(d) == cfg

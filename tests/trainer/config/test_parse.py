@@ -136,7 +136,7 @@ def test_unknown_key_in_file_lists_valid_keys(tmp_path, write):
 
 
 def test_unknown_key_in_yaml_seed_section(tmp_path, write):
-    path = write(tmp_path, "c.yaml", "distributed:\n  ep_size: 2\n")
+    path = write(tmp_path, "c.yaml", "distributed:\n  sp_size: 2\n")
     with pytest.raises(ConfigError, match="tp_size, pp_size, dp_size"):
         load_config(["--config", path])
 
