@@ -343,7 +343,7 @@ def _one_rank_notices_first(rank: int, world: int, root: str):
     with CheckpointManager(root, interval=2, keep=5) as manager:
         manager.save(1, {"bad": torch.ones(2, dtype=torch.complex32)}, force=True)  # no storable dtype
         if rank == 1:
-            manager._drain()  # rank 1 has the error in hand; rank 0 may not yet
+            manager._inflight.drain()  # rank 1 has the error in hand; rank 0 may not yet
         dist.barrier()
         try:
             manager.save(2, {"w": torch.ones(4)})
