@@ -13,12 +13,16 @@ and turns each into jobs, started in order on a pool of reader threads while ear
 * **windows** (a raw version-3 chunk with blocks that the rank needs part of, or wants in a
   different box): the rows (dim 0) the wants cover are read in windows of about 16 MiB, each
   extended to whole blocks; every block of a window is checked against the chunk's block table
-  (read once, itself checked against the manifest's checksum) before any of its bytes are copied
-  into a target; blocks the rank does not need are never read (so a damaged block another rank
-  needs does not fail this rank's load);
+  (read once, itself checked against the manifest's checksum) before its want is told; blocks the
+  rank does not need are never read (so a damaged block another rank needs does not fail this
+  rank's load). Where the boxes allow (whole rows, or rows of long runs, into CPU targets:
+  :mod:`ckpt._scatter`) a window is a scatter read straight into the targets, else it is staged
+  and the boxes copied out;
 * **whole** (anything else: a compressed or delta chunk, which decodes only whole; a version-1/2
   chunk, whose one checksum covers the whole blob; a scalar): the chunk read and verified whole
-  (:meth:`ChunkSource.tensor`), then copied into each want's box.
+  (:meth:`ChunkSource.tensor`), then copied into each want's box;
+* **batches** (object stores only: neighbouring small direct chunks of one file): one ranged GET,
+  each chunk verified before it is copied into its target (:mod:`ckpt._read_batch`).
 
 Memory: the windows and whole chunks in flight hold at most ``BUFFER_BYTES`` (64 MiB) — or one job,
 when a single one is larger: a window is at most ``WINDOW_BYTES`` plus two blocks, or one dim-0 row
@@ -39,7 +43,10 @@ import torch
 
 from .errors import CorruptCheckpointError
 from .format import Blob, Chunk, checksum, codec
-from .format.blocks import block_hashes, block_span, digest_of_table, pack
+from ._read_batch import Batch, batched
+from ._scatter import piece_views, row_maps
+from .format.blocks import StreamDigest, block_hashes, block_span, digest_of_table, pack
+from .storage.base import read_scatter
 
 REMOTE_READ_THREADS = 8  # ranged GETs in flight per rank on an object store
 PIECE_BYTES = 2 << 20  # one positional read on a local mount (a multiple of the block size)
@@ -93,9 +100,8 @@ def read_chunks(source, requests: Iterable[tuple[str, Chunk, list[Want], torch.T
     buffers = _Buffers()
     with ThreadPoolExecutor(threads, thread_name_prefix="ckpt-read") as pool:
         try:
-            for key, chunk, wants, direct in requests:
-                dtype = source.manifest.tensors[key].dtype
-                for job in _jobs(source, buffers, key, chunk, dtype, wants, direct, piece):
+            for request in requests if local else batched(requests, piece):
+                for job in _jobs(source, buffers, request, piece):
                     while pending and (held + job.staged > budget or len(pending) >= MAX_JOBS):
                         done = pending.popleft()
                         held -= done.staged
@@ -110,8 +116,12 @@ def read_chunks(source, requests: Iterable[tuple[str, Chunk, list[Want], torch.T
                 job.cancel()
 
 
-def _jobs(source, buffers, key, chunk, dtype, wants, direct, piece):
-    blob = chunk.blob
+def _jobs(source, buffers, request, piece):
+    if isinstance(request, list):  # small neighbours read in one GET (ckpt._read_batch)
+        yield Batch(source.files, request)
+        return
+    key, chunk, wants, direct = request
+    dtype, blob = source.manifest.tensors[key].dtype, chunk.blob
     if blob.codec == codec.RAW and direct is not None:
         yield _Direct(source.files, key, blob, direct, wants[0].done, piece)
     elif blob.codec == codec.RAW and blob.block_size is not None and chunk.sizes:
@@ -191,9 +201,13 @@ def _windows(files, buffers, key: str, chunk: Chunk, dtype: torch.dtype, wants: 
             if lo < w1 and w0 < hi:
                 last[id(want)] = index
     empty = [want for lo, hi, want in spans if lo >= hi]
+    maps = row_maps(wants, chunk.sizes, dtype)
     for index, (w0, w1) in enumerate(windows):
         finishing = [want for _, _, want in spans if last.get(id(want)) == index]
-        yield _Window(files, buffers, key, chunk, dtype, (w0, w1), row_bytes, spans, finishing, piece)
+        if maps is not None:
+            yield _ScatterWindow(files, buffers, key, chunk, maps, (w0, w1), row_bytes, finishing, piece)
+        else:
+            yield _Window(files, buffers, key, chunk, dtype, (w0, w1), row_bytes, spans, finishing, piece)
     for want in empty:  # a box with no rows holds no bytes
         want.done(want.tensor())
 
@@ -230,6 +244,46 @@ class _Window(_Job):
             want.tensor().narrow(0, lo - want.offsets[0], hi - lo).copy_(piece)
         self.buffers.give(self.buffer)
         self.buffer = window = None
+        for want in self.finishing:
+            want.done(want.tensor())
+
+
+class _ScatterWindow(_Job):
+    """A window read straight into its wants' targets (:mod:`ckpt._scatter`; the bytes no want
+    needs into scratch), each piece's blocks hashed across its buffers by the thread that read it,
+    all checked before the wants it finishes are told."""
+
+    def __init__(self, files, buffers, key, chunk: Chunk, maps, rows, row_bytes: int, finishing, piece: int):
+        self.files, self.buffers, self.key, self.chunk, self.maps, self.finishing = files, buffers, key, chunk, maps, finishing
+        blob = chunk.blob
+        self.first, end = block_span(rows[0] * row_bytes, rows[1] * row_bytes, blob.length, blob.block_size)
+        self.start_byte, self.stop_byte = self.first * blob.block_size, min(end * blob.block_size, blob.length)
+        self.staged = self.stop_byte - self.start_byte  # scratch for what no want takes, at most this
+        self.piece = max(piece // blob.block_size, 1) * blob.block_size
+
+    def start(self, pool) -> None:
+        blob = self.chunk.blob
+        self.files.block_table(blob, what=self.key)  # read (and checked) before any block
+        self.scratch = self.buffers.take(self.staged)
+        scratch, handle = memoryview(self.scratch.numpy()), self.files.open(blob.file)
+
+        def read(lo: int, hi: int) -> list[int]:
+            views = piece_views(self.maps, scratch, self.start_byte, lo, hi)
+            if read_scatter(handle, views, blob.offset + lo) != hi - lo:
+                raise CorruptCheckpointError(f"{self.files.root}: short read of {self.key} from {blob.file}",
+                                             path=str(self.files.root), file=blob.file, tensor=self.key)
+            digest = StreamDigest(blob.block_size)
+            for view in views:
+                digest.update(view)
+            return digest.blocks()
+
+        self.futures = [pool.submit(read, lo, min(lo + self.piece, self.stop_byte))
+                        for lo in range(self.start_byte, self.stop_byte, self.piece)]
+
+    def finish(self) -> None:
+        self.files.verify_blocks(self.chunk.blob, self.first, self._hashes(), what=self.key)
+        self.buffers.give(self.scratch)
+        self.scratch = None
         for want in self.finishing:
             want.done(want.tensor())
 

@@ -98,6 +98,11 @@ class StreamDigest:
                 self.hashes.append(self._block.intdigest())
                 self._block, self._filled = xxhash.xxh3_64(), 0
 
+    def blocks(self) -> list[int]:
+        """The hash of each block streamed so far, the last one possibly partial (bytes that
+        started on a block boundary: what :func:`block_hashes` gives for them)."""
+        return self.hashes + ([self._block.intdigest()] if self._filled else [])
+
     def hexdigest(self) -> str:
         if self.block_size is None:
             return f"{self._block.intdigest():016x}"

@@ -10,7 +10,8 @@ Contract of one copy (:func:`copy_step`):
 2. Every rank copies its share of the data files — the files a rank wrote (``rank-00003`` in the
    name; with another world size, rank index modulo world size) — streaming: every blob's xxh3-64
    is computed over the bytes as they pass and compared with the manifest before the file is
-   finished, so corruption on the source is never committed on a replica. Each written file is
+   finished, and a version-3 blob's block table, as copied, must be the table of those verified
+   bytes, so corruption on the source is never committed on a replica. Each written file is
    finished durably and its size checked; with ``read_back=True`` every blob is then read back from
    the replica and verified (:func:`ckpt.read.verify_blobs`).
 3. Only when every rank succeeded does rank 0 write the manifest — the primary's bytes, unchanged —
@@ -34,7 +35,7 @@ from .._collective import any_rank, broadcast_error, broadcast_value
 from ..committed import read_manifest_bytes
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, StorageError
 from ..format import Blob, Manifest, data_file_rank
-from ..format.blocks import StreamDigest
+from ..format.blocks import StreamDigest, pack
 from ..read import DataFiles, verify_blobs
 from ..storage import Location
 
@@ -75,7 +76,7 @@ def copy_file(source: DataFiles, target: Location, name: str, blobs: list[tuple[
     buffer = memoryview(bytearray(min(SLICE, max(reader.size, 1))))
     position = 0
 
-    def move(end: int, hasher=None) -> None:
+    def move(end: int, hasher=None, kept: bytearray | None = None) -> None:
         nonlocal position
         while position < end:
             piece = buffer[: min(len(buffer), end - position)]
@@ -84,22 +85,31 @@ def copy_file(source: DataFiles, target: Location, name: str, blobs: list[tuple[
                                          path=str(source.root), file=name)
             if hasher is not None:
                 hasher.update(piece)
+            if kept is not None:
+                kept += piece
             out.write(piece)
             position += len(piece)
 
+    tables: dict[int, tuple[str, Blob, bytes]] = {}  # a version-3 blob's table as its bytes hashed
     try:
         for what, blob in blobs:
             if blob.offset < position or blob.offset + blob.length > reader.size:
                 raise SourceCorruptError(f"{source.root}: {what} lies outside {name} or overlaps another blob",
                                          path=str(source.root), file=name, tensor=what)
             move(blob.offset)  # alignment padding
-            hasher = StreamDigest(blob.block_size)  # per block for a version-3 blob (its tables pass as is)
+            hasher = StreamDigest(blob.block_size)  # per block for a version-3 blob
             move(blob.offset + blob.length, hasher)
             try:
                 source.verify(blob, hasher.hexdigest(), what=what)
             except CorruptCheckpointError as exc:
                 raise _mismatch(source, blob, what, exc) from None
-        move(reader.size)
+            if blob.block_table is not None:
+                tables[blob.block_table] = (what, blob, pack(hasher.blocks()))
+        tail_start, tail = position, bytearray()  # after the last blob: the block tables, 8 bytes per MiB
+        move(reader.size, kept=tail if tables else None)
+        for at, (what, blob, expected) in tables.items():
+            if bytes(tail[at - tail_start: at - tail_start + len(expected)]) != expected:
+                raise _table_mismatch(source, blob, what)
         written = out.close()
     except BaseException:
         out.abort()
@@ -107,6 +117,22 @@ def copy_file(source: DataFiles, target: Location, name: str, blobs: list[tuple[
     if written != reader.size:
         raise StorageError(f"{target / name} holds {written} bytes, the source {reader.size}", path=str(target))
     return written
+
+
+def _table_mismatch(source: DataFiles, blob: Blob, what: str) -> CheckpointError:
+    """A block table whose copied bytes are not the table of the blob's verified bytes: final when
+    the source's table fails its check too, else damaged in passing (see :func:`_mismatch`)."""
+    fresh = DataFiles(source.root)
+    try:
+        fresh.block_table(blob, what=what)
+    except CorruptCheckpointError as again:
+        return SourceCorruptError(str(again), path=again.path, file=again.file, tensor=again.tensor)
+    except (CheckpointError, OSError) as again:
+        return StorageError(f"{what}'s block table cannot be read again now ({again})", path=str(source.root))
+    finally:
+        fresh.close()
+    return StorageError(f"{what}'s block table was damaged in passing (the source verifies when read again), "
+                        "copied again", path=str(source.root), file=blob.file)
 
 
 def _mismatch(source: DataFiles, blob: Blob, what: str, exc: CorruptCheckpointError) -> CheckpointError:

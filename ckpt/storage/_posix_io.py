@@ -47,6 +47,28 @@ class Writeback:
         self.flushed = end
 
 
+IOV_MAX = 1024  # buffers per preadv call (Linux's UIO_MAXIOV)
+
+
+def preadv_into(fd: int, views: list[memoryview], offset: int) -> int:
+    """Fill ``views`` in order from ``offset`` (scatter reads of at most ``IOV_MAX`` buffers each);
+    returns the bytes read (fewer only at end of file)."""
+    done = 0
+    index, skip = 0, 0  # the first view not yet full, and how much of it is
+    while index < len(views):
+        batch = [views[index][skip:]] + views[index + 1: index + IOV_MAX]
+        n = os.preadv(fd, batch, offset + done)
+        if n == 0:
+            break
+        done += n
+        n += skip
+        while index < len(views) and n >= len(views[index]):
+            n -= len(views[index])
+            index += 1
+        skip = n
+    return done
+
+
 def pread_into(fd: int, buffer: memoryview, offset: int) -> int:
     """Fill ``buffer`` from ``offset``; returns the bytes read (fewer only at end of file)."""
     view = memoryview(buffer).cast("B")

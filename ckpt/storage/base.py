@@ -29,6 +29,25 @@ class ReadHandle(Protocol):
     def close(self) -> None: ...
 
 
+def read_scatter(handle: ReadHandle, views: list[memoryview], offset: int) -> int:
+    """Fill ``views`` in order from the contiguous bytes at ``offset`` (a scatter read: the bytes go
+    straight where they belong, as with ``preadv``, on handles that offer ``read_into_views``; others
+    read into one buffer and copy out). Returns the bytes read (fewer only at the end of the file)."""
+    scatter = getattr(handle, "read_into_views", None)
+    if scatter is not None:
+        return scatter(views, offset)
+    staged = bytearray(sum(len(v) for v in views))
+    got = handle.read_into(memoryview(staged), offset)
+    at = 0
+    for view in views:
+        take = min(len(view), got - at)
+        if take <= 0:
+            break
+        view[:take] = staged[at: at + take]
+        at += take
+    return got
+
+
 class WriteHandle(Protocol):
     """One new file being written sequentially."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from .base import Location, ReadHandle
+from .base import Location, ReadHandle, read_scatter
 
 
 class ReadCounter:
@@ -57,6 +57,11 @@ class _CountingHandle:
 
     def read_into(self, buffer: memoryview, offset: int) -> int:
         n = self.inner.read_into(buffer, offset)
+        self.counter.add(n)
+        return n
+
+    def read_into_views(self, views: list[memoryview], offset: int) -> int:
+        n = read_scatter(self.inner, views, offset)
         self.counter.add(n)
         return n
 

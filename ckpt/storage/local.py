@@ -23,7 +23,7 @@ from ..errors import (
     StorageError,
 )
 from .base import Storage
-from ._posix_io import Writeback, fsync_dir, pread_into, write_all, write_file_durably
+from ._posix_io import Writeback, fsync_dir, pread_into, preadv_into, write_all, write_file_durably
 
 
 class LocalStorage(Storage):
@@ -136,6 +136,9 @@ class LocalReader:
 
     def read_into(self, buffer: memoryview, offset: int) -> int:
         return pread_into(self.fd, buffer, offset)
+
+    def read_into_views(self, views: list[memoryview], offset: int) -> int:
+        return preadv_into(self.fd, views, offset)
 
     def close(self) -> None:
         if self.fd >= 0:

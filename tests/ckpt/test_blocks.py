@@ -77,13 +77,18 @@ def _read_rows(path, r0: int, r1: int, cols=(0, COLS), reads=None):
 def reads(monkeypatch):
     """Every positional read of a local data file: (offset, length)."""
     seen = []
-    original = local.LocalReader.read_into
+    original, scatter = local.LocalReader.read_into, local.LocalReader.read_into_views
 
     def recording(self, buffer, offset):
         seen.append((offset, len(memoryview(buffer).cast("B"))))
         return original(self, buffer, offset)
 
+    def recording_views(self, views, offset):
+        seen.append((offset, sum(len(v) for v in views)))
+        return scatter(self, views, offset)
+
     monkeypatch.setattr(local.LocalReader, "read_into", recording)
+    monkeypatch.setattr(local.LocalReader, "read_into_views", recording_views)
     return seen
 
 
@@ -273,5 +278,16 @@ def test_a_damaged_block_stops_the_copy(saved, tmp_path):
     path, _ = saved
     _flip(path, _blob(path).offset + 2 * BLOCK_SIZE + 1)
     with pytest.raises(ckpt.CorruptCheckpointError, match="checksum mismatch"):
+        copy_step(locate(path), locate(tmp_path / "replica" / "ckpt"))
+    assert not (tmp_path / "replica" / "ckpt").exists()
+
+
+def test_a_damaged_block_table_stops_the_copy_even_without_read_back(saved, tmp_path):
+    from ckpt.root import copy_step
+    from ckpt.root.copy import SourceCorruptError
+
+    path, _ = saved
+    _flip(path, _blob(path).block_table + 3)
+    with pytest.raises(SourceCorruptError, match="block table"):
         copy_step(locate(path), locate(tmp_path / "replica" / "ckpt"))
     assert not (tmp_path / "replica" / "ckpt").exists()

@@ -1,0 +1,119 @@
+"""Where the bytes of a partly read chunk go: the scatter plan of a resharded load.
+
+A resharded load reads whole blocks of a chunk (they are what is verified) but wants boxes of it.
+Rather than staging the blocks and copying the boxes out, each piece read is a scatter read
+(``preadv`` on a local mount) whose buffers are the *runs* of bytes a want's target holds
+contiguously in memory — read there directly — and, between them, scratch for the bytes no want
+needs, read only to be hashed. The blocks are hashed across the buffers in order
+(:class:`~ckpt.format.blocks.StreamDigest`), so what reaches a target is exactly what was verified,
+with no copy.
+
+A want can be scattered when its box is whole in every dimension from the third on (so each dim-0
+row of it is one byte run of the chunk) and its target is a CPU tensor of the chunk's dtype whose
+rows (``target[j]``) are contiguous; rows whole and back to back in both make one run. Otherwise (a
+device target, a strided row, runs shorter than ``MIN_RUN_BYTES``, overlapping boxes)
+:func:`row_maps` answers None and the window is staged and copied out instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+MIN_RUN_BYTES = 64 << 10  # shorter runs: copying out of a staged window costs less than a buffer each
+MAX_WANTS = 16  # boxes of one chunk checked pairwise for overlap
+
+
+def _storage_bytes(tensor: torch.Tensor) -> memoryview:
+    """The bytes of ``tensor``'s whole storage, as a writable memoryview."""
+    whole = torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage())
+    return memoryview(whole.numpy()).cast("B")
+
+
+@dataclass
+class RowMap:
+    """Rows ``lo..hi`` of the chunk (dim 0) that one want takes: row ``r``'s bytes
+    ``r * row_bytes + first .. + run`` go to ``memory[base + (r - row0) * stride ..]``."""
+
+    lo: int
+    hi: int
+    row0: int
+    row_bytes: int
+    first: int
+    run: int
+    memory: memoryview
+    base: int
+    stride: int
+
+    def runs(self, start: int, stop: int):
+        """``(start, stop, view)`` of the target memory for the stored bytes ``[start, stop)``."""
+        if self.run == self.row_bytes and self.stride == self.row_bytes:  # rows back to back: one run
+            a, b = max(start, self.lo * self.row_bytes), min(stop, self.hi * self.row_bytes)
+            if a < b:
+                at = self.base + a - self.row0 * self.row_bytes
+                yield a, b, self.memory[at: at + b - a]
+            return
+        for row in range(max(self.lo, start // self.row_bytes), min(self.hi, -(-stop // self.row_bytes))):
+            a = row * self.row_bytes + self.first
+            lo, hi = max(a, start), min(a + self.run, stop)
+            if lo < hi:
+                at = self.base + (row - self.row0) * self.stride + lo - a
+                yield lo, hi, self.memory[at: at + hi - lo]
+
+
+def row_map(offsets, lengths, sizes, dtype: torch.dtype, target: torch.Tensor) -> RowMap | None:
+    """How the box ``offsets``/``lengths`` of a chunk of ``sizes`` lands in ``target`` (the box's
+    tensor), or None when it cannot be scattered into."""
+    if (target.device.type != "cpu" or target.dtype != dtype or tuple(target.shape) != tuple(lengths)
+            or any(lengths[d] != sizes[d] for d in range(2, len(sizes)))):
+        return None
+    itemsize = dtype.itemsize
+    if len(sizes) == 1:
+        if target.stride(0) != 1:
+            return None
+        first, run = 0, itemsize
+    else:
+        if not target[0].is_contiguous():
+            return None
+        inner = math.prod(sizes[2:]) * itemsize
+        first, run = offsets[1] * inner, lengths[1] * inner
+    row_bytes = math.prod(sizes[1:]) * itemsize
+    stride = target.stride(0) * itemsize
+    if not (run == row_bytes and stride == row_bytes) and run < MIN_RUN_BYTES:
+        return None
+    return RowMap(offsets[0], offsets[0] + lengths[0], offsets[0], row_bytes, first, run,
+                  _storage_bytes(target), target.storage_offset() * itemsize, stride)
+
+
+def row_maps(wants, sizes, dtype: torch.dtype) -> list[RowMap] | None:
+    """A :class:`RowMap` per want with bytes (``want.offsets``, ``.lengths``, ``.tensor()``), or
+    None when any cannot be scattered into or two boxes overlap."""
+    wants = [w for w in wants if all(w.lengths)]
+    if len(wants) > MAX_WANTS:
+        return None
+    for i, a in enumerate(wants):
+        for b in wants[i + 1:]:
+            if all(x < y + m and y < x + n for x, n, y, m in zip(a.offsets, a.lengths, b.offsets, b.lengths)):
+                return None
+    maps = [row_map(w.offsets, w.lengths, sizes, dtype, w.tensor()) for w in wants]
+    return None if any(m is None for m in maps) else maps
+
+
+def piece_views(maps: list[RowMap], scratch: memoryview, scratch_start: int, start: int, stop: int
+                ) -> list[memoryview]:
+    """The buffers of the stored bytes ``[start, stop)`` in order: target memory where a want takes
+    them, else ``scratch`` (which holds the bytes from ``scratch_start`` on)."""
+    runs = [run for m in maps for run in m.runs(start, stop)]
+    if len(maps) > 1:
+        runs.sort(key=lambda run: run[0])
+    views, at = [], start
+    for lo, hi, view in runs:
+        if lo > at:
+            views.append(scratch[at - scratch_start: lo - scratch_start])
+        views.append(view)
+        at = hi
+    if at < stop:
+        views.append(scratch[at - scratch_start: stop - scratch_start])
+    return views

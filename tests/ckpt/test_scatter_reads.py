@@ -1,0 +1,154 @@
+"""Partial reads straight into the live tensor (:mod:`ckpt._scatter`): a resharded load whose box
+is whole rows, or rows of long runs, reads the blocks it needs with scatter reads into the target
+itself (what no want needs into scratch), each block still verified; nothing else of the live
+tensor is touched; short runs, strided rows and overlapping boxes are staged and copied instead.
+
+Single process: the boxes another layout's rank would want are driven through
+:func:`ckpt.prefetch.read_chunks` (the multi-rank reshards are tests/ckpt/test_reshard.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import ckpt
+from ckpt import _scatter, prefetch
+from ckpt.format.blocks import BLOCK_SIZE
+from ckpt.prefetch import Want, read_chunks
+from ckpt.read import ChunkSource
+from ckpt.storage import locate
+from ckpt.storage import _posix_io
+from ckpt.storage.base import read_scatter
+
+WIDE = 65536  # fp32 columns: 256 KiB rows, a half row is a run worth reading in place
+
+
+@pytest.fixture
+def no_staging(monkeypatch):
+    """Fails a read that stages a window and copies out of it."""
+    def staged(*args, **kwargs):
+        raise AssertionError("window staged")
+    monkeypatch.setattr(prefetch, "_Window", staged)
+
+
+def _save(tmp_path, tensor):
+    path = tmp_path / "ckpt"
+    ckpt.save({"w": tensor}, path)
+    return path
+
+
+def _read(path, wants_spec, *, window=None, monkeypatch=None):
+    """Drive ``read_chunks`` with ``(offsets, lengths, target)`` boxes of ``w``'s one chunk."""
+    if window is not None:
+        monkeypatch.setattr(prefetch, "WINDOW_BYTES", window)
+    manifest = ckpt.read_manifest(path)
+    chunk = manifest.tensors["w"].chunks[0]
+    done = []
+    wants = [Want(tuple(o), tuple(n), lambda t=t: t, done.append) for o, n, t in wants_spec]
+    with ChunkSource(locate(path), manifest) as source:
+        source.files.check(chunk.blob, what="w")
+        read_chunks(source, [("w", chunk, wants, None)])
+    assert len(done) == len(wants)
+
+
+def _bits(t):
+    return t.view(torch.int32)
+
+
+def test_whole_rows_are_read_in_place_and_only_their_blocks(tmp_path, no_staging, monkeypatch):
+    state = torch.randn(1000, 1024)  # 4 KiB rows, 4 blocks
+    path = _save(tmp_path, state)
+    out = torch.full((250, 1024), -1.0)
+    _read(path, [((300, 0), (250, 1024), out)], window=100 * 4096, monkeypatch=monkeypatch)
+    assert torch.equal(_bits(out), _bits(state[300:550]))
+
+
+def test_long_runs_of_a_column_box_land_in_the_target_and_nothing_else_changes(tmp_path, no_staging):
+    state = torch.randn(24, WIDE)  # 6 MiB, 6 blocks; a quarter row is 64 KiB
+    path = _save(tmp_path, state)
+    live = torch.full((24, 2 * WIDE), -1.0)  # the target is a strided view: half of each live row
+    target = live[:, WIDE:]
+    _read(path, [((0, 0), (24, WIDE), target)])  # FSDP×TP → FSDP: a whole chunk into a column box
+    assert torch.equal(_bits(target), _bits(state))
+    assert torch.equal(live[:, :WIDE], torch.full((24, WIDE), -1.0))
+    half = torch.full((24, WIDE // 2), -1.0)
+    _read(path, [((0, WIDE // 4), (24, WIDE // 2), half)])  # Shard(0) → Shard(1): half of each row
+    assert torch.equal(_bits(half), _bits(state[:, WIDE // 4: 3 * WIDE // 4]))
+
+
+def test_two_boxes_of_one_chunk_and_a_one_dimensional_chunk(tmp_path, no_staging):
+    state = torch.randn(40, WIDE // 4)
+    path = _save(tmp_path, state)
+    a, b = torch.empty(5, WIDE // 4), torch.empty(12, WIDE // 4)
+    _read(path, [((30, 0), (5, WIDE // 4), a), ((3, 0), (12, WIDE // 4), b)])
+    assert torch.equal(_bits(a), _bits(state[30:35])) and torch.equal(_bits(b), _bits(state[3:15]))
+    flat = torch.randn(700_000)
+    path = _save(tmp_path / "flat", flat)
+    part = torch.empty(400_000)
+    _read(path, [((100_000,), (400_000,), part)])
+    assert torch.equal(_bits(part), _bits(flat[100_000:500_000]))
+
+
+def test_a_damaged_block_fails_a_read_in_place(tmp_path, no_staging):
+    state = torch.randn(24, WIDE)
+    path = _save(tmp_path, state)
+    blob = ckpt.read_manifest(path).tensors["w"].chunks[0].blob
+    data = path / blob.file
+    raw = bytearray(data.read_bytes())
+    raw[blob.offset + 4 * BLOCK_SIZE + 77] ^= 0x01
+    data.write_bytes(raw)
+    with pytest.raises(ckpt.CorruptCheckpointError, match="block 4"):
+        _read(path, [((16, 0), (8, WIDE), torch.empty(8, WIDE))])
+    rows = torch.empty(8, WIDE)
+    _read(path, [((0, 0), (8, WIDE), rows)])  # blocks 0-1: not this read's damage
+    assert torch.equal(_bits(rows), _bits(state[:8]))
+
+
+def test_short_runs_strided_rows_and_overlaps_are_staged_instead(tmp_path):
+    sizes = (100, 1024)
+
+    def want(offsets, lengths, target):
+        return Want(offsets, lengths, lambda: target, lambda t: None)
+
+    short = want((0, 512), (100, 512), torch.empty(100, 512))  # 2 KiB runs
+    assert _scatter.row_maps([short], sizes, torch.float32) is None
+    strided = want((0, 0), (100, 1024), torch.empty(1024, 100).t())
+    assert _scatter.row_maps([strided], sizes, torch.float32) is None
+    other_dtype = want((0, 0), (100, 1024), torch.empty(100, 1024, dtype=torch.bfloat16))
+    assert _scatter.row_maps([other_dtype], sizes, torch.float32) is None
+    overlapping = [want((0, 0), (60, 1024), torch.empty(60, 1024)), want((50, 0), (50, 1024), torch.empty(50, 1024))]
+    assert _scatter.row_maps(overlapping, sizes, torch.float32) is None
+    assert _scatter.row_maps(overlapping[:1], sizes, torch.float32) is not None
+    state = torch.randn(*sizes).repeat(4, 1)  # staged path still exact
+    path = _save(tmp_path, state)
+    out = torch.empty(400, 512)
+    _read(path, [((0, 512), (400, 512), out)])
+    assert torch.equal(_bits(out), _bits(state[:, 512:]))
+
+
+def test_scatter_reads_fill_every_buffer_in_order(tmp_path, monkeypatch):
+    data = os.urandom(50_000)
+    (tmp_path / "f").write_bytes(data)
+    monkeypatch.setattr(_posix_io, "IOV_MAX", 3)  # several preadv calls, a buffer cut between two
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    try:
+        for offset, sizes in [(0, [1, 2, 3, 4, 5, 6, 7]), (49_990, [4, 4, 4, 4]), (123, [10_000] * 5)]:
+            buffers = [bytearray(n) for n in sizes]
+            got = _posix_io.preadv_into(fd, [memoryview(b) for b in buffers], offset)
+            assert got == min(sum(sizes), len(data) - offset)
+            assert b"".join(buffers)[:got] == data[offset: offset + got]
+    finally:
+        os.close(fd)
+
+    class Plain:  # a handle without scatter reads (an object store's): staged and copied out
+        def read_into(self, buffer, offset):
+            chunk = data[offset: offset + len(buffer)]
+            buffer[: len(chunk)] = chunk
+            return len(chunk)
+
+    buffers = [bytearray(n) for n in (7, 1, 900)]
+    assert read_scatter(Plain(), [memoryview(b) for b in buffers], 10) == 908
+    assert b"".join(buffers) == data[10:918]
