@@ -220,9 +220,14 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, reshard_after_forward: boo
 def apply_ddp(model: nn.Module, mesh: DeviceMesh, device: torch.device) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
+    from torch._subclasses.fake_tensor import FakeTensor
+
     group = mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp").get_group()
     device_ids = None if device.type == "cpu" else [device.index]
-    return DistributedDataParallel(model, process_group=group, device_ids=device_ids)
+    # A measured dry run (fake tensors, fake process group) has no values to compare across ranks:
+    # DDP's initial shape check reads one with .item(). Ranks built the same model from the same seed.
+    fake = any(isinstance(p, FakeTensor) or p.is_meta for p in model.parameters())
+    return DistributedDataParallel(model, process_group=group, device_ids=device_ids, init_sync=not fake)
 
 
 def parallelize(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, *, zero_stage: int, precision: str,

@@ -26,6 +26,7 @@ BF16_AC = ["--optimization.precision=bf16", "--optimization.gradient_checkpointi
 
 LAYOUTS = {  # name: (world size, overrides)
     "fsdp2-fp32": (2, []),
+    "ddp2-fp32": (2, ["--optimization.zero_stage=0"]),  # DDP's shape check needs init_sync off on fake tensors
     "fsdp2-bf16-ac": (2, BF16_AC),
     "fsdp2-accumulation": (2, ["--training.gradient_accumulation_steps=2"]),
     "fsdp2-accumulation-unsharded": (2, ["--training.gradient_accumulation_steps=2", "--optimization.zero_stage=2",
