@@ -80,6 +80,7 @@ from ckpt import commit  # noqa: E402
 from ckpt.root import copy_step  # noqa: E402
 from ckpt.storage import locate  # noqa: E402
 from ckpt.storage import remote as ckpt_remote  # noqa: E402
+from ckpt import prefetch as ckpt_prefetch  # noqa: E402
 from report import (  # noqa: E402
     command_line, goal, goal_line, median_span, metric, provenance, publish, table_head, write_json,
 )
@@ -612,8 +613,9 @@ def report(methods1: list[Method], methods2: list[Method], info: dict, args: arg
                     "and every S3 load is compared bitwise with the state") + ".")
     notes.append(f"- Our S3 writer: multipart uploads of {ckpt_remote.PART_BYTES // MiB} MiB parts, "
                  f"{ckpt_remote.PARALLEL_PARTS} in flight per file, each object's size checked after upload, "
-                 f"manifest written last (the commit); reads are ranged GETs of {ckpt_remote.RANGE_BYTES // MiB} MiB, "
-                 f"{ckpt_remote.PARALLEL_PARTS} in parallel. s3fs `put` uses one PUT below 100 MiB, else 50 MiB parts, "
+                 f"manifest written last (the commit); a load makes ranged GETs of {ckpt_prefetch.REMOTE_PIECE_BYTES // MiB} MiB, "
+                 f"{ckpt_prefetch.REMOTE_READ_THREADS} in flight, neighbouring chunks smaller than one GET sharing one "
+                 "(`ckpt/_read_batch.py`). s3fs `put` uses one PUT below 100 MiB, else 50 MiB parts, "
                  "up to 10 in flight. DCP's FsspecWriter writes through an s3fs file, which uploads what it has buffered "
                  "as one part each time 50 MiB or more have accumulated, one part at a time, and renames `.metadata` "
                  "into place (a copy on S3).")
