@@ -314,8 +314,17 @@ class _Whole(_Job):
         self.source, self.key, self.chunk, self.wants = source, key, chunk, wants
         self.staged = chunk.blob.length + chunk.blob.decoded_length
 
+    def start(self, pool) -> None:
+        self.futures = []
+        if self.chunk.blob.codec == codec.RAW and self.chunk.blob.length:
+            # A raw chunk (a small one a rank needs part of, most often) is read on the pool like
+            # the others; its file is opened here, on the loading thread. A coded chunk decodes
+            # through its chain, which opens sources as it goes: that stays on this thread.
+            self.source.files.check(self.chunk.blob, what=self.key)
+            self.futures = [pool.submit(self.source.tensor, self.key, self.chunk)]
+
     def finish(self) -> None:
-        stored = self.source.tensor(self.key, self.chunk)
+        stored = self.futures[0].result() if self.futures else self.source.tensor(self.key, self.chunk)
         for want in self.wants:
             piece = stored
             for dim, (start, length) in enumerate(zip(want.offsets, want.lengths)):
