@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import pickle
 import socket
+import sys
 import tempfile
 from pathlib import Path
 
@@ -76,6 +77,13 @@ def _entry(rank: int, world_size: int, port: int, out_dir: str, fn, args) -> Non
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    # The result is written and every rank is past the barrier: leave without the interpreter's
+    # finalization, where torch 2.13's C++ teardown after a DeviceMesh sometimes aborts ("terminate
+    # called without an active exception", SIGABRT; 4 of 12 runs of a script that only builds a CPU
+    # mesh and destroys the process group) and would fail a rank that did all its work.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_ranks(world_size: int, fn, *args, hang_seconds: float = RANKS_HANG_SECONDS) -> list:
