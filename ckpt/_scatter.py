@@ -18,9 +18,15 @@ device target, a strided row, runs shorter than ``MIN_RUN_BYTES``, overlapping b
 from __future__ import annotations
 
 import math
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
+
+from .errors import CorruptCheckpointError
+from .format import Chunk
+from .format.blocks import StreamDigest, block_span
+from .storage.base import read_scatter
 
 MIN_RUN_BYTES = 64 << 10  # shorter runs: copying out of a staged window costs less than a buffer each
 MAX_WANTS = 16  # boxes of one chunk checked pairwise for overlap
@@ -117,3 +123,49 @@ def piece_views(maps: list[RowMap], scratch: memoryview, scratch_start: int, sta
     if at < stop:
         views.append(scratch[at - scratch_start: stop - scratch_start])
     return views
+
+
+class ScatterWindow:
+    """A window read straight into its wants' targets (the bytes no want
+    needs into scratch), each piece's blocks hashed across its buffers by the thread that read it,
+    all checked before the wants it finishes are told."""
+
+    def __init__(self, files, buffers, key, chunk: Chunk, maps, rows, row_bytes: int, finishing, piece: int):
+        self.files, self.buffers, self.key, self.chunk, self.maps, self.finishing = files, buffers, key, chunk, maps, finishing
+        blob = chunk.blob
+        self.first, end = block_span(rows[0] * row_bytes, rows[1] * row_bytes, blob.length, blob.block_size)
+        self.start_byte, self.stop_byte = self.first * blob.block_size, min(end * blob.block_size, blob.length)
+        self.staged = self.stop_byte - self.start_byte  # scratch for what no want takes, at most this
+        self.piece = max(piece // blob.block_size, 1) * blob.block_size
+        self.futures: list[Future] = []
+
+    def start(self, pool) -> None:
+        blob = self.chunk.blob
+        self.files.block_table(blob, what=self.key)  # read (and checked) before any block
+        self.scratch = self.buffers.take(self.staged)
+        scratch, handle = memoryview(self.scratch.numpy()), self.files.open(blob.file)
+
+        def read(lo: int, hi: int) -> list[int]:
+            views = piece_views(self.maps, scratch, self.start_byte, lo, hi)
+            if read_scatter(handle, views, blob.offset + lo) != hi - lo:
+                raise CorruptCheckpointError(f"{self.files.root}: short read of {self.key} from {blob.file}",
+                                             path=str(self.files.root), file=blob.file, tensor=self.key)
+            digest = StreamDigest(blob.block_size)
+            for view in views:
+                digest.update(view)
+            return digest.blocks()
+
+        self.futures = [pool.submit(read, lo, min(lo + self.piece, self.stop_byte))
+                        for lo in range(self.start_byte, self.stop_byte, self.piece)]
+
+    def finish(self) -> None:
+        hashes = [h for future in self.futures for h in future.result()]
+        self.files.verify_blocks(self.chunk.blob, self.first, hashes, what=self.key)
+        self.buffers.give(self.scratch)
+        self.scratch = None
+        for want in self.finishing:
+            want.done(want.tensor())
+
+    def cancel(self) -> None:
+        for future in self.futures:
+            future.cancel()

@@ -44,9 +44,8 @@ import torch
 from .errors import CorruptCheckpointError
 from .format import Blob, Chunk, checksum, codec
 from ._read_batch import Batch, batched
-from ._scatter import piece_views, row_maps
-from .format.blocks import StreamDigest, block_hashes, block_span, digest_of_table, pack
-from .storage.base import read_scatter
+from ._scatter import ScatterWindow, row_maps
+from .format.blocks import block_hashes, block_span, digest_of_table, pack
 
 REMOTE_READ_THREADS = 8  # ranged GETs in flight per rank on an object store
 PIECE_BYTES = 2 << 20  # one positional read on a local mount (a multiple of the block size)
@@ -205,7 +204,7 @@ def _windows(files, buffers, key: str, chunk: Chunk, dtype: torch.dtype, wants: 
     for index, (w0, w1) in enumerate(windows):
         finishing = [want for _, _, want in spans if last.get(id(want)) == index]
         if maps is not None:
-            yield _ScatterWindow(files, buffers, key, chunk, maps, (w0, w1), row_bytes, finishing, piece)
+            yield ScatterWindow(files, buffers, key, chunk, maps, (w0, w1), row_bytes, finishing, piece)
         else:
             yield _Window(files, buffers, key, chunk, dtype, (w0, w1), row_bytes, spans, finishing, piece)
     for want in empty:  # a box with no rows holds no bytes
@@ -244,46 +243,6 @@ class _Window(_Job):
             want.tensor().narrow(0, lo - want.offsets[0], hi - lo).copy_(piece)
         self.buffers.give(self.buffer)
         self.buffer = window = None
-        for want in self.finishing:
-            want.done(want.tensor())
-
-
-class _ScatterWindow(_Job):
-    """A window read straight into its wants' targets (:mod:`ckpt._scatter`; the bytes no want
-    needs into scratch), each piece's blocks hashed across its buffers by the thread that read it,
-    all checked before the wants it finishes are told."""
-
-    def __init__(self, files, buffers, key, chunk: Chunk, maps, rows, row_bytes: int, finishing, piece: int):
-        self.files, self.buffers, self.key, self.chunk, self.maps, self.finishing = files, buffers, key, chunk, maps, finishing
-        blob = chunk.blob
-        self.first, end = block_span(rows[0] * row_bytes, rows[1] * row_bytes, blob.length, blob.block_size)
-        self.start_byte, self.stop_byte = self.first * blob.block_size, min(end * blob.block_size, blob.length)
-        self.staged = self.stop_byte - self.start_byte  # scratch for what no want takes, at most this
-        self.piece = max(piece // blob.block_size, 1) * blob.block_size
-
-    def start(self, pool) -> None:
-        blob = self.chunk.blob
-        self.files.block_table(blob, what=self.key)  # read (and checked) before any block
-        self.scratch = self.buffers.take(self.staged)
-        scratch, handle = memoryview(self.scratch.numpy()), self.files.open(blob.file)
-
-        def read(lo: int, hi: int) -> list[int]:
-            views = piece_views(self.maps, scratch, self.start_byte, lo, hi)
-            if read_scatter(handle, views, blob.offset + lo) != hi - lo:
-                raise CorruptCheckpointError(f"{self.files.root}: short read of {self.key} from {blob.file}",
-                                             path=str(self.files.root), file=blob.file, tensor=self.key)
-            digest = StreamDigest(blob.block_size)
-            for view in views:
-                digest.update(view)
-            return digest.blocks()
-
-        self.futures = [pool.submit(read, lo, min(lo + self.piece, self.stop_byte))
-                        for lo in range(self.start_byte, self.stop_byte, self.piece)]
-
-    def finish(self) -> None:
-        self.files.verify_blocks(self.chunk.blob, self.first, self._hashes(), what=self.key)
-        self.buffers.give(self.scratch)
-        self.scratch = None
         for want in self.finishing:
             want.done(want.tensor())
 
