@@ -106,7 +106,9 @@ def copy_file(source: DataFiles, target: Location, name: str, blobs: list[tuple[
             if blob.block_table is not None:
                 tables[blob.block_table] = (what, blob, pack(hasher.blocks()))
         tail_start, tail = position, bytearray()  # after the last blob: the block tables, 8 bytes per MiB
-        move(reader.size, kept=tail if tables else None)
+        if tables:  # kept up to the last table's end only, whatever the file claims to hold after it
+            move(max(tail_start, max(at + len(expected) for at, (_, _, expected) in tables.items())), kept=tail)
+        move(reader.size)
         for at, (what, blob, expected) in tables.items():
             if bytes(tail[at - tail_start: at - tail_start + len(expected)]) != expected:
                 raise _table_mismatch(source, blob, what)
