@@ -1,12 +1,17 @@
 """The multi-process part of ``bench_save_load.py``: resharded load against same-layout load.
 
-A state of a few large fp32 matrices is saved once by each system in four source layouts, then
+A state of a few large fp32 matrices is saved once by each system in five source layouts, then
 loaded into the layouts below; each resharded load is compared with the same-layout load of the
-layout it loads into (or, for the first two, of the layout it was saved in: the same bytes):
+layout it loads into — the same ranks loading a checkpoint saved in their own layout, so that the
+ratio is the cost of resharding alone, not of another world size on the same cores:
 
     2 ranks Shard(0) (same)    saved 2 ranks Shard(0) (DTensors on a 1-D mesh), loaded the same way
-    4 ranks Shard(0)           from 2 ranks Shard(0): each rank needs half of one saved shard
+    4 ranks Shard(0) (same)    saved 4 ranks Shard(0), loaded the same way
+    2 → 4 ranks Shard(0)       from 2 ranks Shard(0): each rank needs half of one saved shard
+                               (reference: 4 ranks Shard(0) (same))
     2 ranks Shard(1)           from 2 ranks Shard(0): each rank needs half the columns of both shards
+                               (reference: 2 ranks Shard(0) (same): a Shard(1) save loaded as
+                               Shard(1) reads each rank's own file whole, the same work)
     FSDP×TP 4 → FSDP 2         saved on a 2×2 mesh (Shard(0) over dp, Shard(1) over tp), loaded as
                                2 ranks Shard(0) (reference: 2 ranks Shard(0) (same))
     1 rank (same)              saved by one process (plain tensors), loaded by one process
@@ -78,11 +83,12 @@ class Layout:
 
 
 SAVED = Layout("2 ranks Shard(0) (same)", 2, 0)
+QUAD = Layout("4 ranks Shard(0) (same)", 4, 0, source="4 ranks Shard(0) (same)", reference="4 ranks Shard(0) (same)")
 FSDP_TP = Layout("4 ranks FSDP×TP (saved)", 4, kind="fsdp_tp")
 SINGLE = Layout("1 rank (same)", 1, kind="plain", source="1 rank (same)", reference="1 rank (same)")
 PIPELINE = Layout("2 ranks PP (saved)", 2, kind="pp")
-SOURCES = (SAVED, FSDP_TP, SINGLE, PIPELINE)  # saved once per system, each in its own directory
-LAYOUTS = (SAVED, Layout("4 ranks Shard(0)", 4, 0), Layout("2 ranks Shard(1)", 2, 1),
+SOURCES = (SAVED, QUAD, FSDP_TP, SINGLE, PIPELINE)  # saved once per system, each in its own directory
+LAYOUTS = (SAVED, QUAD, Layout("2 → 4 ranks Shard(0)", 4, 0, reference=QUAD.name), Layout("2 ranks Shard(1)", 2, 1),
            Layout("FSDP×TP 4 → FSDP 2", 2, 0, source=FSDP_TP.name), SINGLE,
            Layout("PP 2 → 1", 1, kind="plain", source=PIPELINE.name, reference=SINGLE.name))
 REFERENCES = {layout.name for layout in LAYOUTS if layout.reference == layout.name}
@@ -215,10 +221,22 @@ def verify(state: dict, full: dict, layout: Layout, rank: int, what: str) -> Non
             raise RuntimeError(f"{what}: {key} differs on rank {rank} after load")
 
 
-def save_sources(me: Rank, full: dict, work: Path, system: str, timed: bool, cold: bool) -> float | None:
-    """Save ``full`` once in every source layout; the seconds of the 2-rank Shard(0) save when ``timed``."""
+def chosen(only: tuple[str, ...] | None) -> tuple[Layout, ...]:
+    """The layouts named in ``only`` (all when None) with the references they are compared with."""
+    if not only:
+        return LAYOUTS
+    wanted = {layout.name for layout in LAYOUTS if layout.name in only}
+    wanted |= {layout.reference for layout in LAYOUTS if layout.name in wanted}
+    return tuple(layout for layout in LAYOUTS if layout.name in wanted)
+
+
+def save_sources(me: Rank, full: dict, work: Path, system: str, timed: bool, cold: bool,
+                 layouts: tuple[Layout, ...] = LAYOUTS) -> float | None:
+    """Save ``full`` once in every source layout ``layouts`` load; the seconds of the 2-rank
+    Shard(0) save when ``timed``."""
     seconds = None
-    for layout in SOURCES:
+    sources = {layout.source for layout in layouts} | {SAVED.name}
+    for layout in (s for s in SOURCES if s.name in sources):
         saved = sharded_state(full, layout, me, fill=True) if me.member(layout) else None
         path = work / system / SOURCE_DIRS[layout.name]
         fn = lambda: save(system, saved, path, me.group(layout), layout)  # noqa: E731
@@ -232,12 +250,12 @@ def save_sources(me: Rank, full: dict, work: Path, system: str, timed: bool, col
     return seconds
 
 
-def warm_up(me: Rank, work: Path) -> None:
+def warm_up(me: Rank, work: Path, layouts: tuple[Layout, ...]) -> None:
     """Untimed: a tiny sharded state through every system and layout (first-call costs, imports)."""
     tiny = {f"w{i}": torch.arange(8 * 16, dtype=torch.float32).reshape(8, 16) + i for i in range(4)}
     for system in SYSTEMS:
-        save_sources(me, tiny, work / "warmup", system, False, False)
-        for layout in LAYOUTS:
+        save_sources(me, tiny, work / "warmup", system, False, False, layouts)
+        for layout in layouts:
             if me.member(layout):
                 state = sharded_state(tiny, layout, me, fill=False)
                 load(system, state, source_dir(work / "warmup", system, layout), me.group(layout), layout)
@@ -245,28 +263,30 @@ def warm_up(me: Rank, work: Path) -> None:
             dist.barrier()
 
 
-def rank_main(rank: int, full: dict, work: str, repeats: int, cold: bool, check: bool) -> dict | None:
+def rank_main(rank: int, full: dict, work: str, repeats: int, cold: bool, check: bool,
+              only: tuple[str, ...] | None = None) -> dict | None:
     """Everything one rank does; rank 0 returns the measurements."""
     me = Rank(rank)
+    layouts = chosen(only)
     work = Path(work)
     out: dict = {"save_s": {}, "load_s": {}, "read": {}, "idle_cpu_s": [], "clock": {"ready": time.time()}}
-    warm_up(me, work)
+    warm_up(me, work, layouts)
     out["clock"]["warm"] = time.time()
 
     for system in SYSTEMS:
-        out["save_s"][system] = save_sources(me, full, work, system, True, cold)
+        out["save_s"][system] = save_sources(me, full, work, system, True, cold, layouts)
     out["clock"]["saved"] = time.time()
 
     shared: dict = {}  # layouts of the same shape share their live state (a 1-process layout holds it all)
     live = {}
-    for layout in LAYOUTS:
+    for layout in layouts:
         if me.member(layout):
             shape = (layout.ranks, layout.dim, layout.kind)
             if shape not in shared:
                 shared[shape] = sharded_state(full, layout, me, fill=False)
             live[layout] = shared[shape]
     for rep in range(repeats):
-        for layout in rotated(LAYOUTS, rep):
+        for layout in rotated(layouts, rep):
             for system in rotated(SYSTEMS, rep):
                 state = live.get(layout)
                 if state is not None:
@@ -324,15 +344,17 @@ def wait_forkserver() -> None:
     child.join()
 
 
-def run(gib: float, repeats: int, work: Path, cold: bool, check: bool = True) -> dict:
-    """Start the 4 ranks, run the whole part, return rank 0's measurements plus the state's bytes,
-    shapes and the wall time of the part (start-up included)."""
+def run(gib: float, repeats: int, work: Path, cold: bool, check: bool = True,
+        only: tuple[str, ...] | None = None) -> dict:
+    """Start the 4 ranks, run the whole part (the layouts named in ``only`` and their references,
+    when given), return rank 0's measurements plus the state's bytes, shapes and the wall time of
+    the part (start-up included)."""
     start = time.perf_counter()
     full = reshard_source(gib, cols=COLS)
     started = time.time()
     with tempfile.TemporaryDirectory() as out_dir:
         start_forkserver()  # no-op if the benchmark started it already
-        mp.start_processes(_entry, args=(launch.free_port(), out_dir, (full, str(work), repeats, cold, check)),
+        mp.start_processes(_entry, args=(launch.free_port(), out_dir, (full, str(work), repeats, cold, check, only)),
                            nprocs=WORLD, start_method="forkserver")
         result = pickle.loads(Path(out_dir, "result.pkl").read_bytes())
     result["nbytes"] = state_bytes(full)

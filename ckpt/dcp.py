@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
@@ -245,11 +246,22 @@ class Reader(StorageReader):
                         _deliver_value(planner, item, value)
                 else:
                     chunks.append((index, items, record))
-            chunks.sort(key=lambda c: (c[2].blob.file, c[2].blob.offset))  # sequential reads per file
+            chunks.sort(key=self._read_order(chunks))
             for index, _, chunk in chunks:  # every chunk lies inside its file, before a live byte changes
                 source.files.check(chunk.blob, what=index.fqn)
             read_chunks(source, self._requests(chunks, planner))
         return _done(None)
+
+    def _read_order(self, chunks):
+        """Sequential reads per file, each rank starting at another file (its place in the group):
+        ranks that need the same files then pull different ones from storage at a time, and each
+        finds the others' files in the page cache when it gets there."""
+        files = sorted({chunk.blob.file for _, _, chunk in chunks})
+        shift = 0
+        if self.process_group is not None and files:
+            shift = dist.get_rank(self.process_group) % len(files)
+        place = {name: (i - shift) % len(files) for i, name in enumerate(files)}
+        return lambda c: (place[c[2].blob.file], c[2].blob.offset)
 
     def _requests(self, chunks, planner: LoadPlanner):
         """What :func:`ckpt.prefetch.read_chunks` loads: each chunk with the boxes of it the plan's

@@ -61,6 +61,9 @@ def preadv_into(fd: int, views: list[memoryview], offset: int) -> int:
         if n == 0:
             break
         done += n
+        if n == sum(map(len, batch)):  # the usual case: every buffer of the batch filled
+            index, skip = index + len(batch), 0
+            continue
         n += skip
         while index < len(views) and n >= len(views[index]):
             n -= len(views[index])

@@ -79,6 +79,31 @@ def test_long_runs_of_a_column_box_land_in_the_target_and_nothing_else_changes(t
     assert torch.equal(_bits(half), _bits(state[:, WIDE // 4: 3 * WIDE // 4]))
 
 
+def test_whole_short_rows_land_in_a_strided_target_across_block_boundaries(tmp_path, no_staging, monkeypatch):
+    # FSDP×TP → FSDP with a small hidden size: each stored row (12 KiB: rows straddle the 1 MiB
+    # blocks) is one run of a strided target; every buffer of a piece stays inside one block
+    state = torch.randn(700, 3072)
+    path = _save(tmp_path, state)
+    live = torch.full((700, 2 * 3072), -1.0)
+    _read(path, [((0, 0), (700, 3072), live[:, 3072:])], window=300 * 12288, monkeypatch=monkeypatch)
+    assert torch.equal(_bits(live[:, 3072:]), _bits(state))
+    assert torch.equal(live[:, :3072], torch.full((700, 3072), -1.0))
+
+
+def test_piece_buffers_tile_the_piece_and_start_each_block():
+    memory = memoryview(bytearray(64 << 20))
+    maps = [_scatter.RowMap(0, 1000, 0, 12288, 0, 12288, memory, 0, 2 * 12288)]  # rows into every other slot
+    scratch = memoryview(bytearray(4 << 20))
+    start, stop = 2 << 20, (4 << 20) + 5000
+    buffers, starts = _scatter.piece_buffers(maps, scratch, start, start, stop, BLOCK_SIZE)
+    assert sum(len(b) for b in buffers) == stop - start
+    ends = [start]
+    for b in buffers:
+        ends.append(ends[-1] + len(b))
+    assert [ends[i] for i in starts] == [2 << 20, 3 << 20, 4 << 20]  # one group per block
+    assert all(e0 // BLOCK_SIZE == (e1 - 1) // BLOCK_SIZE for e0, e1 in zip(ends, ends[1:]))
+
+
 def test_two_boxes_of_one_chunk_and_a_one_dimensional_chunk(tmp_path, no_staging):
     state = torch.randn(40, WIDE // 4)
     path = _save(tmp_path, state)
@@ -115,6 +140,10 @@ def test_short_runs_strided_rows_and_overlaps_are_staged_instead(tmp_path):
 
     short = want((0, 512), (100, 512), torch.empty(100, 512))  # 2 KiB runs
     assert _scatter.row_maps([short], sizes, torch.float32) is None
+    short_rows = want((0, 0), (100, 1024), torch.empty(100, 2048)[:, 1024:])  # whole 4 KiB rows, strided
+    assert _scatter.row_maps([short_rows], sizes, torch.float32) is None
+    rows = want((0, 0), (100, 2048), torch.empty(100, 4096)[:, 2048:])  # whole 8 KiB rows, strided
+    assert _scatter.row_maps([rows], (100, 2048), torch.float32) is not None
     strided = want((0, 0), (100, 1024), torch.empty(1024, 100).t())
     assert _scatter.row_maps([strided], sizes, torch.float32) is None
     other_dtype = want((0, 0), (100, 1024), torch.empty(100, 1024, dtype=torch.bfloat16))
