@@ -10,7 +10,11 @@ writes them to ``<out>/rank-<R>.json``, which ``bench_resume.py`` turns into par
     started    the interpreter runs this file's first line (launcher + interpreter start before it)
     imported   torch, the trainer and ckpt imported (and torchtitan's components for ``titan``)
     built      ``Trainer(config)`` up to the checkpoint load: process group, mesh, model, FSDP/TP,
-               optimizer, data loader (for ``ours`` the stamp is taken where the trainer calls its resume)
+               optimizer, data loader (for ``ours`` the stamp is taken where the trainer calls its resume),
+               then a barrier of all ranks, for every system: ranks finish building at different
+               times, and without it a system whose build ends in a collective (ours: the run's
+               checkpoint root is agreed on) would have that skew counted in its load, the others in
+               their build
     loaded     the checkpoint loaded into the live state
     stepped    the first optimizer step of the resumed run done (``Trainer.fit(stop_at=step + 1)``)
 
@@ -138,6 +142,15 @@ def save(args: argparse.Namespace, Trainer, load_config) -> dict:
     return {"losses": losses, "params": sum(p.numel() for p in trainer.model.parameters())}
 
 
+def built(stamps: dict) -> None:
+    """The end of the build: every rank built (a barrier), then the stamp."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+    stamps["built"] = time.time()
+
+
 def resume(args: argparse.Namespace, Trainer, load_config, stamps: dict) -> dict:
     """Build the trainer, load the checkpoint the system's way, take the first step; stamp the boundaries."""
     import peers
@@ -149,7 +162,7 @@ def resume(args: argparse.Namespace, Trainer, load_config, stamps: dict) -> dict
         original = RunCheckpoints.resume
 
         def timed_resume(self, state):
-            stamps["built"] = time.time()
+            built(stamps)
             original(self, state)
             stamps["loaded"] = time.time()
 
@@ -157,14 +170,14 @@ def resume(args: argparse.Namespace, Trainer, load_config, stamps: dict) -> dict
     trainer = Trainer(load_config(trainer_argv(args, checkpoint=ours, steps=steps, interval=1000)))
     try:
         if args.system == "dcp":
-            stamps["built"] = time.time()
+            built(stamps)
             sd = dcp_state(trainer)
             peers.dcp_load(sd, Path(args.root, "dcp", f"step-{args.steps}"), no_dist=False)
             dcp_restore(trainer, sd)
             stamps["loaded"] = time.time()
         elif args.system == "titan":
             _, manager = titan_parts(trainer, Path(args.root, "titan"), args.steps)
-            stamps["built"] = time.time()
+            built(stamps)
             if not manager.load(step=args.steps):
                 raise RuntimeError("torchtitan's CheckpointManager found no checkpoint to load")
             stamps["loaded"] = time.time()

@@ -4,7 +4,8 @@ in the global order, reading and sending the chunks it was given, receiving the 
 Transport: point-to-point sends on the load's process group (``group_dst``/``group_src``: ranks of
 that group), on the accelerator when the group's backend is an accelerator's (NCCL, HCCL: the
 training backend's collectives), else on CPU (gloo). Per receiver, one exchange is a header
-(status, digest) and, when the status is good, the chunk's decoded bytes.
+(status, digest) and, when the status is good, the chunk's decoded bytes — or a batch's: small
+chunks (:data:`~ckpt._read_assign.SMALL_BYTES`) travel together, one buffer per batch.
 
 Verification: the reader verifies the stored bytes against the manifest as every read does
 (:class:`~ckpt.read.ChunkSource`), decodes them, and only then takes the xxh3-64 of the very
@@ -91,18 +92,17 @@ def exchange_shared(shares: RankShares, exchange: Exchange, *, read: Callable[[A
     and decoded (into the live tensor when ``target`` gave one); ``target(index, items)``: a live
     CPU tensor to receive the whole chunk into, or None; ``deliver(items, tensor)``: hand the chunk
     to the planner; ``chunk_of(index)``: its sizes and dtype; ``items``: this rank's read items by
-    stored chunk."""
+    stored chunk. A batch (several chunks in one exchange) travels as one buffer, each chunk at an
+    offset both ends work out from the manifest (:func:`_layout`)."""
     error: BaseException | None = None
     for op in shares.ops:
-        wanted = items[op.index]
-        sizes, dtype = chunk_of(op.index)
-        nbytes = math.prod(sizes) * dtype.itemsize
+        layout, nbytes = _layout(op.indices, chunk_of)
         if op.reader == exchange.rank:
-            raw, header = None, torch.tensor([_FAILED, 0], dtype=torch.int64)
+            raw, header, tensors = None, torch.tensor([_FAILED, 0], dtype=torch.int64), []
             if error is None:
                 try:
-                    tensor = read(op.index, wanted)
-                    raw = _as_bytes(tensor)
+                    tensors = [read(index, items[index]) for index in op.indices]
+                    raw = _pack(tensors, layout, nbytes)
                     header = torch.tensor([_OK, _digest(raw)], dtype=torch.int64)
                 except Exception as exc:
                     error, raw = exc, None
@@ -110,37 +110,68 @@ def exchange_shared(shares: RankShares, exchange: Exchange, *, read: Callable[[A
             if raw is not None:
                 stats.bytes_sent += nbytes * len(op.receivers)
                 try:
-                    deliver(wanted, tensor)
+                    for index, tensor in zip(op.indices, tensors):
+                        deliver(items[index], tensor)
                 except Exception as exc:
                     error = exc
             continue
         status, digest = exchange.receive_header(op.reader).tolist()
         if status != _OK:
-            error = error or PeerReadFailed(f"rank {op.reader} could not read {op.index.fqn} for this rank "
+            error = error or PeerReadFailed(f"rank {op.reader} could not read {op.indices[0].fqn} for this rank "
                                             "(its own error says why)")
             continue
         into = None
-        if error is None:
+        if error is None and len(op.indices) == 1:
             try:
-                into = target(op.index, wanted)
+                into = target(op.indices[0], items[op.indices[0]])
             except Exception as exc:
                 error = exc
-        tensor = into if into is not None else torch.empty(sizes, dtype=dtype)
-        raw = _as_bytes(tensor)
+        raw = _as_bytes(into) if into is not None else torch.empty(nbytes, dtype=torch.uint8)
         exchange.receive_into(op.reader, raw)  # received even after a failure: the reader is sending it
         stats.bytes_received += nbytes
-        stats.chunks_received += 1
+        stats.chunks_received += len(op.indices)
         if error is not None:
             continue
         try:
             if _digest(raw) != digest:
-                raise CorruptCheckpointError(f"{op.index.fqn}: the bytes received from rank {op.reader} differ "
-                                             "from the bytes it read and verified", tensor=op.index.fqn)
-            deliver(wanted, tensor)
+                raise CorruptCheckpointError(f"{op.indices[0].fqn}: the bytes received from rank {op.reader} differ "
+                                             "from the bytes it read and verified", tensor=op.indices[0].fqn)
+            for index, (at, sizes, dtype) in zip(op.indices, layout):
+                piece = into if into is not None else _unpack(raw, at, sizes, dtype)
+                deliver(items[index], piece)
         except Exception as exc:
             error = exc
     if error is not None:
         raise error
+
+
+_ALIGN = 64  # each chunk of a batch starts at a multiple of this (any dtype's view of it is aligned)
+
+
+def _layout(indices, chunk_of) -> tuple[list[tuple[int, tuple, torch.dtype]], int]:
+    """Where each chunk of an exchange lies in its buffer (offset, sizes, dtype), and the buffer's
+    bytes: one chunk alone fills it; a batch's chunks follow each other, aligned."""
+    layout, at = [], 0
+    for index in indices:
+        sizes, dtype = chunk_of(index)
+        at = -(-at // _ALIGN) * _ALIGN
+        layout.append((at, tuple(sizes), dtype))
+        at += math.prod(sizes) * dtype.itemsize
+    return layout, at
+
+
+def _pack(tensors: list[torch.Tensor], layout, nbytes: int) -> torch.Tensor:
+    if len(tensors) == 1:
+        return _as_bytes(tensors[0])
+    buffer = torch.zeros(nbytes, dtype=torch.uint8)
+    for tensor, (at, _, _) in zip(tensors, layout):
+        raw = _as_bytes(tensor)
+        buffer[at: at + raw.numel()].copy_(raw)
+    return buffer
+
+
+def _unpack(buffer: torch.Tensor, at: int, sizes: tuple, dtype: torch.dtype) -> torch.Tensor:
+    return buffer[at: at + math.prod(sizes) * dtype.itemsize].view(dtype).reshape(sizes)
 
 
 def serve_shared(plan, planner, source, storage: dict, group: dist.ProcessGroup | None, stats: LoadStats) -> list:

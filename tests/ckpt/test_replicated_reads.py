@@ -30,19 +30,39 @@ def _chunk(offsets, sizes, length):
 
 
 def test_assignment_spreads_readers_and_leaves_partial_reads_alone():
-    storage = {MetadataIndex(f"w{i}", (0,)): _chunk((0,), (8,), 32) for i in range(8)}
-    storage[MetadataIndex("big", (0,))] = _chunk((0,), (64,), 256)
+    mib = 1 << 20
+    storage = {MetadataIndex(f"w{i}", (0,)): _chunk((0,), (mib,), 4 * mib) for i in range(8)}
+    storage[MetadataIndex("big", (0,))] = _chunk((0,), (2 * mib,), 8 * mib)
     plans = [LoadPlan([_item(index.fqn, (0,), (0,), storage[index].sizes) for index in storage]) for _ in range(4)]
-    plans[3] = LoadPlan([_item("big", (0,), (32,), (32,))])  # rank 3 needs half of "big": reads it itself
+    plans[3] = LoadPlan([_item("big", (0,), (mib,), (mib,))])  # rank 3 needs half of "big": reads it itself
     out = assign_shared_reads(plans, storage)
     assert all(isinstance(p.storage_data, RankShares) for p in out[:3]) and out[3].storage_data is None
     ops = out[0].storage_data.ops
-    assert [op.op for op in ops] == list(range(9)) and ops[0].index.fqn == "big"  # largest first
+    assert [op.op for op in ops] == list(range(9)) and ops[0].indices[0].fqn == "big"  # largest first
+    assert all(len(op.indices) == 1 for op in ops)  # large chunks travel one by one
     readers = {op.reader for op in ops}
     assert readers == {0, 1, 2}  # spread over the takers, not all on rank 0
     for rank in range(3):
         assert out[rank].storage_data.ops == ops  # the same exchanges, in the same order, on every taker
     assert all(3 not in (op.reader, *op.receivers) for op in ops)
+
+
+def test_small_shared_chunks_travel_in_batches_per_set_of_takers():
+    storage = {MetadataIndex(f"step{i}", ()): _chunk((), (), 4) for i in range(40)}  # optimizer step counters
+    storage |= {MetadataIndex(f"norm{i}", (0,)): _chunk((0,), (1 << 17,), 1 << 19) for i in range(40)}  # 512 KiB
+    storage[MetadataIndex("pair", ())] = _chunk((), (), 4)
+    plans = [LoadPlan([_item(index.fqn, index.offset, (0,) * len(storage[index].sizes), storage[index].sizes)
+                       for index in storage if index.fqn != "pair"]) for _ in range(4)]
+    for rank in (0, 1):
+        plans[rank].items.append(_item("pair", (), (), ()))
+    ops = {op.op: op for plan in assign_shared_reads(plans, storage) for op in plan.storage_data.ops}
+    batches = [op for op in ops.values() if set(op.receivers) | {op.reader} == {0, 1, 2, 3}]
+    # 40 × 512 KiB = 20 MiB: two batches of at most 16 MiB, then the counters fill the second
+    assert [len(op.indices) for op in batches] == [32, 48]
+    assert sum(storage[i].blob.length for i in batches[0].indices) <= 16 << 20
+    assert {i.fqn for op in batches for i in op.indices} == {i.fqn for i in storage if i.fqn != "pair"}
+    (pair,) = [op for op in ops.values() if op not in batches]
+    assert pair.indices == (MetadataIndex("pair", ()),) and {pair.reader, *pair.receivers} == {0, 1}
 
 
 def test_nothing_shared_when_each_chunk_has_one_taker():
@@ -53,18 +73,20 @@ def test_nothing_shared_when_each_chunk_has_one_taker():
 
 def _state(seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
-    return {"w": torch.randn(64, 32, generator=g), "b": torch.randn(32, generator=g),
+    # w and v travel alone (1 MiB or more), the small ones in one batch (ckpt._read_assign.SMALL_BYTES)
+    return {"w": torch.randn(512, 1024, generator=g), "v": torch.randn(384, 1024, generator=g),
+            "b": torch.randn(32, generator=g),
             "e": torch.randint(0, 100, (17, 5), generator=g), "h": torch.randn(8, 8, generator=g).bfloat16(),
             "step": 3}
 
 
-def _ddp(rank: int, world: int, path: str, corrupt: bool):
+def _ddp(rank: int, world: int, path: str, corrupt: str | None):
     ckpt.save(_state(0), path)  # replicated: DCP stores each tensor once
     manifest = ckpt.load(_state(1), path)  # warm-up load: the manifest read, nothing counted yet
     if corrupt:
         torch.distributed.barrier()
         if rank == 0:
-            chunk = manifest.tensors["w"].chunks[0]
+            chunk = manifest.tensors[corrupt].chunks[0]
             with open(f"{path}/{chunk.blob.file}", "r+b") as f:
                 f.seek(chunk.blob.offset + 5)
                 byte = f.read(1)
@@ -83,14 +105,14 @@ def _ddp(rank: int, world: int, path: str, corrupt: bool):
     expected = _state(0)
     same = all(torch.equal(state[k].view(torch.uint8) if state[k].dtype == torch.bfloat16 else state[k],
                            expected[k].view(torch.uint8) if expected[k].dtype == torch.bfloat16 else expected[k])
-               for k in ("w", "b", "e", "h")) and state["step"] == 3
+               for k in ("w", "v", "b", "e", "h")) and state["step"] == 3
     stored = sum(blob.length for _, blob in manifest.blobs())
     return same, reads.data_bytes(), stats.bytes_read, stats.bytes_received, stats.bytes_sent, stored
 
 
 @pytest.mark.slow
 def test_ddp_load_reads_one_copy_from_storage(tmp_path):
-    results = run_ranks(4, _ddp, str(tmp_path / "ckpt"), False)
+    results = run_ranks(4, _ddp, str(tmp_path / "ckpt"), None)
     assert all(r[0] for r in results)  # bitwise equal on every rank
     stored = results[0][5]
     assert sum(r[1] for r in results) == stored  # one copy in total at the storage layer, not four
@@ -100,8 +122,9 @@ def test_ddp_load_reads_one_copy_from_storage(tmp_path):
 
 
 @pytest.mark.slow
-def test_corrupt_shared_chunk_fails_every_rank(tmp_path):
-    results = run_ranks(4, _ddp, str(tmp_path / "ckpt"), True)
+@pytest.mark.parametrize("key", ["w", "e"])  # a chunk sent alone, one sent in a batch
+def test_corrupt_shared_chunk_fails_every_rank(tmp_path, key):
+    results = run_ranks(4, _ddp, str(tmp_path / "ckpt"), key)
     assert [r[0] for r in results] == ["corrupt"] * 4, results
     assert all("checksum mismatch" in r[1] for r in results), results
 
@@ -126,7 +149,7 @@ def _hsdp(rank: int, world: int, path: str):
         ckpt.load(target, path, stats=stats)
     expected = _state(0)
     same = all(torch.equal(target[k].full_tensor().view(torch.uint8), expected[k].view(torch.uint8))
-               for k in ("w", "b", "e", "h"))
+               for k in ("w", "v", "b", "e", "h"))
     stored = sum(blob.length for _, blob in manifest.blobs())
     return same, reads.data_bytes(), stats.bytes_received, stored
 
