@@ -41,14 +41,13 @@ from .api import load as load_checkpoint, write_tree
 from ._collective import any_rank, broadcast_value, run_on_src
 from .dcp import Writer
 from .delta import DeltaBase, DeltaChain, tensor_signature
-from .errors import CheckpointError, InvalidOptionError
+from .errors import CheckpointError
 from .options import AsyncMode, BusyPolicy, SaveOptions
-from .outcomes import BackgroundFailures, CommitInfo, LoadStats, SavesInFlight, SaveStats
+from .outcomes import BackgroundFailures, CommitInfo, LoadStats, SavesInFlight, SaveStats, tell_commit
 from .root import resume, retention
 from .root.catalog_updates import CatalogUpdates
 from .root.claim import claim_primary
-from .root.replicate import Replicator
-from .root.steps import CheckpointRoot
+from .root.mounts import open_mounts, start_replicator
 from ._snapshot_copy import single_threaded_aten
 from .staging import DoubleBufferStager
 from .state import buffer_owners, export_state
@@ -70,39 +69,24 @@ class CheckpointManager:
                  storage_options: dict | None = None, on_commit: Callable[[CommitInfo], None] | None = None,
                  **overrides: Any):
         self.options = options = (options or SaveOptions()).replace(**overrides)
-        self._root = CheckpointRoot(root, storage_options)
+        self._mounts = open_mounts(root, options.replicas, storage_options)
+        self._root = self._mounts[0]
         self.root = self._root.path
         self._stats = SaveStats()
         self._load_stats = LoadStats()
         self._on_commit = on_commit
-        self._mounts = [self._root, *(CheckpointRoot(url, storage_options) for url in options.replicas)]
-        named = [(m.path.storage.scheme, m.path.storage.identity(m.path.path)) for m in self._mounts]
-        if len(set(named)) != len(named):
-            raise InvalidOptionError("replicas", list(options.replicas),
-                                     f"must name mounts other than the root {self.root} and each other")
         self._distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self._distributed else 0
         # Background writes and the main thread's agreements each get their own gloo group.
         self._control_pg = dist.new_group(backend="gloo") if self._distributed else None
         self._write_pg = dist.new_group(backend="gloo") if self._distributed else None
-        for replica in self._mounts[1:]:  # one that can never be written is refused up front
-            problem = replica.path.storage.never_writable(replica.path.path)
-            if problem is not None:
-                raise InvalidOptionError("replicas", list(options.replicas),
-                                         f"{problem}: replication to {replica.path} can never work")
         run_on_src(self._lock_primary if self.rank == 0 else lambda: None, self._control_pg,
                    distributed=self._distributed)
         self.run = self._root.run = broadcast_value(self._root.run, self._control_pg, distributed=self._distributed)
         self._catalog = (CatalogUpdates.open(options.catalog, self._root.path, [m.path for m in self._mounts])
                          if self.rank == 0 else CatalogUpdates(None))
-        self._replicator = None
-        if options.replicas:
-            groups = [dist.new_group(backend="gloo") if self._distributed else None for _ in options.replicas]
-            self._replicator = Replicator(
-                self._root, self._mounts[1:], groups=groups, distributed=self._distributed,
-                keep=options.keep, keep_every=options.keep_every, read_back=options.replica_read_back,
-                backlog=options.replica_backlog, retry_initial=options.replica_retry_initial,
-                retry_max=options.replica_retry_max, on_state=self._catalog.replica_state, run=self.run)
+        self._replicator = start_replicator(self._mounts, options, distributed=self._distributed,
+                                            on_state=self._catalog.replica_state, run=self.run)
         self._deltas = DeltaChain(options.full_every)
         self._stager = None
         if options.async_mode is AsyncMode.DOUBLE_BUFFER:
@@ -306,15 +290,8 @@ class CheckpointManager:
             self._tell_commit(step, writer.manifest, time.perf_counter() - start)
 
     def _tell_commit(self, step: int, manifest, seconds: float) -> None:
-        if self._on_commit is None:
-            return
-        stored = sum(manifest.files.values())
-        info = CommitInfo(step, manifest.kind, stored, seconds, str(self._root.step_path(step)),
-                          len(self.options.replicas))
-        try:
-            self._on_commit(info)
-        except Exception as exc:  # the caller's reporting must never fail a save
-            log.warning("on_commit callback failed: %s: %s", type(exc).__name__, exc)
+        tell_commit(self._on_commit, CommitInfo(step, manifest.kind, sum(manifest.files.values()), seconds,
+                                                str(self._root.step_path(step)), len(self.options.replicas)))
 
     def _persist(self, step: int, snapshot: Future) -> None:
         """The writer thread: wait for the snapshot (and the base's), write, commit, retain."""

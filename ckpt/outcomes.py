@@ -70,6 +70,16 @@ class CommitInfo:
     replicas: int  # mounts it is now being copied to
 
 
+def tell_commit(callback, info: CommitInfo) -> None:
+    """Call the user's ``on_commit`` (if any) with ``info``; its failure is logged, never a save's."""
+    if callback is None:
+        return
+    try:
+        callback(info)
+    except Exception as exc:  # the caller's reporting must never fail a save
+        log.warning("on_commit callback failed: %s: %s", type(exc).__name__, exc)
+
+
 class BackgroundFailures:
     """Failures of background writes, oldest first, until the training thread takes them."""
 
