@@ -65,7 +65,8 @@ from tests.support.launch import free_port, rank_env  # noqa: E402
 from trainer import data as data_mod  # noqa: E402
 from trainer import model as model_mod  # noqa: E402
 from trainer.config import load_config  # noqa: E402
-from trainer.train import Trainer, lr_lambda  # noqa: E402
+from trainer.optim import lr_lambda  # noqa: E402
+from trainer.train import Trainer  # noqa: E402
 
 SECTION = "## Trainer layouts (issue 13)"
 BASE_CONFIG = "configs/debug.toml"

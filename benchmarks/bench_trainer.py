@@ -92,7 +92,8 @@ from report import (  # noqa: E402
 from trainer import data as data_mod  # noqa: E402
 from trainer import model as model_mod  # noqa: E402
 from trainer.config import load_config  # noqa: E402
-from trainer.train import Trainer, lr_lambda  # noqa: E402
+from trainer.optim import lr_lambda  # noqa: E402
+from trainer.train import Trainer  # noqa: E402
 
 BENCH_NAME = "trainer"
 SECTION = "## Trainer throughput (issue 4)"

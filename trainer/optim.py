@@ -20,6 +20,8 @@ Checkpoints: the moments keep their dtype through ``load_state_dict`` (torch cas
 to its parameter's dtype; the hooks here put the loaded tensors back as they were saved), so a
 save/load round trip is bitwise and resharding works as for any tensor. With fp32 parameters and
 moments the update is torch's single-tensor AdamW, bit for bit (tests/trainer/test_optim.py).
+
+The learning-rate schedule lives here too (:func:`lr_lambda`: linear warmup, then cosine decay).
 """
 
 from __future__ import annotations
@@ -132,3 +134,16 @@ def build(params, *, lr: float, weight_decay: float, state_dtype: str = "fp32", 
         return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
     return LeanAdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay, seed=seed, rank=rank,
                      state_dtype=torch.bfloat16 if state_dtype == "bf16" else torch.float32)
+
+
+def lr_lambda(warmup_steps: int, total_steps: int, min_ratio: float):
+    """Linear warmup to 1, then cosine decay to ``min_ratio`` at ``total_steps``."""
+
+    def factor(step: int) -> float:  # ``step`` = optimizer steps taken so far
+        if warmup_steps and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        span = max(1, total_steps - warmup_steps)
+        progress = min(1.0, (step - warmup_steps) / span)
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor

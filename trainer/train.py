@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import math
 import signal
 import sys
 import time
@@ -54,19 +53,6 @@ from .assembly import assemble
 from .parallel import ParallelDims, all_reduce_mean, dp_rank
 from .run_record import new_run_id, run_start, write_config
 from .signals import Stopped, StopSignals
-
-
-def lr_lambda(warmup_steps: int, total_steps: int, min_ratio: float):
-    """Linear warmup to 1, then cosine decay to ``min_ratio`` at ``total_steps``."""
-
-    def factor(step: int) -> float:  # ``step`` = optimizer steps taken so far
-        if warmup_steps and step < warmup_steps:
-            return (step + 1) / warmup_steps
-        span = max(1, total_steps - warmup_steps)
-        progress = min(1.0, (step - warmup_steps) / span)
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return factor
 
 
 class TrainState:
@@ -143,7 +129,7 @@ class Trainer:
                                          state_dtype=o.optimizer_state_dtype, param_dtype=run.param_dtype,
                                          seed=cfg.job.seed, rank=self.rank)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(t.warmup_steps, t.steps, t.min_lr_ratio))
+            self.optimizer, optim_mod.lr_lambda(t.warmup_steps, t.steps, t.min_lr_ratio))
         self.loader = data_mod.DataLoader(tokens, t.seq_len, t.batch_size, self.dp_rank, self.dims.dp, cfg.job.seed,
                                           cp_rank=self.mesh.get_local_rank("cp"), cp_degree=self.dims.cp)
         self.train_state = TrainState()
