@@ -90,6 +90,19 @@ def test_whole_short_rows_land_in_a_strided_target_across_block_boundaries(tmp_p
     assert torch.equal(live[:, :3072], torch.full((700, 3072), -1.0))
 
 
+def test_a_damaged_block_fails_short_rows_read_into_a_strided_target(tmp_path, no_staging):
+    state = torch.randn(700, 3072)  # 12 KiB rows, straddling blocks
+    path = _save(tmp_path, state)
+    blob = ckpt.read_manifest(path).tensors["w"].chunks[0].blob
+    data = path / blob.file
+    raw = bytearray(data.read_bytes())
+    raw[blob.offset + 5 * BLOCK_SIZE + 12345] ^= 0x10
+    data.write_bytes(raw)
+    live = torch.zeros(700, 2 * 3072)
+    with pytest.raises(ckpt.CorruptCheckpointError, match="block 5"):
+        _read(path, [((0, 0), (700, 3072), live[:, :3072])])
+
+
 def test_piece_buffers_tile_the_piece_and_start_each_block():
     memory = memoryview(bytearray(64 << 20))
     maps = [_scatter.RowMap(0, 1000, 0, 12288, 0, 12288, memory, 0, 2 * 12288)]  # rows into every other slot
