@@ -25,7 +25,7 @@ from .format import Manifest
 from .outcomes import LoadStats
 from .planner import SafeLoadPlanner
 from .state import export_state, stored_whole
-from .storage import locate
+from .storage import Location, locate
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,16 @@ def load(
     group). Returns the checkpoint's manifest."""
     path = locate(path, storage_options)
     manifest = read_manifest(path)  # fails here, readably, before DCP wraps anything
+    return load_with_manifest(state, path, manifest, strict=strict, process_group=process_group, no_dist=no_dist,
+                              storage_options=storage_options, mirrors=mirrors, stats=stats)
+
+
+def load_with_manifest(state: dict[str, Any], path: Location, manifest: Manifest, *, strict: bool = True,
+                       process_group: dist.ProcessGroup | None = None, no_dist: bool = False,
+                       storage_options: dict | None = None, mirrors: tuple = (),
+                       stats: LoadStats | None = None) -> Manifest:
+    """:func:`load` of the checkpoint at ``path`` whose ``manifest`` the caller has just read and
+    validated (the manager's resume, from its listing: parsed once, not twice)."""
     whole = stored_whole(set(manifest.values), [*manifest.values, *manifest.tensors])
     state_dict, restore = export_state(state, whole)
     distributed = not no_dist and _distributed()

@@ -37,7 +37,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from .api import load as load_checkpoint, write_tree
+from .api import load_with_manifest, write_tree
 from ._collective import any_rank, broadcast_value, run_on_src
 from .dcp import Writer
 from .delta import DeltaBase, DeltaChain, tensor_signature
@@ -166,7 +166,7 @@ class CheckpointManager:
                 self._raise_background_error(stacklevel=3)
                 return False
             finally:
-                self._account(start)
+                self._stats.count_save(time.perf_counter() - start)
             return True
         if busy:
             self._stats.skipped += 1
@@ -180,7 +180,7 @@ class CheckpointManager:
         future = self._writer.submit(self._persist, step, snapshot)
         self._inflight.add(step, future)
         future.add_done_callback(lambda f, step=step: self._finished(step, f, written))
-        self._account(start)
+        self._stats.count_save(time.perf_counter() - start)
         return True
 
     def wait(self) -> None:
@@ -198,8 +198,8 @@ class CheckpointManager:
         self._load_stats = stats = LoadStats()  # every attempt of this load, a fallback's included
 
         def load(target: dict, path, mirrors) -> None:
-            load_checkpoint(target, path, strict=strict, process_group=self._control_pg, mirrors=mirrors,
-                            stats=stats)
+            load_with_manifest(target, path, self._root.manifest_at(path), strict=strict,
+                               process_group=self._control_pg, mirrors=mirrors, stats=stats)
 
         if step is not None:
             return resume.load_step(self._mounts, state, step, load, run=self.run)
@@ -231,6 +231,10 @@ class CheckpointManager:
     def steps(self) -> list[int]:
         """Committed steps under the root, ascending."""
         return self._root.steps()
+
+    def manifest(self, step: int):
+        """The manifest of committed ``step`` under the root (read once per resume: the listing's)."""
+        return self._root.manifest(step)
 
     def close(self) -> None:
         """Wait for every save and, up to ``close_timeout`` seconds, for pending replication; free the
@@ -272,19 +276,15 @@ class CheckpointManager:
         """Rank 0: lock the root and claim it for this run (:mod:`ckpt.root.claim`)."""
         self._root.lock(claim=lambda root: claim_primary(root, self._mounts[1:]))
 
-    def _check_writable(self) -> None:
-        """Before a save begins: the root is still the directory locked, and still this writer's."""
-        self._root.check_unchanged()
-        self._root.check_held()
-
     def _agree_any(self, *flags: bool) -> tuple[bool, ...]:
         return any_rank(flags, self._control_pg, distributed=self._distributed)
 
     def _write(self, step: int, tree: dict, base: DeltaBase | None = None) -> None:
         writer = Writer(self._root.step_path(step), overwrite=True, step=step, base=base, options=self.options)
-        writer.before_begin, writer.before_commit, writer.run = self._check_writable, self._root.check_held, self.run
+        writer.before_begin, writer.before_commit, writer.run = self._root.check_writable, self._root.check_held, self.run
         start = time.perf_counter()
         write_tree(tree, writer, process_group=self._write_pg, no_dist=not self._distributed)
+        self._root.forget(step)  # what was read of an older copy of this step is stale now
         if writer.manifest is not None:  # the coordinator
             self._catalog.committed(self._root.path, step, writer.manifest)
             self._tell_commit(step, writer.manifest, time.perf_counter() - start)
@@ -319,12 +319,6 @@ class CheckpointManager:
 
     def _raise_background_error(self, stacklevel: int) -> None:
         self._failures.raise_or_warn(self._stats, stacklevel=stacklevel + 1)
-
-    def _account(self, start: float) -> None:
-        stall = time.perf_counter() - start
-        self._stats.saves += 1
-        self._stats.stall_s += stall
-        self._stats.last_stall_s = stall
 
     def _check_open(self) -> None:
         if self._closed:

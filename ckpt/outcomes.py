@@ -35,6 +35,12 @@ class SaveStats:
     device_stall_s: float = 0.0
     host_buffer_bytes: int = 0  # staging memory as the (pinned) host allocator reserves it
 
+    def count_save(self, stall: float) -> None:
+        """One save that stalled training ``stall`` seconds (on the host)."""
+        self.saves += 1
+        self.stall_s += stall
+        self.last_stall_s = stall
+
 
 @dataclass
 class LoadStats:

@@ -172,7 +172,7 @@ class RunCheckpoints:
         if step not in steps or "dataloader" not in state:
             return state, ""
         try:
-            manifest = ckpt.read_manifest(self.manager.root / step_name(step))
+            manifest = self.manager.manifest(step)
         except ckpt.CheckpointError:
             return state, ""  # the load itself reports (or falls back past) a damaged step
         origin = (manifest.user or {}).get("converted_from")

@@ -16,7 +16,9 @@ dead saves and interrupted deletions (:meth:`CheckpointRoot.clean_up`: run by :m
 primary and by the replica worker on each replica, :mod:`ckpt.root.replicate`, each after the mount
 was claimed for the run: :mod:`ckpt.root.claim`), the fence of a lease (:meth:`CheckpointRoot.check_held`:
 before each commit and deletion) and the delta bases and run identities of committed steps (step ->
-base step, run; read once from their manifests) that retention and resuming need. One object
+base step, run; read once from their manifests) that retention and resuming need — and the newest
+of those manifests as read (:meth:`CheckpointRoot.manifest`), so that a resume parses and validates
+the step it loads once, not once to list it and again to load it. One object
 per mount and run: the manager, its retention and its replicator share it (its base map is
 thread-safe); the tools build their own.
 
@@ -34,7 +36,7 @@ from typing import Callable
 from .. import commit
 from ..committed import is_committed, read_manifest
 from ..errors import CheckpointError, StorageError
-from ..format import parse_step_name, step_name
+from ..format import Manifest, parse_step_name, step_name
 from ..storage import Location, holder_text, locate
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ class CheckpointRoot:
     def __init__(self, path: str | os.PathLike | Location, storage_options: dict | None = None):
         self.path = locate(path, storage_options)
         self._headers: dict[int, tuple] = {}  # step -> (base step | None | UNREADABLE, run | None)
+        self._newest: tuple[int, object, Manifest] | None = None  # (step, its directory_id, manifest)
         self._bases_lock = threading.Lock()  # the writer thread and replica workers share the map
         self._lock = None
         self._directory_id = None  # set by lock()
@@ -136,7 +139,12 @@ class CheckpointRoot:
         for step, path in self.step_dirs().items():
             commit.collect_uncommitted(path)
             if not is_committed(path):
-                self._forget(step)
+                self.forget(step)
+
+    def check_writable(self) -> None:
+        """Before a save begins: the root is still the directory locked, and still this writer's."""
+        self.check_unchanged()
+        self.check_held()
 
     def check_unchanged(self) -> None:
         """Refuse to write when the root is no longer the directory that was locked (its file system
@@ -163,28 +171,57 @@ class CheckpointRoot:
         (written before runs were identified, or by ``ckpt.save``) or cannot be read."""
         return {step: header[1] for step, header in self._read_headers(steps).items()}
 
+    def manifest(self, step: int) -> Manifest:
+        """The manifest of committed ``step``: the newest one read for the listing when it is
+        ``step``'s and its directory is still the one read (a committed step does not change in
+        place; deleting or rewriting it here forgets it: :meth:`forget`), else read now. Raises as
+        :func:`~ckpt.committed.read_manifest`."""
+        with self._bases_lock:
+            newest = self._newest
+        path = self.step_path(step)
+        if newest is not None and newest[0] == step and newest[1] == path.storage.directory_id(path.path):
+            return newest[2]
+        return read_manifest(path)
+
+    def manifest_at(self, path: Location) -> Manifest:
+        """:meth:`manifest` for ``path`` when it is one of this root's step directories, else the
+        manifest read from ``path``."""
+        step = parse_step_name(path.name)
+        if step is not None and str(self.step_path(step)) == str(path):
+            return self.manifest(step)
+        return read_manifest(path)
+
     def _read_headers(self, steps: list[int]) -> dict[int, tuple]:
         with self._bases_lock:
             known = {step: self._headers[step] for step in steps if step in self._headers}
-        found = {}
+        found, newest = {}, None
         for step in steps:  # read outside the lock: manifests may be on a slow mount
             if step not in known and step not in found:
                 try:
-                    manifest = read_manifest(self.step_path(step))
+                    path = self.step_path(step)
+                    where = path.storage.directory_id(path.path)
+                    manifest = read_manifest(path)
                     found[step] = (manifest.base_step, manifest.run)
+                    if newest is None or step > newest[0]:
+                        newest = (step, where, manifest)
                 except CheckpointError:
                     found[step] = (UNREADABLE, None)
         with self._bases_lock:
             for step, header in found.items():
                 self._headers.setdefault(step, header)
+            if newest is not None and (self._newest is None or newest[0] > self._newest[0]):
+                self._newest = newest
         known.update(found)
         return {step: known[step] for step in steps}
 
     def delete(self, step: int) -> None:
         self.check_held()  # a writer that lost the root deletes nothing there
         commit.delete(self.step_path(step))
-        self._forget(step)
+        self.forget(step)
 
-    def _forget(self, step: int) -> None:
+    def forget(self, step: int) -> None:
+        """Drop what was read of ``step`` (its header, its manifest): it was deleted or rewritten."""
         with self._bases_lock:
             self._headers.pop(step, None)
+            if self._newest is not None and self._newest[0] == step:
+                self._newest = None

@@ -423,3 +423,41 @@ def test_discard_after_leaves_one_history_on_every_mount(tmp_path):
         assert manager.steps() == [1]
         assert manager.discard_after(1) == []
     assert ckpt.CheckpointRoot(primary).steps() == [1] and ckpt.CheckpointRoot(replica).steps() == [1]
+
+
+def test_a_resume_parses_the_manifest_it_loads_once_and_never_a_stale_one(tmp_path, monkeypatch):
+    import ckpt.committed as committed
+
+    parsed = []
+    real = committed.read_manifest_bytes
+
+    def counting(path):
+        parsed.append(path.name)
+        return real(path)
+
+    with CheckpointManager(tmp_path / "run", async_mode="sync", keep=3) as manager:
+        for step in (1, 2):
+            manager.save(step, {"w": torch.full((4,), float(step))})
+    monkeypatch.setattr(committed, "read_manifest_bytes", counting)
+    with CheckpointManager(tmp_path / "run", async_mode="sync", keep=3) as manager:
+        state = {"w": torch.zeros(4)}
+        assert manager.load(state) == 2 and torch.equal(state["w"], torch.full((4,), 2.0))
+        assert parsed.count("step-00000002") == 1  # listed, then loaded from that same read
+        assert manager.manifest(2).step == 2 and parsed.count("step-00000002") == 1
+        manager.save(2, {"w": torch.full((4,), 7.0)}, force=True)  # step 2 rewritten by this manager
+        assert manager.load(state) == 2 and torch.equal(state["w"], torch.full((4,), 7.0))
+
+
+def test_a_step_directory_replaced_behind_the_root_is_read_again(tmp_path):
+    import shutil
+
+    from ckpt.root import CheckpointRoot
+
+    with CheckpointManager(tmp_path / "run", async_mode="sync") as manager:
+        manager.save(3, {"w": torch.ones(2)})
+    root = CheckpointRoot(tmp_path / "run")
+    assert root.steps() == [3] and root.manifest(3).tensors["w"].chunks[0].sizes == (2,)
+    ckpt.save({"w": torch.ones(5)}, tmp_path / "other")
+    shutil.rmtree(tmp_path / "run" / "step-00000003")
+    shutil.move(tmp_path / "other", tmp_path / "run" / "step-00000003")  # a new directory there
+    assert root.manifest(3).tensors["w"].chunks[0].sizes == (5,)
