@@ -54,6 +54,15 @@ def _read(path, wants_spec, *, window=None, monkeypatch=None):
     assert len(done) == len(wants)
 
 
+def _flip(path, at: int) -> None:
+    """Flip one bit of ``w``'s stored byte ``at`` (in its one chunk)."""
+    blob = ckpt.read_manifest(path).tensors["w"].chunks[0].blob
+    data = path / blob.file
+    raw = bytearray(data.read_bytes())
+    raw[blob.offset + at] ^= 0x01
+    data.write_bytes(raw)
+
+
 def _bits(t):
     return t.view(torch.int32)
 
@@ -91,13 +100,8 @@ def test_whole_short_rows_land_in_a_strided_target_across_block_boundaries(tmp_p
 
 
 def test_a_damaged_block_fails_short_rows_read_into_a_strided_target(tmp_path, no_staging):
-    state = torch.randn(700, 3072)  # 12 KiB rows, straddling blocks
-    path = _save(tmp_path, state)
-    blob = ckpt.read_manifest(path).tensors["w"].chunks[0].blob
-    data = path / blob.file
-    raw = bytearray(data.read_bytes())
-    raw[blob.offset + 5 * BLOCK_SIZE + 12345] ^= 0x10
-    data.write_bytes(raw)
+    path = _save(tmp_path, torch.randn(700, 3072))  # 12 KiB rows, straddling blocks
+    _flip(path, 5 * BLOCK_SIZE + 12345)
     live = torch.zeros(700, 2 * 3072)
     with pytest.raises(ckpt.CorruptCheckpointError, match="block 5"):
         _read(path, [((0, 0), (700, 3072), live[:, :3072])])
@@ -133,11 +137,7 @@ def test_two_boxes_of_one_chunk_and_a_one_dimensional_chunk(tmp_path, no_staging
 def test_a_damaged_block_fails_a_read_in_place(tmp_path, no_staging):
     state = torch.randn(24, WIDE)
     path = _save(tmp_path, state)
-    blob = ckpt.read_manifest(path).tensors["w"].chunks[0].blob
-    data = path / blob.file
-    raw = bytearray(data.read_bytes())
-    raw[blob.offset + 4 * BLOCK_SIZE + 77] ^= 0x01
-    data.write_bytes(raw)
+    _flip(path, 4 * BLOCK_SIZE + 77)
     with pytest.raises(ckpt.CorruptCheckpointError, match="block 4"):
         _read(path, [((16, 0), (8, WIDE), torch.empty(8, WIDE))])
     rows = torch.empty(8, WIDE)
