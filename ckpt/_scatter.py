@@ -99,7 +99,8 @@ def row_map(offsets, lengths, sizes, dtype: torch.dtype, target: torch.Tensor) -
         first, run = offsets[1] * inner, lengths[1] * inner
     row_bytes = math.prod(sizes[1:]) * itemsize
     stride = target.stride(0) * itemsize
-    if not (run == row_bytes and stride == row_bytes) and run < (MIN_ROW_BYTES if run == row_bytes else MIN_RUN_BYTES):
+    whole_rows = run == row_bytes
+    if not (whole_rows and stride == row_bytes) and run < (MIN_ROW_BYTES if whole_rows else MIN_RUN_BYTES):
         return None
     return RowMap(offsets[0], offsets[0] + lengths[0], offsets[0], row_bytes, first, run,
                   _storage_bytes(target), target.storage_offset() * itemsize, stride)

@@ -14,6 +14,7 @@ requires:
   past that number (it answers ``MDB_PAGE_NOTFOUND``), so with this size every page it may read is
   in the file.
 
+:func:`open_env` checks, then opens the environment (read-only media: without LMDB's lock file).
 Anything else is :class:`~ckpt.errors.CorruptCheckpointError`: the caller discards and rebuilds
 (:func:`discard`, which removes a symlink itself, never what it points to) or ignores the catalog.
 The files are read with ``O_NOFOLLOW``. Layout (LMDB 0.9, 64-bit): a page header of 16 bytes (page
@@ -27,6 +28,8 @@ from __future__ import annotations
 import os
 import stat
 import struct
+
+import lmdb
 
 from ..errors import CheckpointError, CorruptCheckpointError
 
@@ -107,6 +110,29 @@ def check_files(path: str) -> None:
             raise _damaged(path, f"{name} has {file.st_nlink} hard links (it may be another database's)")
     if _lstat(os.path.join(path, "data.mdb")) is not None:
         _check_data(path, os.path.join(path, "data.mdb"))
+
+
+MAP_SIZE = 1 << 30  # sparse on Linux: the file grows with the data
+DAMAGE = (lmdb.InvalidError, lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.VersionMismatchError,
+          lmdb.BadValsizeError)  # the files are damaged (not: busy, missing, no permission)
+
+
+def open_env(path: str, readonly: bool) -> lmdb.Environment:
+    """The LMDB environment of the catalog directory ``path``, its files checked first; raises
+    ``lmdb.Error`` or ``OSError`` as LMDB does, :class:`CorruptCheckpointError` from the checks."""
+    options = dict(map_size=MAP_SIZE, max_dbs=4, subdir=True, readonly=readonly, lock=True,
+                   create=not readonly, max_readers=256)
+    check_files(path)  # a real directory of real files, none cut short (never followed)
+    if not readonly:
+        os.makedirs(path, exist_ok=True)
+    try:
+        return lmdb.open(path, **options)
+    except lmdb.Error as exc:
+        if not readonly or isinstance(exc, DAMAGE) or not os.path.isfile(os.path.join(path, "data.mdb")):
+            raise
+        # lock.mdb cannot be opened (read-only media, no permission): read without the reader
+        # table; only safe while no writer is active, which such media implies
+        return lmdb.open(path, **dict(options, lock=False))
 
 
 def discard(path: str) -> None:

@@ -53,7 +53,7 @@ from ..errors import CheckpointError, CorruptCheckpointError
 from ..format import Manifest
 from ..redact import redact
 from ..storage import Location
-from ._catalog_files import check_files, discard
+from ._catalog_files import DAMAGE, discard, open_env
 from ._catalog_records import (ACTIVE_STATES, DIR_NAME, MOUNTS_KEY, SCHEMA_KEY, SCHEMA_VERSION, STATES, UNREADABLE,
                                MountState, StepInfo, chunk_records, chunks_key, decode, encode, mount_id, mount_key,
                                mount_state, step_info, step_key, step_record)
@@ -64,17 +64,12 @@ __all__ = ["Catalog", "open_catalog", "MountState", "StepInfo", "mount_id", "STA
 
 log = logging.getLogger(__name__)
 
-MAP_SIZE = 1 << 30  # sparse on Linux: the file grows with the data
-_DAMAGE = (lmdb.InvalidError, lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.VersionMismatchError,
-           lmdb.BadValsizeError)  # the files are damaged (not: busy, missing, no permission)
-
-
 def _put(txn, key: bytes, doc) -> None:
     txn.put(key, encode(key, doc))
 
 
 def _error(path: str, what: str, exc: BaseException) -> CheckpointError:
-    kind = CorruptCheckpointError if isinstance(exc, _DAMAGE) else CheckpointError
+    kind = CorruptCheckpointError if isinstance(exc, DAMAGE) else CheckpointError
     return kind(f"{what} the catalog {path} failed: {exc}", path=path)
 
 
@@ -86,20 +81,8 @@ class Catalog:
         self.readonly = readonly
         self._write_lock = threading.Lock()
         self.created = False  # this call made a new, empty catalog
-        options = dict(map_size=MAP_SIZE, max_dbs=4, subdir=True, readonly=readonly, lock=True,
-                       create=not readonly, max_readers=256)
         try:
-            check_files(self.path)  # a real directory of real files, none cut short (never followed)
-            if not readonly:
-                os.makedirs(self.path, exist_ok=True)
-            try:
-                self._env = lmdb.open(self.path, **options)
-            except lmdb.Error as exc:
-                if not readonly or isinstance(exc, _DAMAGE) or not os.path.isfile(os.path.join(self.path, "data.mdb")):
-                    raise
-                # lock.mdb cannot be opened (read-only media, no permission): read without the
-                # reader table; only safe while no writer is active, which such media implies
-                self._env = lmdb.open(self.path, **dict(options, lock=False))
+            self._env = open_env(self.path, readonly)
         except (lmdb.Error, OSError) as exc:
             raise _error(self.path, "opening", exc) from None
         try:
