@@ -253,9 +253,10 @@ class Reader(StorageReader):
         return _done(None)
 
     def _read_order(self, chunks):
-        """Sequential reads per file, each rank starting at another file (its place in the group):
-        ranks that need the same files then pull different ones from storage at a time, and each
-        finds the others' files in the page cache when it gets there."""
+        """Each file's chunks by offset, each rank starting at another file (its place in the
+        group); :func:`ckpt.prefetch.read_chunks` reads the files in turn from there, so ranks that
+        need the same files pull different ones from storage at a time, and each finds the others'
+        windows in the page cache a moment later."""
         files = sorted({chunk.blob.file for _, _, chunk in chunks})
         shift = 0
         if self.process_group is not None and files:

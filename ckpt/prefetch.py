@@ -3,7 +3,12 @@ in a bounded read buffer.
 
 :func:`read_chunks` takes the chunks one rank loads, each with the boxes of it that rank wants
 (:class:`Want`: a box in chunk coordinates, the tensor it goes into, what to call once it is filled)
-and turns each into jobs, started in order on a pool of reader threads while earlier jobs finish:
+and turns each into jobs, started on a pool of reader threads while earlier jobs finish. The
+files are read side by side, a job (a window of ~16 MiB, a chunk read directly) of each in turn:
+where ranks need the same files (Shard(0) → Shard(1)), each starts at another one (the caller's
+order, :meth:`ckpt.dcp.Reader._read_order`), and the pages another rank is pulling from storage
+are copied from the page cache *while* storage works on the next window, not all after its own
+file (measured on the benchmark box: 0.70 s median against 0.84 s, 1 GiB, cold). The jobs:
 
 * **direct** (a raw chunk one want takes whole into a contiguous CPU tensor, the live tensor when
   the layouts match): read straight into it in pieces of 2 MiB (16 MiB ranged GETs on an object
@@ -89,7 +94,8 @@ def read_chunks(source, requests: Iterable[tuple[str, Chunk, list[Want], torch.T
                 threads: int | None = None, budget: int = BUFFER_BYTES) -> None:
     """Load every ``(key, chunk, wants, direct)`` of ``source`` (a :class:`~ckpt.read.ChunkSource`
     whose files were checked for truncation): ``direct`` (or None) the contiguous CPU tensor of the
-    chunk's dtype and sizes the single want takes it into whole."""
+    chunk's dtype and sizes the single want takes it into whole. The chunks of each file are read
+    in the order given; the files in turn, in the order of their first chunk."""
     local = source.path.storage.is_local
     if threads is None:
         threads = local_read_threads() if local else REMOTE_READ_THREADS
@@ -99,20 +105,41 @@ def read_chunks(source, requests: Iterable[tuple[str, Chunk, list[Want], torch.T
     buffers = _Buffers()
     with ThreadPoolExecutor(threads, thread_name_prefix="ckpt-read") as pool:
         try:
-            for request in requests if local else batched(requests, piece):
-                for job in _jobs(source, buffers, request, piece):
-                    while pending and (held + job.staged > budget or len(pending) >= MAX_JOBS):
-                        done = pending.popleft()
-                        held -= done.staged
-                        done.finish()
-                    job.start(pool)
-                    pending.append(job)
-                    held += job.staged
+            files = [(job for request in (stream if local else batched(stream, piece))
+                      for job in _jobs(source, buffers, request, piece)) for stream in _by_file(requests)]
+            for job in _in_turn(files):
+                while pending and (held + job.staged > budget or len(pending) >= MAX_JOBS):
+                    done = pending.popleft()
+                    held -= done.staged
+                    done.finish()
+                job.start(pool)
+                pending.append(job)
+                held += job.staged
             while pending:
                 pending.popleft().finish()
         finally:
             for job in pending:
                 job.cancel()
+
+
+def _by_file(requests) -> list[list]:
+    """The requests grouped by data file, each group in the given order, the groups in the order
+    of their first request."""
+    files: dict[str, list] = {}
+    for request in requests:
+        files.setdefault(request[1].blob.file, []).append(request)
+    return list(files.values())
+
+
+def _in_turn(iterators: list) -> Iterable:
+    """One item of each iterator in turn (round robin) until all are spent."""
+    live = deque(iterators)
+    while live:
+        iterator = live.popleft()
+        for item in iterator:
+            yield item
+            live.append(iterator)
+            break
 
 
 def _jobs(source, buffers, request, piece):

@@ -24,6 +24,7 @@ from ckpt.read import ChunkSource, verify_blobs
 from ckpt.storage import local, locate
 from tests.support.checkpoints import reseal
 from tests.support.old_format import downgrade_to_v2
+from tests.support.read_counting import counting_reads
 
 ROWS, COLS = 1000, 1024  # fp32: 4 KiB rows, 4,096,000 bytes = 4 blocks (the last one short)
 
@@ -123,6 +124,32 @@ def test_a_column_slice_reads_its_rows_in_windows_and_copies_only_its_columns(sa
     monkeypatch.setattr(prefetch, "WINDOW_BYTES", 300 * COLS * 4)  # several windows, boundaries inside blocks
     cols = _read_rows(path, 0, ROWS, cols=(512, COLS))  # as Shard(0) -> Shard(1) wants it
     assert torch.equal(cols.view(torch.int32), state["w"][:, 512:].view(torch.int32))
+
+
+def test_the_windows_of_two_files_are_read_in_turn(tmp_path, monkeypatch):
+    """A rank that needs parts of chunks in two files (Shard(0) -> Shard(1) reads both ranks'
+    files) reads a window of each in turn, not one file after the other: the other file's pages,
+    which another rank is pulling from storage meanwhile, are then copied while storage works."""
+    monkeypatch.setattr(prefetch, "WINDOW_BYTES", 256 * COLS * 4)  # 1 MiB: 4 windows a tensor
+    state = {key: torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(i))
+             for i, key in enumerate(("a", "b"))}
+    path = tmp_path / "ckpt"
+    ckpt.save(state, path, files_per_rank=2)
+    manifest = ckpt.read_manifest(path)
+    chunks = {key: manifest.tensors[key].chunks[0] for key in state}
+    files = {chunk.blob.file: key for key, chunk in chunks.items()}
+    assert len(files) == 2
+    outs = {key: torch.zeros(ROWS, COLS // 2) for key in state}
+    requests = [(key, chunks[key], [Want((0, COLS // 2), (ROWS, COLS // 2), lambda k=key: outs[k], lambda t: None)],
+                 None) for key in state]
+    with counting_reads() as reads, ChunkSource(locate(path), manifest) as source:
+        for chunk in chunks.values():
+            source.files.check(chunk.blob, what="w")
+        read_chunks(source, requests, threads=1)
+    windows = [files[name] for name, _, n in reads.order if name in files and n >= BLOCK_SIZE // 2]
+    assert windows == ["a", "b"] * 4
+    for key in state:
+        assert torch.equal(outs[key].view(torch.int32), state[key][:, COLS // 2:].view(torch.int32))
 
 
 def test_a_damaged_block_fails_the_reads_that_use_it_and_only_those(saved):

@@ -3,6 +3,7 @@
     with counting_reads() as reads:          # every local file opened for reading in the block
         ckpt.load(state, path)
     reads.data_bytes()                       # bytes returned by positional reads of the data files (*.bin)
+    reads.order                              # every read in the order it was made: (file, offset, bytes)
 
 Installed through the engine's public seam (``ckpt.storage.wrapped("file", ...)``), independent of
 the engine's own counter (``LoadStats.bytes_read``), so a test can check one against the other.
@@ -21,12 +22,14 @@ import ckpt.storage
 class Reads:
     def __init__(self):
         self.by_file: Counter = Counter()
+        self.order: list[tuple[str, int, int]] = []
         self._lock = threading.Lock()
         self._wrappers: dict[int, _Storage] = {}
 
-    def add(self, name: str, n: int) -> None:
+    def add(self, name: str, n: int, offset: int) -> None:
         with self._lock:
             self.by_file[name] += n
+            self.order.append((name, offset, n))
 
     def data_bytes(self) -> int:
         return sum(n for name, n in self.by_file.items() if name.endswith(".bin"))
@@ -57,7 +60,12 @@ class _Handle:
 
     def read_into(self, buffer, offset):
         n = self.inner.read_into(buffer, offset)
-        self.reads.add(self.name, n)
+        self.reads.add(self.name, n, offset)
+        return n
+
+    def read_into_views(self, views, offset):  # scatter reads (ckpt.storage.base.read_scatter)
+        n = self.inner.read_into_views(views, offset)
+        self.reads.add(self.name, n, offset)
         return n
 
     def close(self):
