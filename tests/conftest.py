@@ -1,4 +1,5 @@
-"""Fixtures shared by every test directory: a real S3-protocol server (moto) on loopback.
+"""Fixtures shared by every test directory: a real S3-protocol server (moto) on loopback; the
+checkout's modules compiled once per session (``pytest_sessionstart``).
 
 * ``s3_server`` (session): a :class:`tests.support.s3server.MotoServer`, started the first time a test asks
   for it and stopped at the end of the session. If it cannot start the test errors (no skip:
@@ -27,7 +28,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import s3proxy, s3server
+from tests.support import REPO, s3proxy, s3server
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Compile this checkout's modules to bytecode once, before any test. The suite starts a few
+    hundred Python processes (torchrun ranks, the command-line tools); where the environment sets
+    PYTHONDONTWRITEBYTECODE (which stops the writing of ``__pycache__``, not its reading), each of
+    them would otherwise compile every module of ours it imports again, ~0.4 s a process here."""
+    import compileall
+
+    for package in ("ckpt", "trainer", "tools", "tests", "benchmarks"):
+        compileall.compile_dir(REPO / package, quiet=1)
 
 
 def _clear_s3fs_cache() -> None:

@@ -39,6 +39,11 @@ RANK_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RAN
                   "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE")
 
 
+# What every test's ranks import, imported once in the fork server the ranks are forked from.
+RANK_PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint", "torch.distributed.tensor",
+                "torch.distributed.fsdp", "ckpt", "trainer.train"]
+
+
 def free_port() -> int:
     """A port on 127.0.0.1 free right now (another process could still take it before it is used)."""
     with socket.socket() as s:
@@ -64,8 +69,10 @@ def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
             "LOCAL_RANK": str(rank)}
 
 
-def _entry(rank: int, world_size: int, port: int, out_dir: str, fn, args) -> None:
-    os.environ.update(rank_env(rank, world_size, port))
+def _entry(rank: int, world_size: int, port: int, out_dir: str, fn, args, env: dict, cwd: str) -> None:
+    os.environ.clear()  # forked from the fork server: this test's environment and folder, not its
+    os.environ.update(env, **rank_env(rank, world_size, port))
+    os.chdir(cwd)
     import torch
     import torch.distributed as dist
 
@@ -95,9 +102,11 @@ def run_ranks(world_size: int, fn, *args, hang_seconds: float = RANKS_HANG_SECON
 
     import torch.multiprocessing as mp
 
+    start_forkserver(RANK_PRELOAD, [str(REPO)])
     with tempfile.TemporaryDirectory() as out_dir:
-        context = mp.start_processes(_entry, args=(world_size, free_port(), out_dir, fn, args),
-                                     nprocs=world_size, start_method="spawn", join=False)
+        context = mp.start_processes(_entry, args=(world_size, free_port(), out_dir, fn, args, dict(os.environ),
+                                                   os.getcwd()),
+                                     nprocs=world_size, start_method="forkserver", join=False)
         deadline = time.monotonic() + hang_seconds
         while not context.join(timeout=1.0):
             if time.monotonic() > deadline:
