@@ -2,7 +2,7 @@
 
 No test file imports another test file: what two of them share lives here, one concept a module.
 
-* ``launch``: free ports, the loopback interface, spawned gloo ranks (``run_ranks``), torchrun agents'
+* ``launch``: free ports, the loopback interface, gloo ranks forked from a fork server (``run_ranks``), torchrun agents'
   environment, process trees.
 * ``models``: a tiny model with awkward shapes, its parallel layouts, bitwise comparison, flat tensors.
 * ``checkpoints``: small single-process checkpoints of plain tensors and the checks on a refused load;

@@ -1,5 +1,5 @@
 """DeepSpeed runs on CPU (its CPU accelerator, gloo) for tests/integrations/test_deepspeed.py, importable
-by spawned ranks. DS_ACCELERATOR=cpu must be set before deepspeed is imported."""
+by the ranks of ``run_ranks``. DS_ACCELERATOR=cpu must be set before deepspeed is imported."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Launching processes on this machine: free ports, the loopback interface, the environment of a rank
-and of a torchrun agent, spawned gloo ranks, and a process's descendants.
+and of a torchrun agent, gloo ranks forked from a fork server, and a process's descendants.
 
 Shared by the tests, the benchmarks (``benchmarks/*.py``) and the campaign scripts
 (``scripts/crash_harness.py``); it imports nothing of theirs and nothing but the standard library and
@@ -10,8 +10,9 @@ harness, which starts torchrun jobs without importing torch itself.
 * :func:`free_port`: a TCP port on 127.0.0.1 free right now (another process could still take it).
 * :func:`loopback_interface`: the loopback interface's name, for ``GLOO_SOCKET_IFNAME``.
 * :func:`rank_env`: the ``env://`` rendezvous variables of one rank of a local job.
-* :func:`run_ranks`: ``fn(rank, world_size, *args)`` on N fresh spawned CPU ranks (gloo), results
-  collected in rank order; ranks that hang are killed after :data:`RANKS_HANG_SECONDS`.
+* :func:`run_ranks`: ``fn(rank, world_size, *args)`` on N fresh CPU ranks (gloo), forked from a fork
+  server that imported torch, ckpt and the trainer once (:data:`RANK_PRELOAD`), results collected in
+  rank order; ranks that hang are killed after :data:`RANKS_HANG_SECONDS`.
 * :func:`job_env`: this process's environment cleaned for a ``torchrun`` agent (no inherited rank or
   elastic variables; one intra-op thread; gloo on loopback; this checkout first on ``PYTHONPATH``).
 * :func:`descendants`: every live descendant of a process, from /proc (torchrun starts its workers
@@ -95,7 +96,9 @@ def _entry(rank: int, world_size: int, port: int, out_dir: str, fn, args, env: d
 
 def run_ranks(world_size: int, fn, *args, hang_seconds: float = RANKS_HANG_SECONDS) -> list:
     """``fn(rank, world_size, *args)`` on every rank (fn must be importable at module level), each a
-    fresh spawned process with one intra-op thread and a gloo process group; their results in rank
+    fresh process forked from the fork server (:data:`RANK_PRELOAD` imported once there, not ~3 s per
+    rank; the rank gets this process's environment and working folder) with one intra-op thread and a
+    gloo process group; their results in rank
     order. Ranks still running after ``hang_seconds`` are killed and AssertionError raised: ranks
     that disagree on a collective wait 30 minutes for gloo's timeout otherwise."""
     import time

@@ -1,5 +1,5 @@
 """Tiny Lightning modules and runs for tests/integrations/test_lightning.py (importable by
-spawned ranks)."""
+the ranks of ``run_ranks``)."""
 
 from __future__ import annotations
 
