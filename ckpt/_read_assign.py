@@ -16,7 +16,10 @@ round trip costs more than the bytes of a small chunk (39 step counters of a 4-r
 Each rank gets, in its plan's ``storage_data``, a :class:`RankShares`: its own exchanges in the one
 global order every rank follows (sorted by the global position ``op``), so every pair of ranks
 meets at each exchange in the same order and none waits on a peer that waits on it (the lowest
-unfinished exchange always has both ends at it). The work is linear in the plans' items.
+unfinished exchange always has both ends at it); and the data files it reads in part that other
+ranks read too (``together``: Shard(0) → Shard(1), where every rank needs some of every block),
+which it reads side by side (:func:`ckpt.prefetch.read_chunks`) when there are two or more. The
+work is linear in the plans' items.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class RankShares:
 
     ops: list[SharedRead] = field(default_factory=list)
     inner: Any = None  # the plan's storage_data before (none of ours: kept for whoever set it)
+    together: frozenset[str] = frozenset()  # data files this rank reads itself that other ranks read too
 
     def indices(self) -> set[MetadataIndex]:
         """The stored chunks this rank gets through the exchange (read for others, or received)."""
@@ -66,7 +70,8 @@ def covers_whole(item: ReadItem, chunk: Chunk) -> bool:
 
 
 def assign_shared_reads(plans: list[LoadPlan], storage: dict) -> list[LoadPlan]:
-    """``plans`` with a :class:`RankShares` in each ``storage_data`` that takes part in an exchange."""
+    """``plans`` with a :class:`RankShares` in each ``storage_data`` that takes part in an exchange
+    or reads two or more files that other ranks read too."""
     takers: dict[MetadataIndex, list[int]] = {}
     for rank, plan in enumerate(plans):
         for item in plan.items:
@@ -78,8 +83,7 @@ def assign_shared_reads(plans: list[LoadPlan], storage: dict) -> list[LoadPlan]:
                 ranks.append(rank)
     shared = sorted(((index, tuple(ranks)) for index, ranks in takers.items() if len(ranks) > 1),
                     key=lambda pair: (-storage[pair[0]].blob.length, pair[0].fqn, tuple(pair[0].offset)))
-    if not shared:
-        return plans
+    together = _files_read_together(plans, storage, dict(shared))
     assigned = [0] * len(plans)
     exchanges: list[tuple[list[MetadataIndex], int, tuple[int, ...]]] = []
     batches: dict[tuple[int, ...], tuple[int, int]] = {}  # takers -> (its open batch in exchanges, bytes)
@@ -102,6 +106,23 @@ def assign_shared_reads(plans: list[LoadPlan], storage: dict) -> list[LoadPlan]:
         exchange = SharedRead(op, tuple(indices), reader, tuple(r for r in ranks if r != reader))
         for rank in ranks:
             per_rank[rank].append(exchange)
-    return [dataclasses.replace(plan, storage_data=RankShares(ops, plan.storage_data)) if ops else plan
-            for plan, ops in zip(plans, per_rank)]
+    return [dataclasses.replace(plan, storage_data=RankShares(ops, plan.storage_data, files)) if ops or files else plan
+            for plan, ops, files in zip(plans, per_rank, together)]
+
+
+def _files_read_together(plans: list[LoadPlan], storage: dict, exchanged: dict) -> list[frozenset[str]]:
+    """Per rank, the data files it reads itself (items the exchange, ``exchanged``: chunk -> its
+    takers, does not bring) that other ranks read too, when there are two or more of them (one file
+    is read in its order either way)."""
+    files_of: list[set[str]] = [set() for _ in plans]
+    readers: dict[str, int] = {}
+    for rank, plan in enumerate(plans):
+        for item in plan.items:
+            chunk = storage.get(item.storage_index)
+            if (isinstance(chunk, Chunk) and rank not in exchanged.get(item.storage_index, ())
+                    and chunk.blob.file not in files_of[rank]):
+                files_of[rank].add(chunk.blob.file)
+                readers[chunk.blob.file] = readers.get(chunk.blob.file, 0) + 1
+    common = [frozenset(name for name in files if readers[name] > 1) for files in files_of]
+    return [files if len(files) > 1 else frozenset() for files in common]
 

@@ -179,7 +179,7 @@ def serve_shared(plan, planner, source, storage: dict, group: dist.ProcessGroup 
     :class:`RankShares`) and deliver what it brings; the plan's other items, for the reader's own
     storage path."""
     shares = plan.storage_data
-    if not isinstance(shares, RankShares) or group is None:
+    if not isinstance(shares, RankShares) or not shares.ops or group is None:
         return list(plan.items)
     mine = shares.indices()
     items: dict = {index: [] for index in mine}

@@ -31,7 +31,7 @@ from torch.futures import Future
 
 from . import commit
 from ._gc import paused_gc
-from ._read_assign import assign_shared_reads
+from ._read_assign import RankShares, assign_shared_reads
 from ._read_share import serve_shared
 from .committed import read_manifest
 from .delta import DeltaBase
@@ -219,7 +219,9 @@ class Reader(StorageReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
         counter = ReadCounter()
         try:
-            return self._read_items(self._exchange(plan, planner, counter), planner, counter)
+            shares = plan.storage_data
+            together = shares.together if isinstance(shares, RankShares) else frozenset()
+            return self._read_items(self._exchange(plan, planner, counter), planner, counter, together)
         finally:
             self.stats.bytes_read += counter.bytes
 
@@ -231,7 +233,8 @@ class Reader(StorageReader):
                          mirrors=tuple(counted(m, counter) for m in self.mirrors)) as source:
             return serve_shared(plan, planner, source, self.storage, self.process_group, self.stats)
 
-    def _read_items(self, plan_items: list, planner: LoadPlanner, counter: ReadCounter) -> Future:
+    def _read_items(self, plan_items: list, planner: LoadPlanner, counter: ReadCounter,
+                    together: frozenset[str]) -> Future:
         by_record: dict[MetadataIndex, list] = defaultdict(list)
         for item in plan_items:
             by_record[item.storage_index].append(item)
@@ -249,14 +252,14 @@ class Reader(StorageReader):
             chunks.sort(key=self._read_order(chunks))
             for index, _, chunk in chunks:  # every chunk lies inside its file, before a live byte changes
                 source.files.check(chunk.blob, what=index.fqn)
-            read_chunks(source, self._requests(chunks, planner))
+            read_chunks(source, self._requests(chunks, planner), together=together)
         return _done(None)
 
     def _read_order(self, chunks):
         """Each file's chunks by offset, each rank starting at another file (its place in the
-        group); :func:`ckpt.prefetch.read_chunks` reads the files in turn from there, so ranks that
-        need the same files pull different ones from storage at a time, and each finds the others'
-        windows in the page cache a moment later."""
+        group): ranks that need the same files (read side by side, :func:`ckpt.prefetch.read_chunks`)
+        pull different ones from storage at a time, and each finds the others' windows in the page
+        cache a moment later."""
         files = sorted({chunk.blob.file for _, _, chunk in chunks})
         shift = 0
         if self.process_group is not None and files:

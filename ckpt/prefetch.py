@@ -3,12 +3,14 @@ in a bounded read buffer.
 
 :func:`read_chunks` takes the chunks one rank loads, each with the boxes of it that rank wants
 (:class:`Want`: a box in chunk coordinates, the tensor it goes into, what to call once it is filled)
-and turns each into jobs, started on a pool of reader threads while earlier jobs finish. The
-files are read side by side, a job (a window of ~16 MiB, a chunk read directly) of each in turn:
-where ranks need the same files (Shard(0) → Shard(1)), each starts at another one (the caller's
-order, :meth:`ckpt.dcp.Reader._read_order`), and the pages another rank is pulling from storage
-are copied from the page cache *while* storage works on the next window, not all after its own
-file (measured on the benchmark box: 0.70 s median against 0.84 s, 1 GiB, cold). The jobs:
+and turns each into jobs, started in order on a pool of reader threads while earlier jobs finish.
+Files that other ranks read too (``together``: Shard(0) → Shard(1), where every rank needs part
+of every block of every file) are read side by side, a job (a window of ~16 MiB) of each in turn,
+each rank starting at another file (the caller's order, :meth:`ckpt.dcp.Reader._read_order`): the
+pages another rank is pulling from storage are then copied from the page cache *while* storage
+works on the next window, not all after the rank's own file (measured on the benchmark box: 0.70 s
+median against 0.84 s, 1 GiB, cold). Other files are read one after another: a rank alone on its
+files (a single process loading a pipeline's two files) streams best one file at a time. The jobs:
 
 * **direct** (a raw chunk one want takes whole into a contiguous CPU tensor, the live tensor when
   the layouts match): read straight into it in pieces of 2 MiB (16 MiB ranged GETs on an object
@@ -37,6 +39,7 @@ version-3 raw load peaks at the live state plus 64 MiB (plus block tables, 8 byt
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections import deque
@@ -91,11 +94,13 @@ class Want:
 
 
 def read_chunks(source, requests: Iterable[tuple[str, Chunk, list[Want], torch.Tensor | None]], *,
-                threads: int | None = None, budget: int = BUFFER_BYTES) -> None:
+                together: frozenset[str] = frozenset(), threads: int | None = None,
+                budget: int = BUFFER_BYTES) -> None:
     """Load every ``(key, chunk, wants, direct)`` of ``source`` (a :class:`~ckpt.read.ChunkSource`
     whose files were checked for truncation): ``direct`` (or None) the contiguous CPU tensor of the
     chunk's dtype and sizes the single want takes it into whole. The chunks of each file are read
-    in the order given; the files in turn, in the order of their first chunk."""
+    in the order given; first the files named in ``together``, a job of each in turn, then the
+    others one by one, each group in the order of its files' first chunks."""
     local = source.path.storage.is_local
     if threads is None:
         threads = local_read_threads() if local else REMOTE_READ_THREADS
@@ -105,9 +110,12 @@ def read_chunks(source, requests: Iterable[tuple[str, Chunk, list[Want], torch.T
     buffers = _Buffers()
     with ThreadPoolExecutor(threads, thread_name_prefix="ckpt-read") as pool:
         try:
-            files = [(job for request in (stream if local else batched(stream, piece))
-                      for job in _jobs(source, buffers, request, piece)) for stream in _by_file(requests)]
-            for job in _in_turn(files):
+            files = {name: (job for request in (stream if local else batched(stream, piece))
+                            for job in _jobs(source, buffers, request, piece))
+                     for name, stream in _by_file(requests).items()}
+            side_by_side = _in_turn([jobs for name, jobs in files.items() if name in together])
+            one_by_one = (job for name, jobs in files.items() if name not in together for job in jobs)
+            for job in itertools.chain(side_by_side, one_by_one):
                 while pending and (held + job.staged > budget or len(pending) >= MAX_JOBS):
                     done = pending.popleft()
                     held -= done.staged
@@ -122,13 +130,13 @@ def read_chunks(source, requests: Iterable[tuple[str, Chunk, list[Want], torch.T
                 job.cancel()
 
 
-def _by_file(requests) -> list[list]:
+def _by_file(requests) -> dict[str, list]:
     """The requests grouped by data file, each group in the given order, the groups in the order
     of their first request."""
     files: dict[str, list] = {}
     for request in requests:
         files.setdefault(request[1].blob.file, []).append(request)
-    return list(files.values())
+    return files
 
 
 def _in_turn(iterators: list) -> Iterable:

@@ -126,10 +126,12 @@ def test_a_column_slice_reads_its_rows_in_windows_and_copies_only_its_columns(sa
     assert torch.equal(cols.view(torch.int32), state["w"][:, 512:].view(torch.int32))
 
 
-def test_the_windows_of_two_files_are_read_in_turn(tmp_path, monkeypatch):
-    """A rank that needs parts of chunks in two files (Shard(0) -> Shard(1) reads both ranks'
-    files) reads a window of each in turn, not one file after the other: the other file's pages,
-    which another rank is pulling from storage meanwhile, are then copied while storage works."""
+@pytest.mark.parametrize("together", [True, False])
+def test_files_other_ranks_read_too_are_read_in_turn_the_others_one_by_one(tmp_path, monkeypatch, together):
+    """A rank that needs parts of chunks in two files other ranks read too (Shard(0) -> Shard(1)
+    reads both ranks' files) reads a window of each in turn: the other file's pages, which another
+    rank is pulling from storage meanwhile, are then copied while storage works. Files it alone
+    reads go one after the other (they stream best that way)."""
     monkeypatch.setattr(prefetch, "WINDOW_BYTES", 256 * COLS * 4)  # 1 MiB: 4 windows a tensor
     state = {key: torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(i))
              for i, key in enumerate(("a", "b"))}
@@ -145,9 +147,9 @@ def test_the_windows_of_two_files_are_read_in_turn(tmp_path, monkeypatch):
     with counting_reads() as reads, ChunkSource(locate(path), manifest) as source:
         for chunk in chunks.values():
             source.files.check(chunk.blob, what="w")
-        read_chunks(source, requests, threads=1)
+        read_chunks(source, requests, together=frozenset(files) if together else frozenset(), threads=1)
     windows = [files[name] for name, _, n in reads.order if name in files and n >= BLOCK_SIZE // 2]
-    assert windows == ["a", "b"] * 4
+    assert windows == (["a", "b"] * 4 if together else ["a"] * 4 + ["b"] * 4)
     for key in state:
         assert torch.equal(outs[key].view(torch.int32), state[key][:, COLS // 2:].view(torch.int32))
 

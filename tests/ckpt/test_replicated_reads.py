@@ -71,6 +71,21 @@ def test_nothing_shared_when_each_chunk_has_one_taker():
     assert assign_shared_reads(plans, storage) == plans
 
 
+def test_files_several_ranks_read_in_part_are_read_together_when_a_rank_has_two():
+    def chunk(file, rows):
+        return Chunk((rows, 0), (4, 8), Blob(f"data/rank-0000{file}.bin", 0, 128, "0" * 16))
+
+    storage = {MetadataIndex("w", (rows, 0)): chunk(rows // 4, rows) for rows in (0, 4)}
+    shard1 = [LoadPlan([_item("w", (rows, 0), (0, col), (4, 4)) for rows in (0, 4)]) for col in (0, 4)]
+    out = assign_shared_reads(shard1, storage)  # Shard(0) -> Shard(1): both ranks need both files
+    assert [plan.storage_data.together for plan in out] == [{"data/rank-00000.bin", "data/rank-00001.bin"}] * 2
+    assert all(plan.storage_data.ops == [] for plan in out)
+    halves = [LoadPlan([_item("w", (0, 0), (2 * half, 0), (2, 8))]) for half in (0, 1)]
+    assert assign_shared_reads(halves, storage) == halves  # one file each: nothing to read side by side
+    alone = [LoadPlan([_item("w", (rows, 0), (0, 0), (4, 8)) for rows in (0, 4)]), LoadPlan([])]
+    assert assign_shared_reads(alone, storage) == alone  # one rank reads both files, no other rank does
+
+
 def _state(seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
     # w and v travel alone (1 MiB or more), the small ones in one batch (ckpt._read_assign.SMALL_BYTES)
