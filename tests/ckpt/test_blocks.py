@@ -154,6 +154,42 @@ def test_files_other_ranks_read_too_are_read_in_turn_the_others_one_by_one(tmp_p
         assert torch.equal(outs[key].view(torch.int32), state[key][:, COLS // 2:].view(torch.int32))
 
 
+@pytest.mark.parametrize("together", [True, False])
+def test_a_rank_reading_files_side_by_side_keeps_one_more_read_in_flight_per_other_file(tmp_path, monkeypatch,
+                                                                                          together):
+    """Reading files side by side, a reader thread often waits on pages another rank is still
+    pulling from storage: the rank gets one more reader per further file, so that its own file
+    keeps reads in flight meanwhile. Files read one after another keep one reader per core."""
+    pools = []
+
+    class RecordingPool(prefetch.ThreadPoolExecutor):
+        def __init__(self, max_workers, **kwargs):
+            pools.append(max_workers)
+            super().__init__(max_workers, **kwargs)
+
+    monkeypatch.setattr(prefetch, "ThreadPoolExecutor", RecordingPool)
+    state = {key: torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(i))
+             for i, key in enumerate(("a", "b", "c"))}
+    path = tmp_path / "ckpt"
+    ckpt.save(state, path, files_per_rank=3)
+    manifest = ckpt.read_manifest(path)
+    chunks = {key: manifest.tensors[key].chunks[0] for key in state}
+    files = frozenset(chunk.blob.file for chunk in chunks.values())
+    assert len(files) == 3
+    outs = {key: torch.zeros(ROWS, COLS // 2) for key in state}
+    requests = [(key, chunks[key], [Want((0, 0), (ROWS, COLS // 2), lambda k=key: outs[k], lambda t: None)], None)
+                for key in state]
+    with ChunkSource(locate(path), manifest) as source:
+        for chunk in chunks.values():
+            source.files.check(chunk.blob, what="w")
+        read_chunks(source, requests, together=files if together else frozenset())
+    assert pools == [prefetch.local_read_threads() + (2 if together else 0)]
+    assert prefetch.local_read_threads(2) == prefetch.local_read_threads() + 1
+    assert prefetch.local_read_threads(100) == prefetch.MAX_READ_THREADS
+    for key in state:
+        assert torch.equal(outs[key].view(torch.int32), state[key][:, :COLS // 2].view(torch.int32))
+
+
 def test_a_damaged_block_fails_the_reads_that_use_it_and_only_those(saved):
     path, state = saved
     blob = _blob(path)
