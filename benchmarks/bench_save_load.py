@@ -344,15 +344,15 @@ def reshard_report(res: dict) -> tuple[list[str], list[dict], list[dict]]:
             if reference[layout] == layout:
                 vs_same = "1 (reference)"
             else:
-                xs = ratios(ts, times[(s, reference[layout])])
+                xs = paired(res, s, layout)
                 metrics.append(metric(s, "load_x_same_layout", "×", xs, layout=layout))
                 vs_same = ratio_span(xs) + ("" if reference[layout] == same else f" vs {reference[layout]}")
                 if s == "ours":
                     goals.append(goal(f"ours resharded load {layout} ≤ {GOAL_RESHARD_X_SAME}× same layout",
                                       median(xs), GOAL_RESHARD_X_SAME, "<=",
                                       f"median over {len(xs)} repeat(s) of {layout} load s / {reference[layout]} "
-                                      f"load s, paired per repeat; min–max {min(xs):.2f}–{max(xs):.2f}; DCP's: "
-                                      f"{median(ratios(times[('DCP', layout)], times[('DCP', reference[layout])])):.2f}"
+                                      f"load s timed next to it, per repeat; min–max {min(xs):.2f}–{max(xs):.2f}; "
+                                      f"DCP's: {median(paired(res, 'DCP', layout)):.2f}"
                                       + _against_source(times, layout, source[layout], reference[layout])))
             row += f" {median_span(ts)} | {nbytes / median(ts) / 1e9:.2f} | {vs_same} |"
         row += f" {ratio_span(ratios(times[('DCP', layout)], times[('ours', layout)]))} |"
@@ -362,13 +362,20 @@ def reshard_report(res: dict) -> tuple[list[str], list[dict], list[dict]]:
     return lines, metrics, goals
 
 
+def paired(res: dict, system: str, layout: str) -> list[float]:
+    """Per repeat, ``layout``'s load s / the load s of its reference layout timed right next to it
+    (same system, same repeat: ``reshard_load.units``)."""
+    return [resharded / reference for resharded, reference in res["paired_s"][(system, layout)]]
+
+
 def _against_source(times: dict, layout: str, source: str, reference: str) -> str:
-    """For a load compared with another layout than the one it was saved in (2 → 4): the ratios to
-    the source layout's own load too (other ranks on the same cores), ours and DCP's."""
+    """For a load compared with another layout than the one it was saved in (2 → 4): its median
+    against the source layout's own median load too (other ranks on the same cores), ours and DCP's."""
     if source == reference or ("ours", source) not in times:
         return ""
-    ours, dcp = (median(ratios(times[(s, layout)], times[(s, source)])) for s in ("ours", "DCP"))
-    return f"; against the load of the layout it was saved in ({source}): ours {ours:.2f}, DCP {dcp:.2f}"
+    ours, dcp = (median(times[(s, layout)]) / median(times[(s, source)]) for s in ("ours", "DCP"))
+    return (f"; median against the median load of the layout it was saved in ({source}): "
+            f"ours {ours:.2f}, DCP {dcp:.2f}")
 
 
 def reshard_section(res: dict, args: argparse.Namespace) -> tuple[list[str], list[dict], list[dict]]:
@@ -388,15 +395,18 @@ def reshard_section(res: dict, args: argparse.Namespace) -> tuple[list[str], lis
         f"(`reshard_load.py`'s docstring names each one's source and reference). "
         f"Load s = the slowest loading rank's `ckpt.load`/`dcp.load` call, after `sync` + "
         f"{'dropping the page cache (cold)' if res['cold'] else 'no cache drop (warm)'} between two barriers "
-        f"of all 4 processes; median of {args.repeats} repeat(s), the {2 * len(reshard_load.LAYOUTS)} (layout, system) pairs interleaved and "
-        f"rotated per repeat; ratios paired per repeat. GB/s = state bytes (10^9) / load s.",
+        f"of all 4 processes; median of {args.repeats} repeat(s) (of 2 × {args.repeats} for 2 ranks Shard(0) (same), "
+        f"the reference of two resharded layouts). Each repeat times, per system, every resharded layout right "
+        f"next to a load of its reference layout, which goes first alternating per repeat, the pairs and systems "
+        f"in an order rotated per repeat; \"time × same layout\" is the ratio within those pairs. "
+        f"GB/s = state bytes (10^9) / load s.",
         "",
         *lines,
         "",
         "Notes:",
         f"- Save on 2 ranks `Shard(0)` (once, slowest rank, cold start): {saves}.",
-        "- \"time × same layout\" = this layout's load s / the same system's load s of its reference layout in the same "
-        "repeat (2 ranks Shard(0) (same) unless named: the same ranks in the same target layout loading a checkpoint "
+        "- \"time × same layout\" = this layout's load s / the same system's load s of its reference layout timed next "
+        "to it in the same repeat (2 ranks Shard(0) (same) unless named: the same ranks in the same target layout loading a checkpoint "
         "of their own layout, so the 4-rank load is compared with a 4-rank one, not with 2 ranks on half the "
         f"processes of the box); above 1 = the resharded load is slower; goal for ours ≤ {GOAL_RESHARD_X_SAME}×. "
         "\"DCP s / ours s\" above 1 = ours is faster.",

@@ -25,8 +25,12 @@ FileSystemReader(dir))``), both in place into the live DTensors.
 One set of 4 processes is started (``torch.multiprocessing`` with the forkserver method: one fresh
 process imports torch and ckpt, the ranks are forked from it, see ``start_forkserver``; gloo on 127.0.0.1,
 ``torch.set_num_threads(1)`` in each, as the tests' ``run_ranks`` does) and runs everything, so process
-start-up is paid once and every repeat runs every (layout, system) pair in an order rotated per
-repeat. The 2-rank layouts run on ranks 0-1 (a subgroup and its mesh) while ranks 2-3 wait in the
+start-up is paid once. Every repeat times, for each system, each resharded layout right next to a
+load of its reference layout (``units``: the reference of two resharded layouts is loaded once for
+each), which of the two goes first alternating per repeat, the units and the systems in an order
+rotated per repeat: a resharded load's ratio is to the reference load of the same system a second
+before, not one up to a dozen loads away (the benchmark box's virtual disk swings 0.4-3 GiB/s over
+seconds, with slow spells of 10 s and more). The 2-rank layouts run on ranks 0-1 (a subgroup and its mesh) while ranks 2-3 wait in the
 collective that gathers the times (a blocking gloo receive; their CPU time over those loads is
 reported). On the 2-vCPU box the 4-rank layout is oversubscribed 2x.
 
@@ -230,6 +234,16 @@ def chosen(only: tuple[str, ...] | None) -> tuple[Layout, ...]:
     return tuple(layout for layout in LAYOUTS if layout.name in wanted)
 
 
+def units(layouts: tuple[Layout, ...]) -> list[tuple[Layout, ...]]:
+    """What one repeat times, per system: each resharded layout next to a load of its reference
+    layout (``(reference, resharded)``: a reference two layouts use is loaded once for each), and
+    alone each reference no chosen resharded layout uses."""
+    by_name = {layout.name: layout for layout in layouts}
+    pairs = [(by_name[layout.reference], layout) for layout in layouts if layout.reference != layout.name]
+    paired = {reference.name for reference, _ in pairs}
+    return pairs + [(layout,) for layout in layouts if layout.reference == layout.name and layout.name not in paired]
+
+
 def save_sources(me: Rank, full: dict, work: Path, system: str, timed: bool, cold: bool,
                  layouts: tuple[Layout, ...] = LAYOUTS) -> float | None:
     """Save ``full`` once in every source layout ``layouts`` load; the seconds of the 2-rank
@@ -269,7 +283,8 @@ def rank_main(rank: int, full: dict, work: str, repeats: int, cold: bool, check:
     me = Rank(rank)
     layouts = chosen(only)
     work = Path(work)
-    out: dict = {"save_s": {}, "load_s": {}, "read": {}, "idle_cpu_s": [], "clock": {"ready": time.time()}}
+    out: dict = {"save_s": {}, "load_s": {}, "paired_s": {}, "read": {}, "idle_cpu_s": [],
+                 "clock": {"ready": time.time()}}
     warm_up(me, work, layouts)
     out["clock"]["warm"] = time.time()
 
@@ -286,23 +301,31 @@ def rank_main(rank: int, full: dict, work: str, repeats: int, cold: bool, check:
                 shared[shape] = sharded_state(full, layout, me, fill=False)
             live[layout] = shared[shape]
     for rep in range(repeats):
-        for layout in rotated(layouts, rep):
+        for unit in rotated(units(layouts), rep):
             for system in rotated(SYSTEMS, rep):
-                state = live.get(layout)
-                if state is not None:
-                    for t in state.values():  # outside the timing: prove the load really writes
-                        (t.to_local() if isinstance(t, DTensor) else t).zero_()
-                seconds, read, idle_cpu = collective_timed(
-                    me, state is not None,
-                    lambda: load(system, state, source_dir(work, system, layout), me.group(layout), layout), cold)
-                if state is not None and check:
-                    verify(state, full, layout, rank, f"{system} {layout.name}")
-                out["load_s"].setdefault((system, layout.name), []).append(seconds)
-                out["read"].setdefault((system, layout.name), []).append(read)
-                if layout.ranks < WORLD:
-                    out["idle_cpu_s"].append(idle_cpu)
-                if rank == 0:
-                    print(f"[reshard {rep + 1}/{repeats}] {system:5s} {layout.name:24s} load {seconds:7.3f}s", flush=True)
+                seconds_of = {}
+                for layout in (unit if rep % 2 == 0 else unit[::-1]):  # which of a pair goes first alternates
+                    state = live.get(layout)
+                    if state is not None:
+                        for t in state.values():  # outside the timing: prove the load really writes
+                            (t.to_local() if isinstance(t, DTensor) else t).zero_()
+                    seconds, read, idle_cpu = collective_timed(
+                        me, state is not None,
+                        lambda: load(system, state, source_dir(work, system, layout), me.group(layout), layout), cold)
+                    if state is not None and check:
+                        verify(state, full, layout, rank, f"{system} {layout.name}")
+                    seconds_of[layout.name] = seconds
+                    out["load_s"].setdefault((system, layout.name), []).append(seconds)
+                    out["read"].setdefault((system, layout.name), []).append(read)
+                    if layout.ranks < WORLD:
+                        out["idle_cpu_s"].append(idle_cpu)
+                    if rank == 0:
+                        print(f"[reshard {rep + 1}/{repeats}] {system:5s} {layout.name:24s} load {seconds:7.3f}s",
+                              flush=True)
+                if len(unit) == 2:
+                    reference, resharded = unit
+                    out["paired_s"].setdefault((system, resharded.name), []).append(
+                        (seconds_of[resharded.name], seconds_of[reference.name]))
     out["clock"]["loaded"] = time.time()
     return out if rank == 0 else None
 
