@@ -50,7 +50,7 @@ class Bench:
 
 # Order: what the report reads first. Full arguments keep the full run near 45 minutes on 2 cores.
 BENCHES = [
-    Bench("save_load", "bench_save_load.py", ["--quick"], ["--gib", "1", "--repeats", "5"],
+    Bench("save_load", "bench_save_load.py", ["--quick"], ["--gib", "1", "--repeats", "9"],
           "save/load throughput and resharded load"),
     Bench("stall", "bench_stall.py", ["--quick"], ["--gib", "1", "--saves", "3", "--nosave-steps", "10"],
           "stall per save in a training loop"),
