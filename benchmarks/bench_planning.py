@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Load planning per rank against manifests of 1,024 … 8,192 ranks: ours vs DCP, and its growth (issue 27).
 
-    python benchmarks/bench_planning.py --json /tmp/planning.json       # 1k, 2k, 4k, 8k ranks (~3 min)
+    python benchmarks/bench_planning.py --json /tmp/planning.json       # 1k, 2k, 4k, 8k ranks (~2 min)
     python benchmarks/bench_planning.py --quick                         # 1k and 2k ranks, one repeat
 
 No processes: one rank's load is planned against a synthetic manifest of W saving ranks
@@ -14,8 +14,8 @@ of the same layout (a same-layout resume).
 
 What a rank does before its first read, timed per step in CPU seconds of this (single-threaded)
 process (``time.process_time`` after ``gc.collect``: on a shared box the wall clock mostly measures
-the other tenants; the wall-clock totals are shown beside), the median of ``--repeats``, default 3,
-systems in rotated order:
+the other tenants; the wall-clock totals are shown beside), the median of ``--repeats``, default 5;
+every repeat plans every (layout, world) once, in an order rotated per repeat, the systems too:
 
   ours  validate  ``ckpt.read_manifest``: the file read, its digest, every field checked
                   (ckpt.format.validate)
@@ -72,48 +72,69 @@ def _items(plan) -> list:
                   for i in plan.items)
 
 
-def measure(world: int, layout: str, tensors: int, repeats: int, work: Path) -> dict:
-    """{step: [(cpu, wall) per repeat]} for one manifest, ours and DCP's, each read from a file in ``work``."""
-    manifest = sharded_manifest(world, layout, tensors)
-    raw = manifest.to_json()
-    ours_dir = work / f"{layout}-{world}"
-    ours_dir.mkdir(parents=True, exist_ok=True)
-    (ours_dir / MANIFEST_NAME).write_bytes(raw)
-    dcp_file = work / f"{layout}-{world}.metadata"
-    dcp_file.write_bytes(pickle.dumps(manifest.to_dcp_metadata()))
-    rank = world - 1
-    times: dict[str, list] = {k: [] for k in ("ours validate", "ours metadata", "ours plan", "DCP metadata",
-                                              "DCP plan")}
-    plans = {}
+class Case:
+    """One (layout, world): its manifest written for ours and for DCP in ``work``; :meth:`once` plans
+    with both systems, in rotated order, and appends each step's (cpu, wall) to ``times``."""
 
-    def ours():
-        box = {}
-        times["ours validate"].append(timed(lambda: box.setdefault("m", read_manifest(ours_dir))))
-        reader = Reader(ours_dir, manifest=box["m"])
-        times["ours metadata"].append(timed(lambda: box.setdefault("md", reader.read_metadata())))
-        planner, state = SafeLoadPlanner(), rank_state(box["m"], rank, world, layout)
+    def __init__(self, world: int, layout: str, tensors: int, work: Path):
+        self.world, self.layout, self.tensors, self.work = world, layout, tensors, work
+        manifest = sharded_manifest(world, layout, tensors)  # not kept: the heap holds only the case at hand
+        self.state = rank_state(manifest, world - 1, world, layout)  # the planning rank's live tensors
+        raw = manifest.to_json()
+        self.ours_dir = work / f"{layout}-{world}"
+        self.ours_dir.mkdir(parents=True, exist_ok=True)
+        (self.ours_dir / MANIFEST_NAME).write_bytes(raw)
+        self.dcp_file = work / f"{layout}-{world}.metadata"
+        self.dcp_file.write_bytes(pickle.dumps(manifest.to_dcp_metadata()))
+        self.manifest_bytes = len(raw)
+        self.times: dict[str, list] = {k: [] for k in ("ours validate", "ours metadata", "ours plan",
+                                                       "DCP metadata", "DCP plan")}
+        self.plans: dict = {}
 
-        def plan():
-            planner.set_up_planner(state, box["md"], False)
-            plans["ours"] = planner.create_local_plan()
-        times["ours plan"].append(timed(plan))
+    def once(self, rep: int) -> None:
+        times, plans = self.times, self.plans
 
-    def dcp():
-        box = {}
-        times["DCP metadata"].append(timed(lambda: box.setdefault("md", pickle.loads(dcp_file.read_bytes()))))
-        planner, state = DefaultLoadPlanner(), rank_state(manifest, rank, world, layout)
+        def ours():
+            box = {}
+            times["ours validate"].append(timed(lambda: box.setdefault("m", read_manifest(self.ours_dir))))
+            reader = Reader(self.ours_dir, manifest=box["m"])
+            times["ours metadata"].append(timed(lambda: box.setdefault("md", reader.read_metadata())))
+            planner, state = SafeLoadPlanner(), dict(self.state)
 
-        def plan():
-            planner.set_up_planner(state, box["md"], False)
-            plans["DCP"] = planner.create_local_plan()
-        times["DCP plan"].append(timed(plan))
+            def plan():
+                planner.set_up_planner(state, box["md"], False)
+                plans["ours"] = planner.create_local_plan()
+            times["ours plan"].append(timed(plan))
 
-    for rep in range(repeats):
+        def dcp():
+            box = {}
+            times["DCP metadata"].append(timed(lambda: box.setdefault("md", pickle.loads(self.dcp_file.read_bytes()))))
+            planner, state = DefaultLoadPlanner(), dict(self.state)
+
+            def plan():
+                planner.set_up_planner(state, box["md"], False)
+                plans["DCP"] = planner.create_local_plan()
+            times["DCP plan"].append(timed(plan))
+
         for run in rotated([ours, dcp], rep):
             run()
-    if _items(plans["ours"]) != _items(plans["DCP"]):
-        raise SystemExit(f"{layout} {world}: our read items differ from DCP's")
-    return {"times": times, "chunks": world * tensors, "manifest_bytes": len(raw), "items": len(plans["ours"].items)}
+
+    def result(self) -> dict:
+        if _items(self.plans["ours"]) != _items(self.plans["DCP"]):
+            raise SystemExit(f"{self.layout} {self.world}: our read items differ from DCP's")
+        return {"times": self.times, "chunks": self.world * self.tensors, "manifest_bytes": self.manifest_bytes,
+                "items": len(self.plans["ours"].items)}
+
+
+def measure_all(worlds: list[int], layouts: list[str], tensors: int, repeats: int, work: Path) -> dict:
+    """{layout: {world: result}}: every repeat plans every (layout, world) once, in an order rotated
+    per repeat, so that a slow spell of the shared box lands on all sizes alike rather than on all
+    repeats of one size (the growth compares the largest world with the smallest)."""
+    cases = [Case(world, layout, tensors, work) for layout in layouts for world in worlds]
+    for rep in range(repeats):
+        for case in rotated(cases, rep):
+            case.once(rep)
+    return {layout: {c.world: c.result() for c in cases if c.layout == layout} for layout in layouts}
 
 
 def totals(result: dict, clock: int = 0) -> dict[str, float]:
@@ -128,7 +149,8 @@ def report(results: dict, args, command: str, machine: list[str], load: Load, go
     lines = ["## Load planning per rank vs world size, ours vs DCP (bench_planning.py)", "",
              f"One rank (the last) plans a same-layout load against a synthetic manifest of W saving ranks, "
              f"{args.tensors} tensors × W chunks; no processes. CPU seconds per rank, median of {args.repeats} "
-             f"(wall-clock totals beside: the box is shared); "
+             f"(wall-clock totals beside: the box is shared), every repeat planning every (layout, world) once, "
+             f"in an order rotated per repeat; "
              f"both plans hold the same read items.", ""]
     for layout in args.layouts:
         lines += [f"### {layout}", ""]
@@ -163,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--worlds", type=int, nargs="+", default=WORLDS)
     parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=LAYOUTS)
     parser.add_argument("--tensors", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--bound", type=float, default=1.5,
                         help="goal: ours per rank at the largest world, CPU seconds")
     parser.add_argument("--quick", action="store_true", help="1,024 and 2,048 ranks, one repeat")
@@ -176,8 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     load = Load(processes=True)
     start = time.perf_counter()
     with work_dir(args.dir, "planning-") as work:
-        results = {layout: {w: measure(w, layout, args.tensors, args.repeats, work) for w in args.worlds}
-                   for layout in args.layouts}
+        results = measure_all(args.worlds, args.layouts, args.tensors, args.repeats, work)
     load.stop()
     ratio = args.worlds[-1] / args.worlds[0]
     growth = max(totals(results[l][args.worlds[-1]])["ours"] / totals(results[l][args.worlds[0]])["ours"]
