@@ -67,7 +67,7 @@ BENCHES = [
           "trainer tokens/s with and without checkpointing"),
     Bench("integrations", "bench_integrations.py", ["--quick"], [],
           "Lightning and HF Trainer plug-ins vs their default saving"),
-    Bench("resume", "bench_resume.py", ["--quick"], ["--repeats", "2"],
+    Bench("resume", "bench_resume.py", ["--quick"], ["--repeats", "3"],
           "time to first step after resume"),
     Bench("planning", "bench_planning.py", ["--quick"], [],
           "load planning per rank vs world size, ours vs DCP"),
