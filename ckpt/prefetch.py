@@ -8,11 +8,9 @@ Files that other ranks read too (``together``: Shard(0) → Shard(1), where ever
 of every block of every file) are read side by side, a job (a window of ~16 MiB) of each in turn,
 each rank starting at another file (the caller's order, :meth:`ckpt.dcp.Reader._read_order`): the
 pages another rank is pulling from storage are then copied from the page cache *while* storage
-works on the next window, not all after the rank's own file (measured on the benchmark box, 1 GiB
-of Shard(0) → Shard(1), cold, 10 loads each way alternated: 0.62 s median against 0.79 s, every
-load read side by side faster than every load read file by file). Other files are read one after
-another, as before (side by side made no difference for one process reading a pipeline's two
-files: 1.14 against 1.22 × its same-layout load, 10 each). The jobs:
+works on the next window (1 GiB of Shard(0) → Shard(1), cold, 10 loads each way alternated: 0.62 s
+median against 0.79 s file by file). Other files are read one after another (side by side made no
+difference for one process reading a pipeline's two files). The jobs:
 
 * **direct** (a raw chunk one want takes whole into a contiguous CPU tensor, the live tensor when
   the layouts match): read straight into it in pieces of 2 MiB (16 MiB ranged GETs on an object
@@ -67,15 +65,12 @@ MAX_JOBS = 8  # jobs in flight (direct reads hold no buffer of their own)
 
 
 def local_read_threads(side_by_side: int = 0) -> int:
-    """Positional reads in flight per rank on a local mount: one per core this process may run on,
-    2 to 4, plus one per further file read side by side (at most ``MAX_READ_THREADS``). Each thread
-    also hashes what it read, so threads beyond the cores only contend; and reads a few MiB apart
-    keep a disk's (and a virtual disk's host's) readahead streaming, where 4 × 8 MiB spread out
-    measured 2-3x slower than 2 × 2 MiB on the benchmark box. Reading files side by side, a
-    thread often waits on pages another rank is still pulling from storage, and meanwhile puts no
-    read of this rank's own file in flight: one more thread per other file keeps it fed (1 GiB of
-    Shard(0) → Shard(1) on 2 ranks, cold, alternated loads in one run: 1.05 / 1.09 / 1.04 × the
-    same-layout load with 3 or 4 threads, against 1.33 / 1.30 / 1.15 with 2)."""
+    """Positional reads in flight per rank on a local mount: one per core, 2 to 4 (each thread also
+    hashes what it read; 4 × 8 MiB spread out measured 2-3x slower than 2 × 2 MiB on the benchmark
+    box), plus one per further file read side by side, at most ``MAX_READ_THREADS``: such a thread
+    often waits on pages another rank is still fetching, leaving this rank's own file without reads
+    in flight (Shard(0) → Shard(1): ~1.05 × the same-layout load with 3-4 threads, 1.15-1.33 with
+    2; benchmarks/CHECKS.md)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
