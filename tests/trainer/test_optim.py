@@ -2,7 +2,8 @@
 single-tensor AdamW bit for bit; bf16 moments are stored in bf16 and follow fp32 closely; stochastic
 rounding is exact on representable values and unbiased between them; bf16 masters and moments
 survive a checkpoint round trip bitwise (a resumed run continues exactly) and load into another
-layout; over a few hundred steps bf16 masters train the debug model like fp32 masters."""
+layout; over a few hundred steps bf16 masters train the debug model like fp32 masters; the optimizer's
+write-back rounds stochastically (updates below half a bf16 ulp still move the weights on average)."""
 
 from __future__ import annotations
 
@@ -104,3 +105,19 @@ def test_bf16_masters_train_like_fp32_masters_over_300_steps(tmp_path):
     tail = lambda losses: sum(losses[-20:]) / 20  # noqa: E731
     assert tail(fp32) < fp32[0] - 2.0  # it trains
     assert abs(tail(lean) - tail(fp32)) < 0.03 * tail(fp32), (tail(lean), tail(fp32))
+
+
+def test_bf16_master_updates_below_half_an_ulp_move_the_weights_on_average():
+    # Every AdamW step moves each weight by lr = 1e-3 (constant gradient: m / sqrt(v) = 1), a quarter
+    # of a bf16 ulp at 1.0 (2^-7): round-to-nearest writes 1.0 back every time, stochastic rounding
+    # moves the weights by 20 x 1e-3 on average. The mean of 4096 weights has a standard deviation
+    # far below 1e-3 (each weight's error is under one ulp), so the margins cannot be reached by chance.
+    weights = torch.ones(4096, dtype=torch.bfloat16, requires_grad=True)
+    optimizer = build([weights], lr=1e-3, weight_decay=0.0, param_dtype=torch.bfloat16, seed=3)
+    assert isinstance(optimizer, LeanAdamW)
+    for _ in range(20):
+        weights.grad = torch.ones_like(weights)
+        optimizer.step()
+    assert weights.dtype == torch.bfloat16
+    moved = 1.0 - weights.detach().float().mean().item()
+    assert moved == pytest.approx(20 * 1e-3, abs=5e-3), moved  # round-to-nearest: moved == 0.0
