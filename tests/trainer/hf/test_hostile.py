@@ -2,7 +2,7 @@
 ``open_hf`` / ``ckpt-convert --from hf`` with an InvalidManifestError naming the file and the field,
 exit 1 and one line, at once: config values of the wrong type or an absurd size (which escaped as
 TypeError/ValueError/OverflowError, blamed "writing DST", or hung for 10^6 layers), deep or non-finite
-JSON, weight_map entries leaving the directory (``../x``, absolute: read from outside before), weights
+JSON (and JSON files over the documented 16 MiB, while one at it is read), weight_map entries leaving the directory (``../x``, absolute: read from outside before), weights
 files that are symbolic links out (followed before)."""
 
 from __future__ import annotations
@@ -112,6 +112,29 @@ def test_hub_cache_links_into_its_blobs_are_read(tmp_path):
         os.symlink(f"../../blobs/h{i}", snapshot / file.name)
     model = open_hf(snapshot)
     assert model.args.dim == 16 and len(model.weights) == 12
+
+
+DOCUMENTED_JSON_BOUND = 16 << 20  # docs/RELIABILITY.md: config.json and the index are at most 16 MiB
+
+
+def _pad_json(file: Path, size: int) -> None:
+    """Rewrite the JSON object in ``file`` as exactly ``size`` bytes (an extra string key)."""
+    value = json.loads(file.read_text())
+    value["padding"] = ""
+    short = len(json.dumps(value))
+    value["padding"] = "x" * (size - short)
+    file.write_text(json.dumps(value))
+    assert file.stat().st_size == size
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors.index.json"])
+def test_json_files_at_the_documented_bound_are_read_and_one_byte_over_refused(tmp_path, capsys, name):
+    at = save_tiny(tmp_path / "at", sharded=True)
+    _pad_json(at / name, DOCUMENTED_JSON_BOUND)
+    assert open_hf(at).args.dim == 16
+    over = save_tiny(tmp_path / "over", sharded=True)
+    _pad_json(over / name, DOCUMENTED_JSON_BOUND + 1)
+    _refused(over, tmp_path, capsys, str(over / name), f"is {DOCUMENTED_JSON_BOUND + 1} bytes")
 
 
 def test_a_valid_tiny_model_still_imports(tmp_path):
