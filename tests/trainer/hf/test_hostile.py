@@ -2,8 +2,9 @@
 ``open_hf`` / ``ckpt-convert --from hf`` with an InvalidManifestError naming the file and the field,
 exit 1 and one line, at once: config values of the wrong type or an absurd size (which escaped as
 TypeError/ValueError/OverflowError, blamed "writing DST", or hung for 10^6 layers), deep or non-finite
-JSON (and JSON files over the documented 16 MiB, while one at it is read), weight_map entries leaving the directory (``../x``, absolute: read from outside before), weights
-files that are symbolic links out (followed before)."""
+JSON (and JSON files over the documented 16 MiB, while one at it is read), weight_map entries
+leaving the directory (``../x``, absolute: read from outside before), weights files that are
+symbolic links out (followed before)."""
 
 from __future__ import annotations
 
