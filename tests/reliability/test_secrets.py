@@ -45,6 +45,21 @@ def test_redact_removes_userinfo_and_query_values():
     assert redact(redact(f"s3://{URL_KEY}:{URL_SECRET}@b/r")) == "s3://b/r"
 
 
+def test_redact_cleans_every_url_of_a_message_not_only_the_first():
+    """Issue 36 (mutation audit): a copy failure names its source and its target; a redact that
+    cleaned only the first URL of a message would print the second one's credentials."""
+    from ckpt.redact import redact
+
+    message = (f"copying s3://{URL_KEY}:{URL_SECRET}@src/run/step-00000003 to "
+               f"s3://{URL_KEY}2:{URL_SECRET}2@dst/run/step-00000003 failed")
+    assert redact(message) == "copying s3://src/run/step-00000003 to s3://dst/run/step-00000003 failed"
+    signed = f"s3://a/x?X-Amz-Security-Token={TOKEN} then s3://b/y?X-Amz-Signature={TOKEN}2&v=1"
+    assert redact(signed) == "s3://a/x?X-Amz-Security-Token=REDACTED then s3://b/y?X-Amz-Signature=REDACTED&v=REDACTED"
+    mixed = f"'s3://{URL_KEY}@a/x?t={TOKEN}' and 'gs://{URL_KEY}:{URL_SECRET}@b/y?t={TOKEN}'"
+    assert redact(mixed) == "'s3://a/x?t=REDACTED' and 'gs://b/y?t=REDACTED'"
+    assert not _leaks(redact(message + " " + signed + " " + mixed))
+
+
 @pytest.mark.slow
 def test_credentials_in_mount_urls_never_land_on_disk_or_in_a_line(s3_bucket, aws_env, tmp_path, capsys, caplog):
     from tools.inspection import main as inspect
