@@ -4,7 +4,8 @@ a zstd bomb, sparse data and metadata files claiming gigabytes (MemoryError or m
 before), a value whose pickle is a memo DAG of 2^40 leaves and 2500 tensors sharing one 2500-chunk
 list (past 30 s before), a 5000-deep value (RecursionError), a meta-tensor chunk
 (NotImplementedError), a lone-surrogate key (imported, then crashed ckpt-inspect). Data files named
-``__0_1`` and ``__0_01`` (FileExistsError before) import."""
+``__0_1`` and ``__0_01`` (FileExistsError before) import. Size bounds count bytes, not elements: a
+chunk stored in fewer bytes than its dtype needs, or declaring more bytes than memory holds, is refused."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 
 import ckpt
 from ckpt.convert import import_dcp
+from ckpt.convert._bounds import available_memory
 from tests.support import dcp_hostile as hostile
 from tests.support import dcp_sources
 from tests.support.hangs import ends
@@ -71,6 +73,30 @@ def test_chunk_stored_in_fewer_bytes_than_its_box(source, tmp_path, capsys):
     (source / "small.distcp").write_bytes(b"PK\x03\x04" + b"\x00" * 60)
     hostile.add_tensor(source, "big", (1 << 30,), file="small.distcp", length=64)
     _refused(source, tmp_path, capsys, ckpt.CorruptCheckpointError, "big", "declares")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
+def test_chunk_stored_in_as_many_bytes_as_elements_but_fewer_than_its_box_needs(source, tmp_path, capsys, dtype):
+    """The bound is in bytes: 1024 elements of a wider dtype stored in itemsize/2 bytes each (at
+    least one byte an element) are refused before anything is read."""
+    elements = 1024
+    length = elements * dtype.itemsize // 2
+    (source / "small.distcp").write_bytes(b"PK\x03\x04" + b"\x00" * (length - 4))
+    hostile.add_tensor(source, "big", (elements,), file="small.distcp", length=length, dtype=dtype)
+    _refused(source, tmp_path, capsys, ckpt.CorruptCheckpointError, "big",
+             f"declares {elements * dtype.itemsize} bytes but small.distcp stores {length}")
+
+
+def test_compressed_chunk_whose_bytes_but_not_elements_exceed_memory(source, tmp_path, capsys):
+    """A zstd chunk of float64 declaring a quarter of this machine's available memory in elements
+    (twice of it in bytes) is refused by the memory bound before it is read."""
+    available = available_memory()
+    if available is None:
+        pytest.skip("this machine does not say how much memory is available")
+    (source / "packed.distcp").write_bytes(b"\x28\xb5\x2f\xfd" + b"\x00" * 60)
+    hostile.add_tensor(source, "big", (available // 4,), file="packed.distcp", length=64, dtype=torch.float64,
+                       transforms=["stream.zstd/1"])
+    _refused(source, tmp_path, capsys, ckpt.CheckpointError, "big", "bytes in memory")
 
 
 def test_sparse_metadata_file(source, tmp_path, capsys):
