@@ -3,7 +3,8 @@
 Contract:
 
 * :class:`MotoServer` runs moto's server (``python -m moto.server``) as a *subprocess* on 127.0.0.1 and a free port,
-  so it can be stopped or killed independently of the tests. ``start()`` returns once the server
+  so it can be stopped or killed independently of the tests. Its conditional PUTs (``If-None-Match: *``,
+  ``If-Match: <etag>``, what the object-store lease is built on) are atomic, as on S3. ``start()`` returns once the server
   answers HTTP (at most ``startup_timeout`` seconds, else :class:`RuntimeError` with the log tail);
   ``stop()`` terminates it (kill after a timeout); ``restart()`` brings it back on the same port
   (moto keeps its data in memory, so a restart empties every bucket). Its output goes to a log
@@ -67,6 +68,24 @@ except ImportError:  # another moto layout: run it as it is
     pass
 else:
     MotoRequestHandler.send_response = send_response
+
+# moto checks a conditional PUT's If-None-Match / If-Match and then stores the object, two steps
+# without a lock between them: two racing conditional PUTs could both succeed (1 race in 200 did,
+# under load). S3 decides them atomically; one lock around PutObject and DeleteObject makes moto do so.
+import functools, threading
+from moto.s3.responses import S3Response
+
+_one_at_a_time = threading.Lock()
+
+def _atomic(method):
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with _one_at_a_time:
+            return method(self, *args, **kwargs)
+    return call
+
+S3Response.put_object = _atomic(S3Response.put_object)
+S3Response.delete_object = _atomic(S3Response.delete_object)
 main(sys.argv[1:])
 """
 
