@@ -69,3 +69,59 @@ def any_rank(flags: tuple[bool, ...], group: dist.ProcessGroup | None, *, distri
     tensor = torch.tensor([int(bool(f)) for f in flags])
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
     return tuple(bool(v) for v in tensor.tolist())
+
+
+class Agreement:
+    """One decision on every rank of ``group`` (a gloo group; None with ``distributed=False``: every
+    method is then the local answer): rank 0 decides and the others take its answer
+    (:meth:`decided`), a flag is up when any rank raises it (:meth:`any`), the first rank's error
+    stands for all (:meth:`first_error`). Every rank calls each method at the same point."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None, *, distributed: bool = False):
+        self.group, self.distributed = group, distributed
+        self.rank = dist.get_rank(group) if distributed else 0
+
+    def decided(self, fn: Callable[[], object]):
+        """``fn()`` on rank 0 (the only rank that calls it), its value on every rank; its error
+        raised on every rank."""
+        value, error = None, None
+        if self.rank == 0:
+            try:
+                value = fn()
+            except Exception as exc:
+                error = exc
+        value, error = broadcast_value((value, _portable(error)), self.group, distributed=self.distributed)
+        if error is not None:
+            raise error
+        return value
+
+    def any(self, flag: bool) -> bool:
+        return any_rank((flag,), self.group, distributed=self.distributed)[0]
+
+    def each(self, fn: Callable[[], object]):
+        """``fn()`` on every rank; its value, or the first failing rank's error raised on every rank
+        (a CheckpointError or OSError; anything else is raised where it happened, unshared)."""
+        value, error = None, None
+        try:
+            value = fn()
+        except (CheckpointError, OSError) as exc:
+            error = exc
+        error = self.first_error(error)
+        if error is not None:
+            raise error
+        return value
+
+    def first_error(self, error: BaseException | None) -> BaseException | None:
+        """The error of the lowest rank that has one (this rank's own object where it is that
+        rank), or None on every rank when none has."""
+        if not self.distributed:
+            return error
+        errors: list = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(errors, _portable(error), group=self.group)
+        for rank, found in enumerate(errors):
+            if found is not None:
+                return error if rank == self.rank else found
+        return None
+
+
+LOCAL = Agreement()

@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from .api import load_with_manifest, write_tree
-from ._collective import any_rank, broadcast_value, run_on_src
+from ._collective import Agreement, any_rank, broadcast_value, run_on_src
 from .dcp import Writer
 from .delta import DeltaBase, DeltaChain, tensor_signature
 from .errors import CheckpointError
@@ -197,13 +197,17 @@ class CheckpointManager:
         self.wait()
         self._load_stats = stats = LoadStats()  # every attempt of this load, a fallback's included
 
-        def load(target: dict, path, mirrors) -> None:
-            load_with_manifest(target, path, self._root.manifest_at(path), strict=strict,
+        agree = Agreement(self._control_pg, distributed=self._distributed)
+
+        def load(target: dict, path, mirrors) -> None:  # each rank reads the manifest; all agree before DCP
+            manifest = agree.each(lambda: self._root.manifest_at(path))
+            load_with_manifest(target, path, manifest, strict=strict,
                                process_group=self._control_pg, mirrors=mirrors, stats=stats)
 
         if step is not None:
-            return resume.load_step(self._mounts, state, step, load, run=self.run)
-        return resume.load_latest(self._mounts, state, load, run=self.run)
+            return resume.load_step(self._mounts, state, step, load, run=self.run, agree=agree)
+        return resume.load_latest(self._mounts, state, load, run=self.run, agree=agree,
+                                  on_set_aside=lambda mount, old, _: self._catalog.forget(mount.path, old))
 
     def discard_after(self, step: int) -> list[int]:
         """Delete every committed step after ``step`` on every mount (rank 0; collective), so that
@@ -228,8 +232,11 @@ class CheckpointManager:
         :mod:`ckpt.root.replicate`); empty without replicas."""
         return {} if self._replicator is None else self._replicator.status()
 
-    def steps(self) -> list[int]:
-        """Committed steps under the root, ascending."""
+    def steps(self, *, agreed: bool = False) -> list[int]:
+        """Committed steps under the root, ascending; ``agreed``: rank 0's listing on every rank
+        (collective), for a decision every rank must take alike."""
+        if agreed:
+            return Agreement(self._control_pg, distributed=self._distributed).decided(self._root.steps)
         return self._root.steps()
 
     def manifest(self, step: int):

@@ -140,16 +140,24 @@ class RunCheckpoints:
                 raise exits.Refused(f"checkpoint.load_step={load_step}: {exc}") from exc
             raise exits.Failed(f"the checkpoint to resume from cannot be loaded: {exc}") from exc
         if step is not None:
+            self._branch_if_asked(step)  # before the resume line: a refused start prints none
             self.resumed_step = step
             self.log(f"resumed from checkpoint step {step} ({self.manager.root}){note}; "
                      f"{self.manager.load_stats.summary()} on this rank")
-            self._branch_if_asked(step)
 
     def _branch_if_asked(self, step: int) -> None:
         """A load_step older than the newest committed step: refused unless checkpoint.branch, which
-        deletes the later steps (on every mount) so that the run leaves one history."""
-        later = [s for s in self.manager.steps() if s > step]
+        deletes the later steps (on every mount) so that the run leaves one history. Every rank
+        decides alike (rank 0's listing). Without load_step the newest step that loads was resumed
+        (damaged later ones were set aside): a later one still there could not be read now."""
+        later = [s for s in self.manager.steps(agreed=True) if s > step]
         shown = ", ".join(map(str, later[:8])) + (f" and {len(later) - 8} more" if len(later) > 8 else "")
+        if later and self.cfg.checkpoint.load_step is None:
+            raise exits.Failed(
+                f"resumed from checkpoint step {step}, but the committed steps {shown} are newer and could not be "
+                f"loaded now (not damaged: a mount could not be read, see the warnings above); training on would "
+                f"replace them. Start again when the mount is back, or pass --checkpoint.load_step {step} "
+                f"--checkpoint.branch true to give them up")
         if later and not self.cfg.checkpoint.branch:
             raise exits.Refused(
                 f"checkpoint.load_step={step}: the committed steps {shown} are newer; training on from step {step} "

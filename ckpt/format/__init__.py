@@ -33,12 +33,14 @@ from .entries import (
 )
 from .manifest import Manifest, parse_manifest
 from .names import (
+    DAMAGED_MARK,
     DATA_DIR,
     MANIFEST_NAME,
     OLD_MARK,
     TMP_MARK,
     aside_name,
     attempt_name,
+    damaged_name,
     data_file_name,
     data_file_rank,
     is_data_file_name,
@@ -47,6 +49,7 @@ from .names import (
     is_sibling_name,
     leftover_target,
     numbered_file_name,
+    parse_damaged_name,
     parse_step_name,
     step_name,
     step_of_entry,
@@ -56,7 +59,7 @@ __all__ = [
     "CHECKSUM_ALGORITHM", "checksum", "is_checksum", "seal", "unseal",
     "DTYPE_NAMES", "DTYPES", "FORMAT_NAME", "FORMAT_VERSION", "KINDS", "MAX_BYTES", "MAX_DIMS", "READABLE_VERSIONS",
     "Blob", "Chunk", "TensorEntry", "ValueEntry", "dtype_name", "Manifest", "parse_manifest",
-    "DATA_DIR", "MANIFEST_NAME", "OLD_MARK", "TMP_MARK", "aside_name", "attempt_name", "data_file_name",
-    "data_file_rank", "is_data_file_name", "is_leftover", "is_run_id", "is_sibling_name", "leftover_target", "numbered_file_name",
+    "DAMAGED_MARK", "DATA_DIR", "MANIFEST_NAME", "OLD_MARK", "TMP_MARK", "aside_name", "attempt_name", "damaged_name", "data_file_name",
+    "data_file_rank", "is_data_file_name", "is_leftover", "is_run_id", "is_sibling_name", "leftover_target", "numbered_file_name", "parse_damaged_name",
     "parse_step_name", "step_name", "step_of_entry",
 ]

@@ -3,6 +3,7 @@
     <root>/step-00000100/                   a step's checkpoint            step_name / parse_step_name
     <root>/step-00000100.tmp-<id>/          a save in progress (or dead)   attempt_name / leftover_target
     <root>/step-00000100.old-<id>/          a committed copy moved aside   aside_name / leftover_target
+    <root>/step-00000100.damaged-<time>/    a step no mount could load     damaged_name / parse_damaged_name
       manifest.json                         MANIFEST_NAME
       data/rank-00003.bin                   data_file_name / data_file_rank / is_data_file_name
       data/rank-00003-p1.bin                (a rank's further parts)
@@ -23,8 +24,10 @@ MANIFEST_NAME = "manifest.json"
 DATA_DIR = "data"
 TMP_MARK = ".tmp-"  # <name>.tmp-<id>: an attempt in progress (POSIX), invisible to readers
 OLD_MARK = ".old-"  # <name>.old-<id>: a committed copy moved aside by an overwriting save
+DAMAGED_MARK = ".damaged-"  # <name>.damaged-<time>: set aside for a person, never loaded, never deleted
 
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
+_DAMAGED_DIR = re.compile(r"^step-(\d{8,})\.damaged-(\d{8}T\d{6}Z(?:-\d+)?)$")
 _DATA_FILE = re.compile(r"^data/[A-Za-z0-9][A-Za-z0-9._-]{0,127}\.bin$")
 _RANK = re.compile(r"rank-(\d+)")
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -51,6 +54,19 @@ def attempt_name(name: str, tag: str) -> str:
 def aside_name(name: str, tag: str) -> str:
     """Where a committed ``name`` is moved while a save replaces it: ``<name>.old-<tag>``."""
     return f"{name}{OLD_MARK}{tag}"
+
+
+def damaged_name(step: int, when: str) -> str:
+    """Where a committed step that no mount could load is set aside: ``step-00000100.damaged-<when>``
+    (``when``: UTC ``20261205T130501Z``, ``-2`` etc. appended when that name is taken). Not a step
+    for readers, not a leftover for clean-up: it stays until a person removes it."""
+    return f"{step_name(step)}{DAMAGED_MARK}{when}"
+
+
+def parse_damaged_name(name: str) -> tuple[int, str] | None:
+    """``(step, when)`` of a set-aside step's name (``step-00000100.damaged-20261205T130501Z``), else None."""
+    match = _DAMAGED_DIR.match(name)
+    return (int(match.group(1)), match.group(2)) if match else None
 
 
 def is_leftover(name: str) -> bool:

@@ -3,6 +3,15 @@
     load_step(mounts, state, step, load, run=)   that step, or CheckpointNotFoundError naming the committed ones
     load_latest(mounts, state, load, run=)       the newest step that loads in full; None only when no mount has one
 
+Every rank decides together (``agree``: :class:`ckpt._collective.Agreement` over the manager's
+control group): rank 0 lists the candidates and the mounts holding each for every rank, and each
+load attempt fails on every rank or on none (the first failing rank's error), so no rank resumes
+from a step another refused. A step that fails as damaged on every mount holding it, as every rank
+saw it, is set aside on each of them by rank 0 (:mod:`ckpt.root.damaged`: renamed
+``step-N.damaged-<time>``, never deleted) before the next older step is tried: it is no longer
+history the run could return to, and training through it again writes a fresh one. An explicit
+``load_step`` is never set aside: it fails.
+
 Only this run's checkpoints are candidates (``run``: :mod:`ckpt.root.claim`): a replica claimed by
 another run is passed over entirely, a step whose manifest names another run is left out (one
 warning naming both runs each); steps that name no run (written before runs were identified) count
@@ -29,9 +38,11 @@ import logging
 import warnings
 from typing import Any, Callable
 
+from .._collective import LOCAL, Agreement
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, ForeignRunError, StorageError
 from ..storage import Location
 from .claim import read_claim
+from .damaged import set_aside, utc_stamp
 from .steps import CheckpointRoot
 
 log = logging.getLogger(__name__)
@@ -86,9 +97,10 @@ def ours(mounts: list[CheckpointRoot], run: str | None) -> list[CheckpointRoot]:
 
 
 def _load_from(mounts: list[CheckpointRoot], holders: list[CheckpointRoot], state: dict, step: int,
-               load: LoadFn) -> CheckpointError | None:
-    """Load ``step`` from the first of ``holders`` whose copy loads; the last failure, or None."""
-    failure = None
+               load: LoadFn) -> tuple[CheckpointError | None, bool]:
+    """Load ``step`` from the first of ``holders`` whose copy loads: (None, _), or the last failure
+    and whether every copy failed as damaged (:class:`~ckpt.errors.CorruptCheckpointError`)."""
+    failure, damaged = None, True
     for mount in holders:
         mirrors = tuple(m.path for m in mounts)  # every link is looked for on its own mount first
         try:
@@ -96,56 +108,100 @@ def _load_from(mounts: list[CheckpointRoot], holders: list[CheckpointRoot], stat
         except DAMAGE as exc:
             if len(holders) > 1:
                 log.warning("checkpoint step %d on %s cannot be loaded (%s)", step, mount.path, exc)
-            failure = exc
+            failure, damaged = exc, damaged and isinstance(exc, CorruptCheckpointError)
             continue
         if mount is not mounts[0]:
             log.warning("checkpoint step %d loaded from replica %s (the primary %s has no good copy)",
                         step, mount.path, mounts[0].path)
             warnings.warn(f"checkpoint step {step} loaded from replica {mount.path}", stacklevel=4)
-        return None
-    return failure
+        return None, False
+    return failure, damaged
 
 
-def load_step(mounts: list[CheckpointRoot], state: dict, step: int, load: LoadFn, *, run: str | None = None) -> int:
-    mounts = ours(mounts, run)
-    holders = [m for m in mounts if step in _committed(m, chain_checked=False, run=run)]
-    if not holders:
-        shown = ", ".join(map(str, mounts[0].steps()[-20:])) or "none"
+def agreed(load: LoadFn, agree: Agreement) -> LoadFn:
+    """``load`` made one decision of every rank: each attempt fails on every rank, with the first
+    failing rank's error, or on none — so every rank walks the same candidates and mounts."""
+    return lambda state, path, mirrors: agree.each(lambda: load(state, path, mirrors))
+
+
+def _holders(mounts: list[CheckpointRoot], step: int, run: str | None) -> tuple[list[int], list[int]]:
+    kept = ours(mounts, run)
+    return ([mounts.index(m) for m in kept],
+            [mounts.index(m) for m in kept if step in _committed(m, chain_checked=False, run=run)])
+
+
+def load_step(mounts: list[CheckpointRoot], state: dict, step: int, load: LoadFn, *, run: str | None = None,
+              agree: Agreement = LOCAL) -> int:
+    kept, holding = agree.decided(lambda: _holders(mounts, step, run))  # rank 0 lists for every rank
+    if not holding:
+        shown = agree.decided(lambda: ", ".join(map(str, mounts[0].steps()[-20:])) or "none")
         raise CheckpointNotFoundError(
             f"no committed checkpoint of step {step} under {mounts[0].path}; committed steps: {shown}",
             path=str(mounts[0].step_path(step)))
-    failure = _load_from(mounts, holders, state, step, load)
+    failure, _ = _load_from([mounts[i] for i in kept], [mounts[i] for i in holding], state, step,
+                            agreed(load, agree))
     if failure is not None:
         raise failure
     return step
 
 
-def load_latest(mounts: list[CheckpointRoot], state: dict, load: LoadFn, *, run: str | None = None) -> int | None:
-    mounts = ours(mounts, run)
-    single = len(mounts) == 1
-    holders: dict[int, list[CheckpointRoot]] = {}
-    for mount in mounts:
+def _candidates(mounts: list[CheckpointRoot], run: str | None) -> tuple[list[int], list[tuple[int, list[int]]], list[int]]:
+    """Rank 0's listing: the mounts kept (indices), each committed step with the mounts holding it
+    (newest first) and, on a single mount, the committed deltas whose chain lost a link."""
+    kept = ours(mounts, run)
+    single = len(kept) == 1
+    holders: dict[int, list[int]] = {}
+    for mount in kept:
         for step in _committed(mount, chain_checked=single, run=run):
-            holders.setdefault(step, []).append(mount)
+            holders.setdefault(step, []).append(mounts.index(mount))
     listed = sorted(holders)
-    orphans = sorted(set(mounts[0].committed()) - set(listed), reverse=True) if single else []
+    orphans = sorted(set(kept[0].committed()) - set(listed), reverse=True) if single else []
+    return [mounts.index(m) for m in kept], [(step, holders[step]) for step in reversed(listed)], orphans
+
+
+def load_latest(mounts: list[CheckpointRoot], state: dict, load: LoadFn, *, run: str | None = None,
+                agree: Agreement = LOCAL, on_set_aside: Callable | None = None) -> int | None:
+    kept, candidates, orphans = agree.decided(lambda: _candidates(mounts, run))
+    newest_listed = candidates[0][0] if candidates else None
     for orphan in orphans:
-        if not listed or orphan > listed[-1]:
+        if newest_listed is None or orphan > newest_listed:
             _fall_back(orphan, "a link of its delta chain is missing or unreadable")
+    load = agreed(load, agree)
     failed: list[tuple[int, CheckpointError]] = []
-    for candidate in reversed(listed):
-        failure = _load_from(mounts, holders[candidate], state, candidate, load)
+    for candidate, holding in candidates:
+        holders = [mounts[i] for i in holding]
+        failure, damaged = _load_from([mounts[i] for i in kept], holders, state, candidate, load)
         if failure is None:
             return candidate
         failed.append((candidate, failure))
         _fall_back(candidate, failure)
+        if not agree.any(not damaged):  # damaged on every mount, as every rank saw it
+            agree.decided(lambda: _set_aside(holders, candidate, on_set_aside))
     if failed or orphans:
         newest = failed[0] if failed else (orphans[0], "a link of its delta chain is missing")
-        where = ", ".join(str(m.path) for m in mounts)
+        where = ", ".join(str(mounts[i].path) for i in kept)
         raise CorruptCheckpointError(
             f"no checkpoint under {where} can be loaded ({len(failed) + len(orphans)} committed; newest, "
             f"step {newest[0]}: {newest[1]}); the state may be partly overwritten", path=str(mounts[0].path))
     return None
+
+
+def _set_aside(holders: list[CheckpointRoot], step: int, on_set_aside: Callable | None) -> None:
+    """Rank 0: ``step`` (damaged on every mount holding it) moved out of the step namespace on each
+    (:mod:`ckpt.root.damaged`); a mount where that fails is warned about and keeps it."""
+    when = utc_stamp()
+    for mount in holders:
+        try:
+            mount.check_held()  # a writer that lost the root moves nothing there
+            where = set_aside(mount.path, step, when)
+        except (CheckpointError, OSError) as exc:
+            log.warning("checkpoint step %d on %s is damaged but could not be set aside (%s)", step, mount.path, exc)
+            continue
+        mount.forget(step)
+        if where is not None:
+            log.warning("checkpoint step %d on %s cannot be loaded: set aside as %s", step, mount.path, where)
+            if on_set_aside is not None:
+                on_set_aside(mount, step, where)
 
 
 def _fall_back(step: int, why: object) -> None:
