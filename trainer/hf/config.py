@@ -106,6 +106,12 @@ def _refuse_unless(condition: bool, message: str) -> None:
 _LLAMA3_FIELDS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
+def _rotates_every_dimension(factor: Any) -> bool:
+    """``partial_rotary_factor`` (checked by :func:`check_config`: a positive number, or null) is 1:
+    missing or null means the default, full rotary, as transformers reads a llama config."""
+    return factor is None or float(factor) == 1.0
+
+
 def _rope_kind(params: Any, key: str) -> RopeScaling | None:
     """The rotary scaling in ``config[key]`` (a dict, or null): None for the default, a
     :class:`RopeScaling` for llama3's; any other kind is refused."""
@@ -115,7 +121,7 @@ def _rope_kind(params: Any, key: str) -> RopeScaling | None:
     rope_type = params.get("rope_type", params.get("type", "default"))
     _refuse_unless(rope_type in ("default", "llama3"), f"config.json: {key} rope_type={rope_type!r} is not "
                    "supported (our rotary embedding has llama3 scaling or none)")
-    _refuse_unless(float(params.get("partial_rotary_factor", 1.0)) == 1.0,
+    _refuse_unless(_rotates_every_dimension(params.get("partial_rotary_factor")),
                    f"config.json: {key} partial_rotary_factor is not supported (every head dimension is rotated)")
     if rope_type == "default":
         return None
@@ -140,7 +146,7 @@ def _rope_scaling(config: dict) -> RopeScaling | None:
 
 def _rope_theta(config: dict) -> float:
     """The rotary base: 4.x's ``rope_theta`` or 5.x's ``rope_parameters.rope_theta`` (default 10000)."""
-    _refuse_unless(float(config.get("partial_rotary_factor", 1.0)) == 1.0,
+    _refuse_unless(_rotates_every_dimension(config.get("partial_rotary_factor")),
                    "config.json: partial_rotary_factor is not supported (every head dimension is rotated)")
     theta = config.get("rope_theta")
     inner = (config.get("rope_parameters") or {}).get("rope_theta")

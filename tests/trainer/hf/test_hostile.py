@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import ckpt
 from tests.support.hf_sources import save_tiny, write_config
@@ -136,6 +137,30 @@ def test_json_files_at_the_documented_bound_are_read_and_one_byte_over_refused(t
     over = save_tiny(tmp_path / "over", sharded=True)
     _pad_json(over / name, DOCUMENTED_JSON_BOUND + 1)
     _refused(over, tmp_path, capsys, str(over / name), f"is {DOCUMENTED_JSON_BOUND + 1} bytes")
+
+
+NULL_ROTARY_FACTORS = {"top-level": {"partial_rotary_factor": None},
+                       "rope_parameters": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                               "partial_rotary_factor": None}}}
+
+
+@pytest.mark.parametrize("where", NULL_ROTARY_FACTORS)
+def test_null_partial_rotary_factor_means_full_rotary_as_in_transformers(tmp_path, capsys, where):
+    """checks.py admits null; config.py read it with float() (a TypeError traceback). Null is the
+    default, every head dimension rotated: transformers' llama reads the same rotary frequencies."""
+    plain, nulled = save_tiny(tmp_path / "plain"), save_tiny(tmp_path / "nulled", **NULL_ROTARY_FACTORS[where])
+    for src in (plain, nulled):
+        assert convert.main([str(src), str(tmp_path / src.name / "out"), "--from", "hf", "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+    args = [ckpt.read_manifest(tmp_path / src.name / "out" / "step-00000000").user["model_args"]
+            for src in (plain, nulled)]
+    assert args[0] == args[1]
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    frequencies = [LlamaRotaryEmbedding(transformers.LlamaConfig.from_pretrained(src)).inv_freq
+                   for src in (plain, nulled)]
+    assert torch.equal(frequencies[0], frequencies[1])
 
 
 def test_a_valid_tiny_model_still_imports(tmp_path):
