@@ -20,6 +20,11 @@ unfinished exchange always has both ends at it); and the data files it reads in 
 ranks read too (``together``: Shard(0) → Shard(1), where every rank needs some of every block),
 which it reads side by side (:func:`ckpt.prefetch.read_chunks`) when there are two or more. The
 work is linear in the plans' items.
+
+Before any of that the coordinator checks that every rank opened the same checkpoint (each plan
+carries an :class:`Opened`: the digest of the manifest its rank read): ranks given different paths,
+or reading a step another process replaced in between, would each load their own checkpoint's
+chunks into one state; :func:`one_checkpoint` fails such a load on every rank.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import Any
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
+from .errors import CheckpointError
 from .format import Chunk
 
 
@@ -61,6 +67,30 @@ class RankShares:
     def indices(self) -> set[MetadataIndex]:
         """The stored chunks this rank gets through the exchange (read for others, or received)."""
         return {index for op in self.ops for index in op.indices}
+
+
+@dataclass(frozen=True)
+class Opened:
+    """The checkpoint a rank opened, in its local plan: its manifest's digest, path and step."""
+
+    identity: str
+    path: str
+    step: int | None
+    inner: Any  # the plan's storage_data before (kept for whoever set it)
+
+
+def one_checkpoint(opened: list) -> None:
+    """Refuse a load whose ranks opened different checkpoints (rank-dependent paths, a step
+    committed between two ranks' reads): each would load its own chunks into one state."""
+    seen: dict[str, tuple[int, Opened]] = {}
+    for rank, o in enumerate(opened):
+        if isinstance(o, Opened):
+            seen.setdefault(o.identity, (rank, o))
+    if len(seen) > 1:
+        which = "; ".join(f"rank {rank}: {o.path} (step {o.step}, manifest digest {o.identity})"
+                          for rank, o in seen.values())
+        raise CheckpointError(f"the ranks of one load opened different checkpoints ({which}); "
+                              "every rank must load the same checkpoint - nothing was loaded")
 
 
 def covers_whole(item: ReadItem, chunk: Chunk) -> bool:

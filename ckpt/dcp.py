@@ -31,7 +31,7 @@ from torch.futures import Future
 
 from . import commit
 from ._gc import paused_gc
-from ._read_assign import RankShares, assign_shared_reads
+from ._read_assign import Opened, RankShares, assign_shared_reads, one_checkpoint
 from ._read_share import serve_shared
 from .committed import read_manifest
 from .delta import DeltaBase
@@ -208,9 +208,14 @@ class Reader(StorageReader):
         self.storage = metadata.storage_data
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
-        return plan
+        opened = Opened(self.manifest.identity(), str(self.path), self.manifest.step, plan.storage_data)
+        return dataclasses.replace(plan, storage_data=opened)
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        opened = [plan.storage_data for plan in plans]
+        plans = [dataclasses.replace(plan, storage_data=o.inner) if isinstance(o, Opened) else plan
+                 for plan, o in zip(plans, opened)]
+        one_checkpoint(opened)
         if self.process_group is None:
             return plans
         with paused_gc():

@@ -23,8 +23,8 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from .blobs import CHECKSUM_ALGORITHM
-from .digest import seal
+from .blobs import CHECKSUM_ALGORITHM, checksum
+from .digest import seal, unseal
 from .entries import FORMAT_NAME, FORMAT_VERSION, Blob, Chunk, TensorEntry, ValueEntry, dtype_name
 from .names import MANIFEST_NAME
 from .validate import manifest_fields
@@ -45,6 +45,9 @@ class Manifest:
     dcp_version: str | None = None
     user: dict = field(default_factory=dict)
     run: str | None = None  # the run that wrote it (optional: absent before runs were identified)
+    # the digest of manifest.json as read (:mod:`ckpt.format.digest`; a version-1 file's own xxh3),
+    # None for one built here: :meth:`identity`
+    digest: str | None = field(default=None, compare=False, repr=False)
 
     # -- serialisation ------------------------------------------------------------------------
     def to_json(self) -> bytes:
@@ -88,7 +91,16 @@ class Manifest:
     @classmethod
     def from_json(cls, raw: bytes, *, source: str = MANIFEST_NAME) -> "Manifest":
         """Parse and validate a manifest (see :mod:`ckpt.format.validate`); ``source`` names it in errors."""
-        return cls(**manifest_fields(raw, source=source))
+        manifest = cls(**manifest_fields(raw, source=source))
+        manifest.digest = unseal(raw)[1] or checksum(raw)
+        return manifest
+
+    def identity(self) -> str:
+        """The digest that tells this manifest from any other (ranks of one load compare it): the
+        one read with it, else that of its serialisation (the one :meth:`to_json` seals in)."""
+        if self.digest is None:
+            self.digest = unseal(self.to_json())[1]
+        return self.digest
 
     # -- assembly ------------------------------------------------------------------------------
     def add_record(self, key: str, record: "Chunk | ValueEntry") -> None:
