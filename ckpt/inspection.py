@@ -32,6 +32,7 @@ from .errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointE
 from .format import MANIFEST_NAME, Manifest, unseal
 from .inspect_step import prefix_sizes, preview, run_config
 from .root.claim import read_claim
+from .root.damaged import damaged_steps
 from .read import verify_blobs
 from .storage import Location, locate
 
@@ -135,6 +136,18 @@ def step_rows(mounts, listed, catalog: dict[int, StepInfo]) -> list[dict]:
                     row.update(kind="unreadable", error=_one_line(exc))
         rows.append(row)
     return rows
+
+
+def set_aside_steps(mounts) -> list[dict]:
+    """``{"mount", "step", "name"}`` for each step a resume set aside on each mount (damaged on
+    every mount: :mod:`ckpt.root.damaged`), a mount that cannot be listed left out."""
+    found = []
+    for url, location in mounts:
+        try:
+            found += [{"mount": url, "step": step, "name": name} for step, name in damaged_steps(location)]
+        except (CheckpointError, OSError):
+            continue
+    return found
 
 
 def stored_bytes(manifest: Manifest) -> int:

@@ -1,6 +1,7 @@
 """ckpt-inspect: list a run's steps across its mounts, verify every stored byte, or summarise one checkpoint.
 
-    ckpt-inspect ROOT [--mount URL ...] [--catalog DIR] [--json]    steps x mounts table
+    ckpt-inspect ROOT [--mount URL ...] [--catalog DIR] [--json]    steps x mounts table (and the steps
+                                                                    set aside as damaged on each mount)
     ckpt-inspect ROOT --verify [--step N] [--quiet]                 read and check every blob
     ckpt-inspect ROOT/step-N [--json]                               one checkpoint: totals, sizes per prefix,
                                                                     tensors, values, the recorded run config
@@ -37,6 +38,7 @@ from ckpt.inspection import (
     compare_mounts,
     mount_list,
     open_manifests,
+    set_aside_steps,
     step_rows,
     stored_bytes,
     summarize,
@@ -70,10 +72,11 @@ def note(text: str) -> None:
 
 # -- which checkpoint ------------------------------------------------------------------------------
 
-def print_listing(root: Location, catalog_path, mounts, rows, as_json: bool) -> None:
+def print_listing(root: Location, catalog_path, mounts, rows, as_json: bool, damaged: list[dict] = ()) -> None:
     urls = [url for url, _location in mounts]
     if as_json:
-        print(json.dumps({"root": mount_id(root), "catalog": catalog_path, "mounts": urls, "steps": rows}, indent=2))
+        print(json.dumps({"root": mount_id(root), "catalog": catalog_path, "mounts": urls, "steps": rows,
+                          "damaged": list(damaged)}, indent=2))
         return
     headers = [url if len(url) <= MAX_HEADER else f"mount {i}" for i, url in enumerate(urls, 1)]
     for i, (url, header) in enumerate(zip(urls, headers), 1):
@@ -84,6 +87,8 @@ def print_listing(root: Location, catalog_path, mounts, rows, as_json: bool) -> 
     print(table(["step", "kind", "base", "size", "time"] + headers, body))
     if not rows:
         print(f"no committed steps under {root}")
+    for entry in damaged:
+        print(f"set aside, no mount could load it: step {entry['step']} as {entry['name']} on {entry['mount']}")
 
 
 def listing(args, root: Location, *, rebuilt: bool = False) -> int:
@@ -92,9 +97,10 @@ def listing(args, root: Location, *, rebuilt: bool = False) -> int:
     mounts, listed, catalog = survey(root, catalog_path, args.mount, note=note,
                                      explicit=args.catalog is not None and not rebuilt)
     rows = step_rows(mounts, listed, catalog)
-    if not rows and not catalog and not CheckpointRoot(root).step_dirs():
+    damaged = set_aside_steps(mounts)
+    if not rows and not catalog and not damaged and not CheckpointRoot(root).step_dirs():
         raise CheckpointNotFoundError(f"{root} is not a checkpoint root (no step directories)", path=str(root))
-    print_listing(root, catalog_path if (catalog or rebuilt) else None, mounts, rows, args.json)
+    print_listing(root, catalog_path if (catalog or rebuilt) else None, mounts, rows, args.json, damaged)
     return 0
 
 

@@ -5,6 +5,7 @@ mount could not be read, or that loads from another mount, stays where it is."""
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -60,6 +61,26 @@ def test_a_step_damaged_on_every_mount_is_set_aside_there_and_written_again(tmp_
     ckpt.load(restored, step_path(primary, 4))
     assert_state_equal(restored, live)
     assert len(_aside(primary)) == 1  # and the set-aside copy stays
+
+
+def test_ckpt_inspect_lists_the_steps_set_aside(tmp_path, capsys):
+    from tools.inspection import main
+
+    with ckpt.CheckpointManager(tmp_path, interval=1, keep=9) as manager:
+        train(manager, [1, 2])
+    _damage(tmp_path, 2)
+    with ckpt.CheckpointManager(tmp_path) as manager, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert manager.load(blank()) == 1
+    (aside,) = _aside(tmp_path)
+    capsys.readouterr()
+    assert main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"set aside, no mount could load it: step 2 as {aside.name} on {tmp_path}" in out
+    assert main([str(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [row["step"] for row in doc["steps"]] == [1]
+    assert doc["damaged"] == [{"mount": str(tmp_path), "step": 2, "name": aside.name}]
 
 
 def test_a_step_that_loads_from_a_replica_is_not_set_aside(tmp_path):
