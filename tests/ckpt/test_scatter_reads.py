@@ -1,7 +1,8 @@
 """Partial reads straight into the live tensor (:mod:`ckpt._scatter`): a resharded load whose box
 is whole rows, or rows of long runs, reads the blocks it needs with scatter reads into the target
 itself (what no want needs into scratch), each block still verified; nothing else of the live
-tensor is touched; short runs, strided rows and overlapping boxes are staged and copied instead.
+tensor is touched; short runs, strided rows and overlapping boxes are staged and copied instead, each staged window's
+blocks checked against the block table before a byte of it is copied out.
 
 Single process: the boxes another layout's rank would want are driven through
 :func:`ckpt.prefetch.read_chunks` (the multi-rank reshards are tests/ckpt/test_reshard.py).
@@ -169,6 +170,41 @@ def test_short_runs_strided_rows_and_overlaps_are_staged_instead(tmp_path):
     out = torch.empty(400, 512)
     _read(path, [((0, 512), (400, 512), out)])
     assert torch.equal(_bits(out), _bits(state[:, 512:]))
+
+
+@pytest.fixture
+def no_scatter(monkeypatch):
+    """Fails a read that scatters a window into its targets (the staged path is wanted)."""
+    def scattered(*args, **kwargs):
+        raise AssertionError("window scattered")
+    monkeypatch.setattr(prefetch, "ScatterWindow", scattered)
+
+
+@pytest.mark.parametrize("boxes", ["short runs", "strided rows", "overlapping"])
+def test_a_damaged_block_fails_a_staged_window_and_leaves_its_targets(tmp_path, no_scatter, boxes):
+    # the staged path (also every partial read into an accelerator's tensor) verifies each block of
+    # its window against the block table before a byte is copied out of it
+    state = torch.randn(1000, 1024)  # 4 KiB rows, 4 blocks
+    path = _save(tmp_path, state)
+    _flip(path, 2 * BLOCK_SIZE + 999)  # block 2: rows 512..767
+    targets = {"short runs": [((400, 512), (300, 512), torch.full((300, 512), -1.0))],
+               "strided rows": [((400, 0), (300, 1024), torch.full((1024, 300), -1.0).t())],
+               "overlapping": [((400, 0), (200, 1024), torch.full((200, 1024), -1.0)),
+                               ((500, 0), (200, 1024), torch.full((200, 1024), -1.0))]}[boxes]
+    with pytest.raises(ckpt.CorruptCheckpointError, match="block 2 of"):
+        _read(path, targets)
+    for _, _, target in targets:
+        assert torch.equal(target, torch.full(target.shape, -1.0))  # not one damaged byte copied
+
+
+def test_a_damaged_block_fails_a_staged_load_of_a_strided_live_tensor(tmp_path, no_scatter):
+    state = torch.randn(1000, 1024)
+    path = _save(tmp_path, state)
+    _flip(path, 3 * BLOCK_SIZE + 5)
+    live = {"w": torch.full((1024, 1000), -1.0).t()}  # rows not contiguous: neither direct nor scattered
+    with pytest.raises(ckpt.CorruptCheckpointError, match="block 3 of"):
+        ckpt.load(live, path)
+    assert torch.equal(live["w"], torch.full((1000, 1024), -1.0))
 
 
 def test_scatter_reads_fill_every_buffer_in_order(tmp_path, monkeypatch):
