@@ -212,7 +212,8 @@ class CheckpointManager:
     def discard_after(self, step: int) -> list[int]:
         """Delete every committed step after ``step`` on every mount (rank 0; collective), so that
         training on from ``step`` leaves one history, not two interleaved. Returns the steps deleted
-        on the primary; a replica that cannot be reached is warned about (its later steps stay)."""
+        on the primary; a mount where that fails raises, the primary then untouched
+        (:func:`~ckpt.root.retention.discard_after_on_mounts`)."""
         self._check_open()
         self.wait()
         deleted: list[int] = []

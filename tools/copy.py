@@ -7,7 +7,9 @@ Every committed step of SRC whose delta chain is whole is copied (with --step, t
 links of their delta chains), oldest first so that a delta's base is on DST before the delta. Each
 step is copied with the engine's replication copy: every blob's checksum is checked as the bytes
 stream, the data files are made durable, and the manifest is written last — a step that fails half
-way is never listed on DST. Steps DST already holds committed are left as they are. DST is locked
+way is never listed on DST. A step DST already holds committed with SRC's manifest (the same digest)
+is left as it is; one DST holds committed with another manifest (a step of another history, or a
+damaged one) is refused (exit 1, naming both digests): delete it there first. DST is locked
 for the copy like a manager locks its root: a running trainer's root is refused, and so is a DST
 claimed by another run than the one whose steps are copied (a manager opening a copied root
 without a claim takes the run of its newest step, so a restored root resumes as the same run).
@@ -22,7 +24,9 @@ import argparse
 import json
 
 from ckpt import CheckpointNotFoundError, CheckpointRoot, read_manifest
+from ckpt.committed import read_manifest_bytes
 from ckpt.root import copy_step, open_root
+from ckpt.root.copy import holds_copy
 from ckpt.root.claim import foreign, read_claim
 from ckpt.units import human_bytes
 from .cli import EXPECTED_FAILURES, command, doc_parser, fail, progress
@@ -84,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             refuse_another_runs_target(source, target, steps)
             with progress(len(steps), "copy", quiet=args.quiet, unit="step") as bar:
                 for step in steps:
-                    if target.is_committed(step):
+                    if holds_copy(target.step_path(step), read_manifest_bytes(source.step_path(step))[1],
+                                  source.step_path(step)):
                         skipped.append(step)
                     else:
                         total += copy_step(source.step_path(step), target.step_path(step), read_back=args.read_back)

@@ -5,8 +5,12 @@
 Contract of one copy (:func:`copy_step`):
 
 1. Rank 0 reads the source manifest (its digest checked) and starts an attempt on the target with
-   that mount's commit protocol (:mod:`ckpt.commit`); a target already committed is left as it is,
-   anything there without a manifest (a killed copy or deletion) is replaced.
+   that mount's commit protocol (:mod:`ckpt.commit`). A target already committed with the source's
+   manifest (the same bytes, so the same digest) is done and left as it is; one committed with
+   another manifest (another history's step of that number, or a damaged one) is refused
+   (:class:`TargetConflictError`, naming both digests: nothing committed is ever replaced by a copy;
+   the replicator deletes its own stale copies first, :mod:`ckpt.root.replicate`). Anything there
+   without a manifest (a killed copy or deletion) is replaced.
 2. Every rank copies its share of the data files — the files a rank wrote (``rank-00003`` in the
    name; with another world size, rank index modulo world size) — streaming: every blob's xxh3-64
    is computed over the bytes as they pass and compared with the manifest before the file is
@@ -36,6 +40,7 @@ from ..committed import read_manifest_bytes
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, StorageError
 from ..format import Blob, Manifest, data_file_rank
 from ..format.blocks import StreamDigest, pack
+from ..format.digest import unseal
 from ..read import DataFiles, verify_blobs
 from ..storage import Location
 
@@ -44,6 +49,30 @@ SLICE = 16 << 20
 
 class SourceCorruptError(CorruptCheckpointError):
     """The primary's copy of a step fails verification: copying it again cannot help (final)."""
+
+
+class TargetConflictError(CheckpointError):
+    """The target holds the step committed with another manifest than the source's: not a copy of it."""
+
+
+def holds_copy(target: Location, raw: bytes, source: Location | str = "the source") -> bool:
+    """Whether ``target`` holds the step whose manifest is ``raw`` committed: False when nothing is
+    committed there; :class:`TargetConflictError` when another manifest is (or one that cannot be read)."""
+    if not commit.is_committed(target):
+        return False
+    try:
+        _, theirs = read_manifest_bytes(target)
+    except CheckpointNotFoundError:
+        return False  # deleted meanwhile
+    except CorruptCheckpointError as exc:
+        theirs, why = None, f"its manifest cannot be read: {' '.join(str(exc).split())}"
+    if theirs == raw:
+        return True
+    if theirs is not None:
+        why = f"manifest digest {unseal(theirs)[1] or 'none'}, the source's {unseal(raw)[1] or 'none'}"
+    raise TargetConflictError(f"{target} is committed with another manifest than {source}'s ({why}): not a copy "
+                              "of it (another history's step, or damaged); delete it there first to copy this one",
+                              path=str(target))
 
 
 def files_of_rank(manifest: Manifest, rank: int, world: int) -> list[str]:
@@ -181,7 +210,7 @@ def copy_step(source: Location, target: Location, *, read_back: bool = False, gr
     if rank == 0:
         try:
             manifest, raw = _source_manifest(source)
-            if commit.is_committed(target):
+            if holds_copy(target, raw, source):
                 plan = "done"
             else:  # anything there without a manifest (a killed copy or deletion) is garbage: replaced
                 attempt = commit.begin(target, overwrite=True)

@@ -12,7 +12,11 @@ on object stores, whose fence guards each commit and deletion there), then its `
 (:mod:`ckpt.root.claim`); a mount that belongs to another run is refused for good (one error line
 naming both runs; its steps are ``refused``) and never written. Once claimed, the worker cleans the
 mount up (what dead copies and interrupted deletions left: the same start-up clean-up the primary gets
-when it is locked) and queues the primary's steps the mount lacks. A delta's base is copied first when the mount lacks it. The
+when it is locked) and queues the primary's steps the mount lacks. A delta's base is copied first when the mount lacks it.
+A step the mount holds with another manifest than the primary's (a stale copy: the abandoned history
+of a branch made while the mount was out of reach) is deleted, with the mount's steps built on it,
+before the primary's is copied in its place (:func:`~ckpt.root.copy.copy_step` itself never replaces
+a committed step). The
 backlog is bounded: when more than ``backlog`` steps wait, the oldest waiting one is dropped (the
 newest steps matter for resuming; a dropped step is still copied later if it is the base of a newer
 one). After each commit on a mount, retention is applied there with the primary's policy
@@ -34,12 +38,13 @@ from typing import Callable
 
 import torch.distributed as dist
 
+from ..committed import read_manifest_bytes
 from .._collective import any_rank, broadcast_error, broadcast_value
 from ..errors import CheckpointError, CheckpointLockedError, CheckpointNotFoundError, ForeignRunError, StorageError
 from . import retention
 from ._catalog_records import mount_id
 from .claim import claim_replica, foreign, read_claim
-from .copy import SourceCorruptError, copy_step
+from .copy import SourceCorruptError, TargetConflictError, copy_step, holds_copy
 from .steps import CheckpointRoot
 
 log = logging.getLogger(__name__)
@@ -148,12 +153,12 @@ class _MountWorker:
         self.mount.lock(claim=lambda mount: (claim_replica(mount, run, primary), run)[1])
 
     def _catch_up(self) -> None:
-        """Queue the primary's steps this mount lacks (all ranks queue the same list)."""
+        """Queue the primary's steps this mount lacks or holds stale (all ranks queue the same list)."""
         missing, error = [], None
         if self.owner.rank == 0:
             try:
                 have = set(self.mount.committed())
-                missing = [s for s in self.owner.primary.steps() if s not in have]
+                missing = [s for s in self.owner.primary.steps() if s not in have or self._stale(s)]
             except CheckpointError as exc:
                 error = exc
         missing = broadcast_value(missing, self.group, distributed=self.owner.distributed)
@@ -161,6 +166,13 @@ class _MountWorker:
             log.warning("replica %s cannot be listed (%s); copies will retry", self.url, error)
         for step in missing[-self.owner.backlog:]:
             self.enqueue(step)
+
+    def _stale(self, step: int) -> bool:
+        """Rank 0: whether the mount holds ``step`` with another manifest than the primary's."""
+        try:
+            return not holds_copy(self.mount.step_path(step), read_manifest_bytes(self.owner.primary.step_path(step))[1])
+        except TargetConflictError:
+            return True
 
     def _replicate(self, step: int) -> bool:
         """Copy ``step`` (its missing bases first) until it is committed or dropped; False when
@@ -210,9 +222,10 @@ class _MountWorker:
                     raise StorageError(f"{self.url} cannot be claimed for this run now ({self.unclaimed})",
                                        path=self.url)
                 bases = self.owner.primary.bases(self.owner.primary.committed())
-                while isinstance(bases.get(chain[-1]), int) and not self.mount.is_committed(bases[chain[-1]]):
-                    chain.append(bases[chain[-1]])
-            except CheckpointError as exc:
+                if not self._holds(step):
+                    while isinstance(bases.get(chain[-1]), int) and not self._holds(bases[chain[-1]]):
+                        chain.append(bases[chain[-1]])
+            except (CheckpointError, OSError) as exc:
                 error = exc
         error = broadcast_error(error, self.group, distributed=self.owner.distributed)
         if error is not None:
@@ -224,6 +237,26 @@ class _MountWorker:
             if link != step:
                 self.set_state(link, COMMITTED, f"base of step {step}")
 
+    def _holds(self, step: int) -> bool:
+        """Rank 0: whether the mount holds the primary's ``step``. A stale copy there — committed with
+        another manifest: the abandoned history of a branch made while this run's mount was out of
+        reach — is deleted first, with every step on the mount whose delta chain builds on it (newest
+        first), so that the primary's step is copied in its place."""
+        raw = read_manifest_bytes(self.owner.primary.step_path(step))[1]
+        try:
+            return holds_copy(self.mount.step_path(step), raw, self.owner.primary.step_path(step))
+        except TargetConflictError as exc:
+            log.warning("replica %s step %d: a stale copy, replaced (%s)", self.url, step, exc)
+        listed = self.mount.committed()
+        bases, doomed = self.mount.bases(listed), {step}
+        for later in sorted(listed):
+            if bases.get(later) in doomed:
+                doomed.add(later)
+        for stale in sorted(doomed, reverse=True):
+            self.mount.delete(stale)
+            self._deleted(stale, "a stale copy (another history's step)")
+        return False
+
     def _retain(self) -> None:
         """Rank 0: the primary's retention policy applied to this mount (:func:`~ckpt.root.retention.apply`)."""
         if self.owner.rank != 0 or self.owner.keep is None:
@@ -233,11 +266,11 @@ class _MountWorker:
         except Exception as exc:
             log.warning("retention on replica %s failed: %s", self.url, exc)
 
-    def _deleted(self, step: int) -> None:
+    def _deleted(self, step: int, why: str = "retention") -> None:
         with self.owner.lock:
             self.states.pop(step, None)
         if self.owner.on_state is not None:
-            self.owner.on_state(self.url, step, DELETED, "retention")
+            self.owner.on_state(self.url, step, DELETED, why)
 
 
 class Replicator:

@@ -10,6 +10,9 @@ and every replica after each copy (:mod:`ckpt.root.replicate`), the same way: th
 (:meth:`~ckpt.root.steps.CheckpointRoot.steps`: a delta whose chain lost a link is neither counted
 nor deleted), its delta bases from the manifests, deletions newest first (dependents before their
 bases: a crash between two deletions never leaves a listed delta whose base is gone).
+
+:func:`discard_after_on_mounts` is a branch's deletion of the later steps on every mount: finished on
+every mount or raised, the primary last (see there: a failed branch is retried by branching again).
 """
 
 from __future__ import annotations
@@ -66,11 +69,19 @@ def apply(root: CheckpointRoot, *, keep: int, keep_every: int | None = None, pro
 
 def discard_after(root: CheckpointRoot, step: int, *, deleted: Callable[[int], None] | None = None) -> list[int]:
     """Delete every committed step of ``root`` after ``step``, newest first (a branch from ``step``:
-    the later steps belong to the history it leaves). Returns them, ascending."""
-    later = [s for s in root.committed() if s > step]
+    the later steps belong to the history it leaves). Returns them, ascending. A deletion that fails
+    is raised as :class:`~ckpt.errors.CheckpointError` naming the mount and the step."""
+    try:
+        later = [s for s in root.committed() if s > step]
+    except (CheckpointError, OSError) as exc:
+        raise CheckpointError(f"{root.path}: the steps after {step} cannot be listed ({_line(exc)})",
+                              path=str(root.path)) from exc
     for old in sorted(later, reverse=True):
         log.info("branching from step %d on %s: deleting step %d", step, root.path, old)
-        root.delete(old)
+        try:
+            root.delete(old)
+        except (CheckpointError, OSError) as exc:
+            raise CheckpointError(f"{root.path}: step {old} not deleted ({_line(exc)})", path=str(root.path)) from exc
         if deleted is not None:
             deleted(old)
     return later
@@ -78,15 +89,39 @@ def discard_after(root: CheckpointRoot, step: int, *, deleted: Callable[[int], N
 
 def discard_after_on_mounts(primary: CheckpointRoot, replicas: list[CheckpointRoot], step: int, *,
                             deleted: Callable[[CheckpointRoot, int], None] | None = None) -> list[int]:
-    """:func:`discard_after` on every replica, then on the primary (so a catch-up never copies the
-    later steps back). A replica that fails is warned about (its later steps stay); the primary's
-    failure is raised. Returns the steps deleted on the primary."""
-    for mount in [*reversed(replicas), primary]:
+    """A branch from ``step`` finished on every mount, or an error: :func:`discard_after` on every
+    replica (each one tried, whatever the others did), then — only when every replica succeeded — on
+    the primary, then once more on the replicas (a copy in flight meanwhile may have committed a
+    later step there). Returns the steps deleted on the primary.
+
+    Any failure raises :class:`~ckpt.errors.CheckpointError` naming each mount and step that failed,
+    after every mount of that pass was tried. The order is what makes a failed branch safe to retry:
+    the primary goes last, so while a replica still holds a later step the primary holds it too — no
+    replica is ever newer than the primary's history (a resume that lost the primary never finds an
+    abandoned branch as the newest step of a replica), and the same branch asked again finds the
+    later steps on the primary and finishes the job."""
+    _discard_on(replicas, step, deleted, "the primary keeps them too; branch again once the mount is back")
+    gone = _discard_on([primary], step, deleted, "branch again")
+    _discard_on(replicas, step, deleted, "branch again")
+    return gone
+
+
+def _discard_on(mounts: list[CheckpointRoot], step: int, deleted, then: str) -> list[int]:
+    """:func:`discard_after` on each of ``mounts``; every failure raised together, after all were
+    tried. Returns what the last mount deleted (the primary's, when it is the only one)."""
+    failures, gone = [], []
+    for mount in mounts:
         forget = None if deleted is None else (lambda old, m=mount: deleted(m, old))
         try:
             gone = discard_after(mount, step, deleted=forget)
-        except (CheckpointError, OSError) as exc:
-            if mount is primary:
-                raise
-            log.warning("replica %s: steps after %d not deleted (%s)", mount.path, step, exc)
+        except CheckpointError as exc:
+            log.warning("branching from step %d: %s", step, exc)
+            failures.append(str(exc))
+    if failures:
+        raise CheckpointError(f"the branch from step {step} is not finished: {'; '.join(failures)} ({then})",
+                              path=str(mounts[0].path))
     return gone
+
+
+def _line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__

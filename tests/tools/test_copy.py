@@ -91,3 +91,23 @@ def test_copy_refuses_a_target_claimed_by_another_run_and_a_copy_resumes_as_the_
         assert manager.run == run
         assert manager.steps() == [1, 2]
     assert_state_equal(load_mixed(step_path(tmp_path / "restored", 2)), expected[2])
+
+
+def test_copy_refuses_a_step_the_target_holds_from_another_history(tmp_path, capsys):
+    """Issue 36 item 5: a DST step committed with another manifest is not "already there"."""
+    import torch
+
+    from tools.copy import main
+
+    train_with_chain(tmp_path / "src", steps=2)
+    assert main([str(tmp_path / "src"), str(tmp_path / "dst"), "--quiet"]) == 0
+    capsys.readouterr()
+    stale = (step_path(tmp_path / "dst", 2) / "manifest.json").read_bytes()
+    ckpt.CheckpointRoot(tmp_path / "src").delete(2)
+    with ckpt.CheckpointManager(tmp_path / "src", interval=1) as manager:  # a branch from step 1 on SRC
+        manager.save(2, {"w": torch.full((8,), 7.0)})
+    assert main([str(tmp_path / "src"), str(tmp_path / "dst"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "step-00000002 is committed with another manifest" in err and "digest" in err
+    assert (step_path(tmp_path / "dst", 2) / "manifest.json").read_bytes() == stale  # left as it was
+

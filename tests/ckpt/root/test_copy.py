@@ -90,3 +90,19 @@ def test_a_checksum_mismatch_while_copying_is_retried_from_the_source(tmp_path, 
     live = {k: (v.clone().zero_() if hasattr(v, "clone") else -1) for k, v in saved[1].items()}
     ckpt.load(live, f"{replica}/step-00000001", storage_options=s3_bucket.storage_options)
     assert all((live[k] == v).all() if hasattr(v, "clone") else live[k] == v for k, v in saved[1].items())
+
+
+def test_a_target_committed_with_another_manifest_is_refused_not_counted_as_done(tmp_path):
+    """Issue 36 item 5: copy_step counted any committed target as done, so a replica's step of an
+    abandoned branch stood for the primary's step of the same number. Done means the same manifest."""
+    source, other = locate(tmp_path / "a" / "step-00000001"), locate(tmp_path / "b" / "step-00000001")
+    ckpt.save(_state(1), source)
+    ckpt.save(_state(2), other)  # step 1 of another history
+    before = (Path(other.path) / "manifest.json").read_bytes()
+    with pytest.raises(ckpt.CheckpointError, match="another manifest") as info:
+        copy_step(source, other)
+    assert type(info.value).__name__ == "TargetConflictError" and "digest" in str(info.value) and str(other) in str(info.value)
+    assert (Path(other.path) / "manifest.json").read_bytes() == before  # nothing committed is replaced
+    same = locate(tmp_path / "c" / "step-00000001")
+    assert copy_step(source, same) > 0
+    assert copy_step(source, same) == 0  # the same manifest: done

@@ -104,3 +104,25 @@ def test_a_replica_that_is_the_root_itself_is_refused(tmp_path):
     with pytest.raises(ckpt.InvalidOptionError, match="replicas"):
         ckpt.CheckpointManager(tmp_path / "run", replicas=[str(tmp_path / "run" / ".." / "run")])
     ckpt.CheckpointManager(tmp_path / "run").close()  # nothing held by the refused one
+
+
+def test_a_stale_copy_of_an_abandoned_branch_is_replaced_by_the_primarys_step(tmp_path):
+    """Issue 36 item 5: a replica out of reach during a branch keeps the old branch's steps 4-6; when
+    it is back, its step 4 and 5 are not the primary's (another manifest) and are copied anew, the
+    old steps built on them going first — never counted as already there."""
+    primary, replica = tmp_path / "primary", tmp_path / "replica"
+    with ckpt.CheckpointManager(primary, interval=1, keep=10, full_every=3, replicas=[str(replica)]) as manager:
+        _train(manager, range(1, 7))  # 1 full, 2-3 deltas, 4 full, 5-6 deltas
+    with ckpt.CheckpointManager(primary, interval=1, keep=10, full_every=3) as manager:  # the replica left out
+        assert manager.discard_after(3) == [4, 5, 6]
+        branch = _train(manager, [4, 5], seed0=99)
+    with ckpt.CheckpointManager(primary, interval=1, keep=10, full_every=3, replicas=[str(replica)],
+                                **FAST_RETRY) as manager:
+        _wait_committed(manager, [4, 5], mounts=1)
+    assert CheckpointRoot(replica).steps() == [1, 2, 3, 4, 5]
+    for step in (1, 2, 3, 4, 5):
+        assert (step_path(replica, step) / "manifest.json").read_bytes() == \
+            (step_path(primary, step) / "manifest.json").read_bytes()
+    live = {"w": torch.zeros(128, 64), "b": torch.zeros(64), "step": -1}
+    ckpt.load(live, step_path(replica, 5))
+    assert torch.equal(live["w"], branch[5]["w"]) and live["step"] == 5

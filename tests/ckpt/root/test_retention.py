@@ -84,3 +84,36 @@ def test_apply_is_one_mounts_retention_newest_first(tmp_path):
     assert told == [3] and root.steps() == [1, 2, 4, 5]  # 5 needs 4; 6 (being written) builds on 2, 2 on 1
     assert retention.apply(root, keep=1, deleted=told.append) == [1, 2]
     assert told == [3, 2, 1] and root.steps() == [4, 5] == committed_steps(tmp_path)
+
+
+def test_a_branch_is_finished_on_every_mount_or_the_error_names_what_is_left(tmp_path, monkeypatch):
+    """Issue 36 item 5: a replica whose deletion fails kept steps 4-6 of the old branch while the
+    primary lost them (a later resume from the replica would take the abandoned branch). Every mount
+    is tried, the failure names the mount and step, the primary keeps its later steps (no replica is
+    newer than its history), and branching again once the mount works finishes the job."""
+    from ckpt.root import CheckpointRoot
+
+    primary, bad, good = tmp_path / "primary", tmp_path / "bad", tmp_path / "good"
+    with CheckpointManager(primary, interval=1, keep=10, full_every=3, replicas=[str(bad), str(good)]) as manager:
+        for step in range(1, 7):
+            manager.save(step, {"w": torch.full((16,), float(step))})
+    assert CheckpointRoot(bad).steps() == CheckpointRoot(good).steps() == [1, 2, 3, 4, 5, 6]
+    original = CheckpointRoot.delete
+
+    def failing_on_bad(root, step):
+        if str(root.path) == str(bad):
+            raise ckpt.StorageError(f"{root.path}: permission denied", path=str(root.path))
+        original(root, step)
+
+    monkeypatch.setattr(CheckpointRoot, "delete", failing_on_bad)
+    with CheckpointManager(primary, interval=1, keep=10, replicas=[str(bad), str(good)]) as manager:
+        with pytest.raises(ckpt.CheckpointError) as info:
+            manager.discard_after(3)
+        assert f"{bad}: step 6 not deleted" in str(info.value) and "permission denied" in str(info.value)
+        assert manager.steps() == [1, 2, 3, 4, 5, 6]  # the primary last: still the whole history
+    assert CheckpointRoot(good).steps() == [1, 2, 3]  # tried although the other replica failed
+    assert CheckpointRoot(bad).steps() == [1, 2, 3, 4, 5, 6]
+    monkeypatch.setattr(CheckpointRoot, "delete", original)
+    with CheckpointManager(primary, interval=1, keep=10, replicas=[str(bad), str(good)]) as manager:
+        assert manager.discard_after(3) == [4, 5, 6]  # the same branch again: finished
+    assert [CheckpointRoot(m).steps() for m in (primary, bad, good)] == [[1, 2, 3]] * 3
