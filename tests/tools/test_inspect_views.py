@@ -149,3 +149,23 @@ def test_usage(capsys, root):
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2
+
+
+def test_keys_and_values_holding_a_lone_surrogate_print_escaped(tmp_path, capsys):
+    """A manifest key may hold a lone surrogate (valid JSON, "\\ud800"; the library saves it): the
+    text views crashed with UnicodeEncodeError while --json worked. They print it escaped, aligned."""
+    path = tmp_path / "run"
+    with ckpt.CheckpointManager(path, interval=1, catalog="") as manager:
+        for step in (1, 2):
+            manager.before_step()
+            extra = {} if step == 1 else {"w\ud800": torch.zeros(2), "v\udc80": "x\ud800y"}
+            manager.save(step, {"model": {"w": torch.ones(3), **extra}})
+    step = str(path / "step-00000002")
+    doc = _json(capsys, [step, "--json"])
+    assert "model.w\ud800" in doc["tensors"] and "model.v\udc80" in doc["values"]
+    assert main([step]) == 0
+    out = capsys.readouterr().out
+    assert "model.w\\ud800  float32" in out and "model.v\\udc80  json" in out and "'x\\ud800y'" in out
+    assert main([str(path), "--diff", "1", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "added    model.w\\ud800" in out and "model.v\\udc80" in out
