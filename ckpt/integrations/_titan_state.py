@@ -61,10 +61,15 @@ def model_state(states: dict[str, Any], dtype: torch.dtype | dict[str, torch.dty
 
 
 def restore(states: dict[str, Any], tree: dict[str, Any]) -> None:
-    """After a load into ``tree`` (Statefuls already restored by the engine): the model's hook-made
-    tensors (``ModelWrapper.load_state_dict``) and the dataloader, from its per-key entries."""
-    model_keys = states[MODEL].state_dict().keys()
-    states[MODEL].load_state_dict({key: tree[key] for key in model_keys if key in tree})
+    """After a load into ``tree`` (Statefuls already restored by the engine): the model, through
+    ``ModelWrapper.load_state_dict`` as torchtitan's manager does (its module hooks fuse the loaded
+    split tensors, e.g. ``qkv_linear.wq/wk/wv`` into ``wqkv``; keys that are not the model's are
+    passed over), and the dataloader, from its per-key entries.
+
+    ``ModelWrapper.state_dict()`` must not be called between the load and this: it refreshes its
+    cached hook-made tensors, which are the ones just loaded into, from the live (not yet restored)
+    parameters."""
+    states[MODEL].load_state_dict({key: value for key, value in tree.items() if isinstance(value, torch.Tensor)})
     prefix = f"{DATALOADER}."
     loader = {key[len(prefix):]: value for key, value in tree.items() if key.startswith(prefix)}
     if loader and states.get(DATALOADER) is not None:

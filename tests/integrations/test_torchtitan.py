@@ -237,3 +237,74 @@ def test_module_imports_without_triton_and_names_the_extra():
                               "import ckpt.integrations.torchtitan"], cwd=REPO, capture_output=True, text=True,
                              timeout=120)
     assert "pip install 'ckpt-engine[torchtitan]'" in missing.stderr, missing.stderr
+
+
+# -- torchtitan's own llama3 (debugmodel: FusedQKVLinear, whose state dict is made by hooks) -----------
+def _llama_job(base: str, imports: list, seed: int, **options) -> Job:
+    """torchtitan's llama3 debugmodel (its classes, tests/support/titan_llama3.py) under the Job's
+    torchtitan containers, one process, the manager chosen as a job chooses it."""
+    from tests.support import titan_llama3
+
+    model = titan_llama3.build(seed=seed)  # skips without torchtitan's llama3
+    return Job(0, 1, job_config("checkpoint", imports, **options), base, seed=seed, model=model)
+
+
+def _seeded_step(job: Job) -> None:
+    """One optimizer step as torchtitan's train_step takes it, with gradients seeded per step
+    (torchtitan's flex attention has no backward on the CPU); they depend on the weights, so a
+    wrongly restored weight changes every later step."""
+    job.train_state.step += 1
+    generator = torch.Generator().manual_seed(1000 + job.train_state.step)
+    for param in job.model.parameters():
+        param.grad = torch.randn(param.shape, generator=generator) * 1e-2 + 1e-3 * param.detach()
+    job.checkpointer.maybe_wait_for_staging()
+    job.optimizers.step()
+    job.lr_schedulers.step()
+    job.optimizers.zero_grad()
+
+
+def _llama_save_and_resume(base: str, imports: list, async_mode: str) -> dict:
+    """Train 3 steps saving step 2, resume step 2 into a fresh job (other initial weights) and
+    take step 3 again."""
+    options = {"interval": 2, "async_mode": async_mode, "keep_latest_k": 0}
+    job = _llama_job(base, imports, seed=0, **options)
+    assert job.checkpointer.load() is False
+    for _ in range(3):
+        _seeded_step(job)
+        job.checkpointer.save(job.train_state.step)
+        if job.train_state.step == 2:
+            job.checkpointer.maybe_wait_for_staging()
+            at_save = job.snapshot()
+    job.checkpointer.close()
+    fresh = _llama_job(base, imports, seed=7, load_step=2, **options)
+    assert fresh.checkpointer.load(step=2) is True
+    resumed = fresh.snapshot()
+    _seeded_step(fresh)
+    fresh.checkpointer.close()
+    return {"at_save": at_save, "resumed": resumed, "continued": fresh.snapshot(), "uninterrupted": job.snapshot()}
+
+
+_LLAMA_STATES = ("model", "params", "optimizer", "raw_optimizer", "lr_scheduler", "train_state", "lr")
+
+
+def test_llama3_resume_restores_the_fused_qkv_weight(tmp_path):
+    """Issue 36 item 12: the fused qkv weight came back at its initial value after a resume."""
+    torch.set_num_threads(1)
+    ours = _llama_save_and_resume(str(tmp_path), [OVERRIDE], "disabled")
+    assert any(".qkv_linear.wqkv." in key for key in ours["resumed"]["params"])
+    for state in _LLAMA_STATES:
+        assert_bitwise(ours["resumed"][state], ours["at_save"][state], f"vs saved: {state}")
+        assert_bitwise(ours["continued"][state], ours["uninterrupted"][state], f"step 3 again: {state}")
+
+
+@pytest.mark.slow
+def test_llama3_resume_is_torchtitans_own_managers_resume_sync_and_async(tmp_path):
+    """Every tensor of model and optimizer after our resume (sync and double-buffered) is what
+    torchtitan's own CheckpointManager restores from the same run."""
+    torch.set_num_threads(1)
+    theirs = _llama_save_and_resume(str(tmp_path / "theirs"), [], "disabled")  # torchtitan's CheckpointManager
+    for async_mode in ("disabled", "async_with_pinned_mem"):
+        ours = _llama_save_and_resume(str(tmp_path / async_mode), [OVERRIDE], async_mode)
+        for state in _LLAMA_STATES:
+            assert_bitwise(ours["resumed"][state], theirs["resumed"][state], f"{async_mode} vs torchtitan: {state}")
+            assert_bitwise(ours["continued"][state], theirs["continued"][state], f"{async_mode} step 3: {state}")

@@ -70,8 +70,9 @@ def job_config(folder: str, imports: list, **checkpoint) -> JobConfig:
 class Job:
     """What torchtitan's Trainer builds before ``config.checkpoint.build(...)``, on the CPU."""
 
-    def __init__(self, rank: int, world: int, config: JobConfig, base: str, seed: int, layout: str = "fsdp"):
-        self.model = parallelize(build(seed), layout)
+    def __init__(self, rank: int, world: int, config: JobConfig, base: str, seed: int, layout: str = "fsdp",
+                 model: torch.nn.Module | None = None):
+        self.model = model if model is not None else parallelize(build(seed), layout)
         self.optimizers = OptimizersContainer.Config(
             param_groups=[ParamGroupConfig(pattern=".*", optimizer_name="AdamW",
                                            optimizer_kwargs={"lr": 1e-2, "weight_decay": 0.1})],
@@ -126,7 +127,9 @@ class Job:
         # the dataloader's state as it was given back (its own state_dict() before it iterates again
         # reports a fast-forward still to come), else as it is now
         loader = self.loader_received if self.loader_received is not None else self.dataloader.state_dict()
-        return {"model": walk(self.model.state_dict()), "optimizer": walk(self.optimizers.state_dict()),
+        return {"model": walk(self.model.state_dict()), "params": walk(dict(self.model.named_parameters())),
+                "optimizer": walk(self.optimizers.state_dict()),
+                "raw_optimizer": [walk(o.state_dict()) for o in self.optimizers.optimizers],
                 "lr_scheduler": self.lr_schedulers.state_dict(), "dataloader": loader,
                 "train_state": self.train_state.state_dict(),
                 "lr": [g["lr"] for o in self.optimizers.optimizers for g in o.param_groups]}
