@@ -7,7 +7,8 @@ catalog ignored, a replica that cannot be listed) goes to its ``note`` callback.
   steps committed on each (:func:`listings`; both: :func:`survey`), one row per step
   (:func:`step_rows`). The states come from
   the mounts themselves (committed, or missing), merged with what the catalog knows of steps in
-  flight (pending, copying, failed): the mounts are the truth; the catalog is only read
+  flight (a :class:`~ckpt.root.replica_states.ReplicaState`: pending, copying, failed, dropped,
+  refused): the mounts are the truth; the catalog is only read
   (:func:`read_catalog`: nothing when it is absent, unreadable or another primary's).
 * one checkpoint: :func:`summarize` (totals, tensors, values previewed, sizes per prefix, the run
   config: a JSON-ready dict; :mod:`ckpt.inspect_step`). A diff of two: :mod:`ckpt.inspect_diff`;
@@ -33,6 +34,7 @@ from .format import MANIFEST_NAME, Manifest, unseal
 from .inspect_step import prefix_sizes, preview, run_config
 from .root.claim import read_claim
 from .root.damaged import damaged_steps
+from .root.replica_states import ReplicaState
 from .read import verify_blobs
 from .storage import Location, locate
 
@@ -114,12 +116,12 @@ def step_rows(mounts, listed, catalog: dict[int, StepInfo]) -> list[dict]:
             if listed[url] is None:
                 states[url] = "unknown"
             elif step in listed[url]:
-                states[url] = "committed"
-            elif recorded is not None and recorded.state != "committed":
-                states[url] = recorded.state
+                states[url] = ReplicaState.COMMITTED.value
+            elif recorded is not None and recorded.state != ReplicaState.COMMITTED:
+                states[url] = recorded.state.value  # any replica state, refused included
             else:
                 states[url] = "missing"
-        if all(state in ("missing", "deleted", "unknown") for state in states.values()):
+        if all(state in ("missing", ReplicaState.DELETED, "unknown") for state in states.values()):
             continue
         row = {"step": step, "kind": None, "base_step": None, "bytes": None, "created": None, "mounts": states,
                "error": None}

@@ -12,7 +12,7 @@
 Mounts are ROOT and every ``--mount``; never the mounts the catalog (``ROOT/.catalog`` by default
 for a local ROOT) names, which are only mentioned in a note. The listing's states come from the
 mounts themselves (committed, or missing), merged with what the catalog knows of steps in flight
-(pending, copying, failed): the mounts are the truth; the catalog is only read, except by
+(pending, copying, failed, dropped, refused): the mounts are the truth; the catalog is only read, except by
 --rebuild-catalog, which rebuilds it from ROOT and --mount. URLs (``s3://bucket/run``) take their
 endpoint and credentials from the standard environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...).
 

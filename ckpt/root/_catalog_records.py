@@ -16,10 +16,11 @@ from ..errors import CorruptCheckpointError
 from ..format import Manifest
 from ..redact import redact
 from ..storage import Location
+from .replica_states import ACTIVE, ReplicaState
 
 SCHEMA_VERSION = 2  # 2: every value carries the CRC-32 of its key and body
-STATES = ("pending", "copying", "committed", "failed", "dropped", "deleted")
-ACTIVE_STATES = ("pending", "copying", "committed")  # a step is kept while some mount is in one
+STATES = tuple(ReplicaState)  # the replicator's states, all of them (ckpt.root.replica_states)
+ACTIVE_STATES = ACTIVE  # a step is kept while some mount is in one
 UNREADABLE = "unreadable manifest: "  # detail prefix of a "failed" state: listed, manifest unreadable
 DIR_NAME = ".catalog"
 
@@ -28,7 +29,7 @@ SCHEMA_KEY, MOUNTS_KEY = b"meta/schema", b"meta/mounts"
 
 @dataclass(frozen=True)
 class MountState:
-    state: str
+    state: ReplicaState
     when: float
     detail: str = ""
 
@@ -125,6 +126,6 @@ def mount_state(path: str, key: bytes, doc) -> tuple[str, int, MountState]:
     """``(mount, step, state)`` of the record ``mount/<url>/<step>``."""
     try:
         return key[len(b"mount/"):-13].decode(), int(key[-12:]), \
-            MountState(doc["state"], float(doc["when"]), str(doc["detail"]))
+            MountState(ReplicaState(doc["state"]), float(doc["when"]), str(doc["detail"]))
     except (ValueError, TypeError, KeyError):
         raise CorruptCheckpointError(f"catalog {path}: bad record {key!r}", path=path) from None

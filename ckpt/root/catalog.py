@@ -13,7 +13,7 @@ preceded by the CRC-32 of its key and body (a damaged record that still parses i
     meta/schema              {"version": 2}
     meta/mounts              ["<primary url>", "<replica url>", ...]
     step/<step:012d>         {"kind", "base_step", "bytes", "raw_bytes", "tensors", "created"}
-    mount/<url>/<step:012d>  {"state", "when", "detail"}     state: one of :data:`STATES`
+    mount/<url>/<step:012d>  {"state", "when", "detail"}     state: a ReplicaState (:data:`STATES`)
     chunks/<step:012d>       [[key, [offsets...], file, checksum], ...]   every tensor chunk
 
 ``bytes`` is the sum of the stored lengths of every blob (tensor chunks and values), ``raw_bytes``
@@ -57,6 +57,7 @@ from ._catalog_files import DAMAGE, discard, open_env
 from ._catalog_records import (ACTIVE_STATES, DIR_NAME, MOUNTS_KEY, SCHEMA_KEY, SCHEMA_VERSION, STATES, UNREADABLE,
                                MountState, StepInfo, chunk_records, chunks_key, decode, encode, mount_id, mount_key,
                                mount_state, step_info, step_key, step_record)
+from .replica_states import ReplicaState
 from .steps import CheckpointRoot
 
 __all__ = ["Catalog", "open_catalog", "MountState", "StepInfo", "mount_id", "STATES", "ACTIVE_STATES",
@@ -181,7 +182,8 @@ class Catalog:
             raise ValueError(f"catalog state {state!r} is not one of {', '.join(STATES)}")
         with self._write() as txn:
             _put(txn, mount_key(mount_id(mount), step),
-                 {"state": state, "when": time.time() if when is None else when, "detail": redact(detail)})
+                 {"state": ReplicaState(state).value, "when": time.time() if when is None else when,
+                  "detail": redact(detail)})
 
     def forget(self, mount, step: int) -> None:
         """``step`` was deleted on ``mount``; when no mount still has it (or is copying it), the

@@ -21,7 +21,7 @@ backlog is bounded: when more than ``backlog`` steps wait, the oldest waiting on
 newest steps matter for resuming; a dropped step is still copied later if it is the base of a newer
 one). After each commit on a mount, retention is applied there with the primary's policy
 (:func:`ckpt.root.retention.apply`, as on the primary). State changes (pending, copying, committed,
-failed, dropped, refused, deleted) are logged one line each and handed to ``on_state`` (the catalog). Nothing
+failed, dropped, refused, deleted: :class:`~ckpt.root.replica_states.ReplicaState`) are logged one line each and handed to ``on_state`` (the catalog). Nothing
 here ever blocks training.
 
 The primary is the manager's own :class:`~ckpt.root.steps.CheckpointRoot` (one object per mount and
@@ -45,13 +45,14 @@ from . import retention
 from ._catalog_records import mount_id
 from .claim import claim_replica, foreign, read_claim
 from .copy import SourceCorruptError, TargetConflictError, copy_step, holds_copy
+from .replica_states import FINAL, ReplicaState
 from .steps import CheckpointRoot
 
 log = logging.getLogger(__name__)
 
-PENDING, COPYING, COMMITTED, FAILED, DROPPED = "pending", "copying", "committed", "failed", "dropped"
-REFUSED = "refused"  # final: the mount belongs to another run (ckpt.root.claim)
-DELETED = "deleted"  # told to on_state only: retention removed the step from the mount
+# The states (ckpt.root.replica_states, shared with the catalog and ckpt inspect); DELETED is told to
+# on_state only (the step left the mount), REFUSED is final (the mount belongs to another run).
+PENDING, COPYING, COMMITTED, FAILED, DROPPED, REFUSED, DELETED = ReplicaState
 
 
 class _MountWorker:
@@ -328,5 +329,5 @@ class Replicator:
             self.lock.notify_all()
         for worker in self.workers:
             worker.thread.join()
-        return all(not w.queue and all(s in (COMMITTED, DROPPED, REFUSED) for s in w.states.values())
+        return all(not w.queue and all(s in FINAL for s in w.states.values())
                    for w in self.workers)

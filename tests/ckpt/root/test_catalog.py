@@ -253,3 +253,39 @@ def test_errors_are_checkpoint_errors(tmp_path):
     with Catalog(tmp_path / "cat"), pytest.raises(CheckpointError, match="already open"):
         Catalog(tmp_path / "cat")  # py-lmdb refuses a second handle in one process
     assert os.path.isdir(tmp_path / "cat")
+
+
+def test_a_refused_replica_shows_as_refused_in_ckpt_inspect(tmp_path, capsys):
+    """Issue 36 item 10a: the replicator's `refused` (the mount is another run's) was not a catalog
+    state, so the catalog dropped it and `ckpt inspect` showed the steps as `missing` there. One enum
+    of replica states is shared by the replicator, the catalog and ckpt inspect."""
+    import json
+    import time
+
+    from tests.support.replicas import FAST_RETRY
+    from tests.support.replicas import train as _train
+    from tools.inspection import main
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    with ckpt.CheckpointManager(b, interval=1) as run_b:  # another run's root
+        _train(run_b, [5])
+    with ckpt.CheckpointManager(a, interval=1, replicas=[str(b)], **FAST_RETRY) as run_a:
+        _train(run_a, [1, 2])
+        run_a.wait()
+        deadline = time.monotonic() + 30
+        while set(run_a.replication_status().get(2, {}).values()) != {"refused"} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert run_a.replication_status() == {1: {str(b): "refused"}, 2: {str(b): "refused"}}
+    with Catalog(Catalog.default_path(locate(a)), readonly=True) as catalog:
+        assert catalog.step(2).mounts[str(b)].state == "refused"
+    assert main([str(a), "--mount", str(b), "--json"]) == 0
+    rows = {row["step"]: row["mounts"] for row in json.loads(capsys.readouterr().out)["steps"]}
+    assert rows[1] == rows[2] == {str(a): "committed", str(b): "refused"}
+    assert main([str(a), "--mount", str(b)]) == 0
+    table = [line.split() for line in capsys.readouterr().out.splitlines() if line[:1].isdigit()]
+    assert [row[-2:] for row in table if row[0] in ("1", "2")] == [["committed", "refused"]] * 2
+
+    from ckpt.root import replicate  # one enum: every state the replicator sets, the catalog keeps
+    from ckpt.root.replica_states import ReplicaState
+
+    assert replicate.REFUSED is ReplicaState.REFUSED and set(ckpt.root.catalog.STATES) == set(ReplicaState)
