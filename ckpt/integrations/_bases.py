@@ -2,14 +2,18 @@
 run knows them too): which sibling checkpoints build on a path, which base a delta names, and the
 deletion of a checkpoint directory. :mod:`ckpt.integrations._store` keeps a removed checkpoint while
 :func:`dependents` lists any.
+
+A checkpoint is deleted as the manager deletes its steps (:func:`ckpt.commit.delete`): the manifest
+goes first, so a crash mid-way leaves a directory without one (not a checkpoint: never listed or
+loaded, removed by the next delete or save of that path), never one that looks committed and lacks
+data.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 
-from .. import CheckpointError, read_manifest
+from .. import CheckpointError, commit, read_manifest
 
 
 def dependents(path: str) -> list[str]:
@@ -38,8 +42,8 @@ def recorded_base(path: str) -> str | None:
 
 
 def delete_checkpoint(path: str) -> None:
-    """Remove a checkpoint directory (or a file or link a framework left at the path)."""
+    """Remove a checkpoint directory, manifest first (or a file or link a framework left at the path)."""
     if os.path.islink(path) or os.path.isfile(path):
         os.unlink(path)
     elif os.path.isdir(path):
-        shutil.rmtree(path)
+        commit.delete(path)

@@ -107,7 +107,8 @@ class PathStore:
         self._closed = False
 
     # -- the plug-in's calls ---------------------------------------------------------------------
-    def save(self, tree: dict, path: str | os.PathLike, *, step: int | None = None) -> None:
+    def save(self, tree: dict, path: str | os.PathLike, *, step: int | None = None, run: str | None = None) -> None:
+        """``run``: the run identity recorded in the manifest (which checkpoints may stand in for another)."""
         self._check_open()
         self._raise_background_error()
         path = os.path.abspath(os.fspath(path))
@@ -121,12 +122,12 @@ class PathStore:
         signature = _signature(flat)
         base = self._delta_base(path, step, signature)
         if not self._async:
-            self._write(flat, path, step, None)
+            self._write(flat, path, step, None, run)
             self._record(path, step, None, signature, base)
         elif self._is_twin(path, step, signature):  # a second path for the same state (last.ckpt)
             written = Future()
             self._stager.track(written)  # the snapshot's buffer set stays busy until this write too
-            future = self._writer.submit(self._persist_twin, self._last.snapshot, flat, path, step)
+            future = self._writer.submit(self._persist_twin, self._last.snapshot, flat, path, step, run)
             future.add_done_callback(lambda f: self._finished(path, f, written))
             with self._lock:
                 self._pending[path] = future
@@ -136,7 +137,7 @@ class PathStore:
             written: Future = Future()
             snapshot = self._stager.stage(flat, keep_previous=base is not None, release=written, signature=signature)
             self._arm_wait()
-            future = self._writer.submit(self._persist, snapshot, path, step, base)
+            future = self._writer.submit(self._persist, snapshot, path, step, base, run)
             future.add_done_callback(lambda f: self._finished(path, f, written))
             with self._lock:
                 self._pending[path] = future
@@ -215,19 +216,20 @@ class PathStore:
         return (last is not None and last.snapshot is not None and step is not None and last.step == step
                 and last.path != path and last.signature == signature and last.path not in self._failed)
 
-    def _persist_twin(self, snapshot: Future, flat: dict, path: str, step: int | None) -> None:
+    def _persist_twin(self, snapshot: Future, flat: dict, path: str, step: int | None, run: str | None) -> None:
         staged = snapshot.result()
-        self._write({k: staged[k] if isinstance(v, torch.Tensor) else v for k, v in flat.items()}, path, step, None)
+        self._write({k: staged[k] if isinstance(v, torch.Tensor) else v for k, v in flat.items()}, path, step, None, run)
 
-    def _persist(self, snapshot: Future, path: str, step: int | None, base: DeltaBase | None) -> None:
+    def _persist(self, snapshot: Future, path: str, step: int | None, base: DeltaBase | None, run: str | None) -> None:
         if base is not None and os.path.join(os.path.dirname(path), base.name) in self._failed:
             base = None  # a delta never builds on a failed write
         if base is not None:
             base = DeltaBase(base.step, base.name, base.state.result())
-        self._write(snapshot.result(), path, step, base)
+        self._write(snapshot.result(), path, step, base, run)
 
-    def _write(self, flat: dict, path: str, step: int | None, base: DeltaBase | None) -> None:
+    def _write(self, flat: dict, path: str, step: int | None, base: DeltaBase | None, run: str | None) -> None:
         writer = Writer(path, overwrite=True, step=step, base=base, options=self.options)
+        writer.run = run
         try:
             dcp.save(flat, storage_writer=writer, no_dist=True)
         except CheckpointException as exc:

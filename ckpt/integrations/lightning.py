@@ -11,9 +11,15 @@ checkpoint directory of ours: tensors as checksummed chunks, everything else pic
 a save returns once the state is snapshotted into reusable host buffers and is written in the
 background (:mod:`ckpt.integrations._store`), which is why Lightning's ``AsyncCheckpointIO`` (a
 thread around ``torch.save`` that clones every tensor per save) is not needed; ``teardown`` (end of
-``fit``) waits for the writes. ``full_every=K`` writes deltas. A checkpoint that fails verification
-on load is passed over, with a warning, for the newest sibling checkpoint that loads
-(``fallback=False`` raises instead).
+``fit``) waits for the writes. ``full_every=K`` writes deltas.
+
+Which checkpoint stands in for a damaged one: every save records the run that wrote it (the manifest's
+``run``; a fit that resumed from a checkpoint continues that checkpoint's run, any other fit starts a
+new one). When Lightning's ``last`` checkpoint (``ckpt_path="last"``) fails verification, the newest
+sibling of the same run at no newer step that loads is used, with a warning (``fallback=False``
+raises instead); another run's checkpoints left in the folder, and newer ones, never are. Any other
+path was asked for explicitly and is never replaced: its failure raises, naming the checkpoint that
+would stand in for it, as does a ``last`` whose run cannot be told (its manifest is unreadable).
 
 Sharded checkpoints (``ModelParallelStrategy`` with FSDP2/TP on a DeviceMesh, the DCP-based path,
 which bypasses ``CheckpointIO``): :class:`CkptModelParallelStrategy` saves them collectively
@@ -35,10 +41,11 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.strategies import ModelParallelStrategy  # noqa: E402
 
-from .. import CheckpointError, CorruptCheckpointError, SaveOptions, read_manifest  # noqa: E402
+from .. import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, Manifest, SaveOptions, read_manifest  # noqa: E402
 from .. import load as load_checkpoint  # noqa: E402
 from .. import save as save_checkpoint  # noqa: E402
 from ._store import PathStore, StoreStats  # noqa: E402
+from ..root.claim import new_run_id  # noqa: E402
 from ._tree import decode_tree, encode_tree, manifest_template  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -57,12 +64,13 @@ class CkptCheckpointIO(CheckpointIO):
         options / fields: a :class:`ckpt.SaveOptions` and/or its fields (``async_mode``,
             ``full_every``, ``compress``, ``files_per_rank``, ``policy``, ...); ``interval``,
             ``keep`` and ``replicas`` do not apply (``ModelCheckpoint`` decides what is kept).
-        fallback: on load, pass over a damaged checkpoint for the newest sibling that loads.
+        fallback: on loading a damaged ``last`` checkpoint, use the newest sibling of its run that loads.
     """
 
     def __init__(self, options: SaveOptions | None = None, *, fallback: bool = True, **fields: Any):
         self.options = (options or SaveOptions()).replace(**fields)
         self.fallback = fallback
+        self.run: str | None = None  # recorded in every save: the loaded checkpoint's run, else a new one
         self.stats = StoreStats()  # saves, deltas, stall_s (blocked in save and before the next step)
         self._store: PathStore | None = None
 
@@ -75,25 +83,45 @@ class CkptCheckpointIO(CheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         if storage_options is not None:
             raise TypeError("CkptCheckpointIO.save_checkpoint takes no storage_options (configure SaveOptions instead)")
-        self.store.save(checkpoint, path, step=checkpoint.get("global_step"))
+        if self.run is None:
+            self.run = new_run_id()
+        self.store.save(checkpoint, path, step=checkpoint.get("global_step"), run=self.run)
 
     def load_checkpoint(self, path, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
-        path = os.path.realpath(os.fspath(path))  # save_last="link" makes last.ckpt a symlink
+        asked = os.path.abspath(os.fspath(path))
+        path = os.path.realpath(asked)  # save_last="link" makes last.ckpt a symlink
         try:
-            return self.store.load(path)
-        except (CorruptCheckpointError, FileNotFoundError) as exc:
-            if not self.fallback:
-                raise
-            for candidate in _older_siblings(path):
-                try:
-                    tree = self.store.load(candidate)
-                except CheckpointError as other:
-                    log.warning("checkpoint %s cannot be loaded either (%s)", candidate, other)
-                    continue
-                warnings.warn(f"checkpoint {path} cannot be loaded ({exc}); loaded {candidate} instead",
-                              stacklevel=2)
-                return tree
-            raise
+            tree = self.store.load(path)
+        except (CorruptCheckpointError, FileNotFoundError) as exc:  # not there, or does not verify
+            tree, path = self._stand_in(asked, path, exc)
+        self.run = _run_of(path) or self.run  # a resumed fit continues the run it resumed
+        return tree
+
+    def _stand_in(self, asked: str, path: str, exc: BaseException) -> tuple[dict[str, Any], str]:
+        """The tree of the checkpoint that may replace the unloadable ``path``, or raise naming both."""
+        try:
+            manifest = read_manifest(path)
+        except CheckpointError:
+            manifest = None
+        if manifest is not None and (manifest.run is None or manifest.step is None):
+            manifest = None  # its run or step cannot be told (written before runs were recorded)
+        for candidate in _siblings(path, manifest):
+            try:
+                tree = self.store.load(candidate)
+            except CheckpointError as other:
+                log.warning("checkpoint %s cannot be loaded either (%s)", candidate, other)
+                continue
+            if self.fallback and _is_last(asked) and manifest is not None:
+                warnings.warn(f"checkpoint {asked} cannot be loaded ({exc}); loaded {candidate} instead, the newest "
+                              "checkpoint of the same run at no newer step", stacklevel=3)
+                return tree, candidate
+            why = ("was asked for by name" if not _is_last(asked) else
+                   "cannot be told from another run's (no run and step can be read)" if manifest is None else
+                   "may not be replaced (fallback=False)")
+            raise _like(exc, f"checkpoint {asked} cannot be loaded ({exc}); it {why}, so {candidate} is not loaded "
+                        f"in its place: pass ckpt_path={candidate!r} to resume from that one", asked) from exc
+        kind = "of the same run at no newer step" if manifest is not None else "beside it"
+        raise _like(exc, f"checkpoint {asked} cannot be loaded ({exc}); no other checkpoint {kind} loads", asked) from exc
 
     def remove_checkpoint(self, path) -> None:
         self.store.remove(path)
@@ -105,8 +133,22 @@ class CkptCheckpointIO(CheckpointIO):
             store.close()
 
 
-def _older_siblings(path: str) -> list[str]:
-    """Committed checkpoints beside ``path``, newest (highest step, then latest written) first."""
+def _like(exc: BaseException, message: str, path: str) -> CheckpointError:
+    """``exc``'s kind of CheckpointError (a missing path: CheckpointNotFoundError), with ``message``."""
+    kind = type(exc) if isinstance(exc, CheckpointError) else CheckpointNotFoundError
+    return kind(message, path=path)
+
+
+def _run_of(path: str) -> str | None:
+    try:
+        return read_manifest(path).run
+    except CheckpointError:
+        return None
+
+
+def _siblings(path: str, manifest: Manifest | None) -> list[str]:
+    """Committed checkpoints beside ``path``, newest (highest step, then latest written) first: given
+    ``path``'s manifest (with a run and a step), those of its run at its step or an older one; else all."""
     parent = os.path.dirname(path)
     found = []
     for entry in os.listdir(parent) if os.path.isdir(parent) else ():
@@ -114,10 +156,13 @@ def _older_siblings(path: str) -> list[str]:
         if candidate == path or os.path.islink(candidate) or not os.path.isdir(candidate):
             continue
         try:
-            manifest = read_manifest(candidate)
+            other = read_manifest(candidate)
         except CheckpointError:
             continue
-        found.append(((manifest.step or -1, manifest.created), candidate))
+        if manifest is not None and not (other.run == manifest.run and other.step is not None
+                                         and other.step <= manifest.step):
+            continue
+        found.append(((other.step if other.step is not None else -1, other.created), candidate))
     return [c for _, c in sorted(found, reverse=True)]
 
 

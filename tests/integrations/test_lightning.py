@@ -1,6 +1,7 @@
 """ckpt.integrations.lightning against the real Lightning: CkptCheckpointIO under ModelCheckpoint
 (save_top_k, every_n_train_steps, save_last, ckpt_path="last"), deltas, a damaged newest checkpoint
-passed over, pickle-free loading; CkptModelParallelStrategy sharded on 2 gloo ranks, resharded."""
+passed over for an older one of the same run only (an explicitly asked one never replaced),
+pickle-free loading, a crash mid-delete; CkptModelParallelStrategy sharded on 2 gloo ranks, resharded."""
 
 from __future__ import annotations
 
@@ -72,6 +73,82 @@ def test_damaged_newest_is_passed_over_and_load_never_unpickles(tmp_path, monkey
     assert tree["global_step"] == 6 and "loops" in tree and "optimizer_states" in tree
     with pytest.raises(ckpt.CorruptCheckpointError):
         CkptCheckpointIO(fallback=False).load_checkpoint(tmp_path / "last.ckpt")
+
+
+def test_an_explicit_damaged_checkpoint_is_never_replaced(tmp_path):
+    _fit(tmp_path, 6, CkptCheckpointIO(), top_k=3)
+    asked, older = tmp_path / "epoch=1-step=4.ckpt", tmp_path / "epoch=0-step=2.ckpt"
+    flip_byte(asked)
+    # Not step 6 (newer), and not step 2 silently either: the error names both.
+    with pytest.raises(ckpt.CorruptCheckpointError, match=f"{asked}.*{older}") as raised:
+        _fit(tmp_path, 8, CkptCheckpointIO(), ckpt_path=asked, top_k=3)
+    assert "asked for by name" in str(raised.value)
+    flip_byte(older)  # nothing of the run older than step 2 loads: refused, naming no other
+    with pytest.raises(ckpt.CorruptCheckpointError, match="no other checkpoint of the same run at no newer step"):
+        CkptCheckpointIO().load_checkpoint(older)
+
+
+def test_a_damaged_last_falls_back_within_its_own_run_only(tmp_path):
+    _fit(tmp_path, 8, CkptCheckpointIO(), filename="other{step}")  # another run, left in the folder: step 8
+    ours, _ = _fit(tmp_path, 4, CkptCheckpointIO())  # this run: steps 2 and 4, and its last checkpoint,
+    last = tmp_path / "last-v1.ckpt"  # which Lightning names last-v1.ckpt beside the other run's last.ckpt
+    assert ckpt.read_manifest(last).step == 4
+    flip_byte(last)
+
+    with pytest.warns(UserWarning, match="epoch=1-step=4.ckpt instead"):
+        resumed, run = _fit(tmp_path, 4, CkptCheckpointIO(), ckpt_path="last")
+    assert run.global_step == 4  # not the other run's step 8
+    for key, value in parameters(ours).items():
+        assert torch.equal(value, parameters(resumed)[key]), key
+
+    # last.ckpt's manifest unreadable: whose run it was cannot be told, so nothing stands in for it.
+    (last / "manifest.json").write_text("{}")
+    with pytest.raises(ckpt.CheckpointError, match="cannot be told from another run's.*/last.ckpt is not loaded"):
+        _fit(tmp_path, 4, CkptCheckpointIO(), ckpt_path="last")
+
+
+class _Crash(BaseException):
+    """A process dying mid-delete (no handler of the engine's catches it)."""
+
+
+@pytest.mark.parametrize("listing", ["listed", "reversed"])  # the order rmtree meets entries in is the filesystem's
+def test_a_crash_mid_delete_leaves_the_checkpoint_whole_or_invisible(tmp_path, monkeypatch, listing):
+    path = tmp_path / "epoch=0-step=2.ckpt"
+    io = CkptCheckpointIO(async_mode="sync")
+    io.save_checkpoint({"state_dict": {"w": torch.arange(64.0)}, "global_step": 2}, path)
+    real_scandir, real_unlink, unlinked = os.scandir, os.unlink, []
+
+    class Entries(list):
+        def __enter__(self):
+            return iter(self)
+
+        def __exit__(self, *exc):
+            return False
+
+    def scandir(*args):
+        with real_scandir(*args) as it:
+            entries = list(it)
+        return Entries(entries if listing == "listed" else entries[::-1])
+
+    def unlink(name, *args, **kwargs):
+        unlinked.append(name)
+        if len(unlinked) == 2:  # the first file is gone, the process dies before the second
+            raise _Crash
+        return real_unlink(name, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "scandir", scandir)
+        patch.setattr(os, "unlink", unlink)
+        with pytest.raises(_Crash):
+            io.remove_checkpoint(path)
+    try:
+        ckpt.read_manifest(path)
+    except ckpt.CheckpointError:
+        pass  # not committed: no reader lists or loads it
+    else:  # still committed: then whole
+        assert torch.equal(CkptCheckpointIO().load_checkpoint(path)["state_dict"]["w"], torch.arange(64.0))
+    CkptCheckpointIO().remove_checkpoint(path)  # the next delete clears what is left
+    assert not path.exists()
 
 
 def test_sync_mode_and_a_manual_save(tmp_path):
