@@ -14,14 +14,20 @@ for the copy like a manager locks its root: a running trainer's root is refused,
 claimed by another run than the one whose steps are copied (a manager opening a copied root
 without a claim takes the run of its newest step, so a restored root resumes as the same run).
 
+Interrupted (Ctrl-C, or SIGTERM, which unwinds the same way), the step being copied is removed from
+DST before the tool exits: nothing half-written is left, no ``step-N.tmp-*`` either.
+
 Exit codes (tools/cli.py): 0 done, 1 a step could not be read or written (one line on stderr says
-which and why), 2 bad arguments, 130 interrupted.
+which and why), 2 bad arguments, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
+import sys
+import threading
 
 from ckpt import CheckpointNotFoundError, CheckpointRoot, read_manifest
 from ckpt.committed import read_manifest_bytes
@@ -76,9 +82,30 @@ def refuse_another_runs_target(source, target, steps: list[int]) -> None:
         raise foreign(target.path, record["run"], theirs, "claimed by")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during a copy: unwinds like Ctrl-C, so the step being copied is removed (copy_step)."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()
+
+
 @command(PROG)
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        return _copy(args)
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return _copy(args)
+    except Terminated:
+        print(f"{PROG}: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _copy(args: argparse.Namespace) -> int:
     try:
         source, target = open_root(args.src), CheckpointRoot(args.dst)
         steps = steps_to_copy(source, args.step)

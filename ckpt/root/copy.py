@@ -19,7 +19,9 @@ Contract of one copy (:func:`copy_step`):
    finished durably and its size checked; with ``read_back=True`` every blob is then read back from
    the replica and verified (:func:`ckpt.read.verify_blobs`).
 3. Only when every rank succeeded does rank 0 write the manifest — the primary's bytes, unchanged —
-   on the replica: the commit point. Otherwise the attempt is removed.
+   on the replica: the commit point. Otherwise — a failure on any rank or at the commit point, or an
+   interrupt (Ctrl-C; ``ckpt-copy`` turns SIGTERM into one) — the attempt is removed before the error
+   propagates: nothing half-written is left on the target.
 
 A blob (or the manifest) that fails its checksum on the way is read again from the source: only a
 source whose copy fails again raises :class:`SourceCorruptError` (copying it again cannot help); a
@@ -217,12 +219,33 @@ def copy_step(source: Location, target: Location, *, read_back: bool = False, gr
                 plan = (raw, attempt.directory.path)
         except Exception as exc:
             error = exc
-    error = broadcast_error(error, group, distributed=distributed)
-    if error is not None:
-        raise error
-    plan = broadcast_value(plan, group, distributed=distributed)
-    if plan == "done":
-        return 0
+    try:
+        error = broadcast_error(error, group, distributed=distributed)
+        if error is not None:
+            raise error
+        plan = broadcast_value(plan, group, distributed=distributed)
+        if plan == "done":
+            return 0
+        return _copy_attempt(source, target, plan, attempt, rank, world, read_back=read_back, group=group,
+                             distributed=distributed, fence=fence)
+    except BaseException:  # also an interrupt (Ctrl-C, the CLI's SIGTERM): nothing half-written stays
+        if attempt is not None:
+            _discard(attempt, target)
+        raise
+
+
+def _discard(attempt, target: Location) -> None:
+    """Rank 0: remove an attempt cut short, unless it passed its commit point (then it is the copy)."""
+    try:
+        if not commit.is_committed(target):
+            commit.abort(attempt)
+    except (CheckpointError, OSError):  # unreachable now: the next copy of the step removes it
+        pass
+
+
+def _copy_attempt(source: Location, target: Location, plan, attempt, rank: int, world: int, *, read_back: bool,
+                  group, distributed: bool, fence) -> int:
+    """Every rank's share of the data files into the attempt, then rank 0's commit point (or abort)."""
     raw, directory = plan
     manifest = Manifest.from_json(raw, source=str(source))
     directory = Location(target.storage, directory)

@@ -111,3 +111,48 @@ def test_copy_refuses_a_step_the_target_holds_from_another_history(tmp_path, cap
     assert err.count("\n") == 1 and "step-00000002 is committed with another manifest" in err and "digest" in err
     assert (step_path(tmp_path / "dst", 2) / "manifest.json").read_bytes() == stale  # left as it was
 
+
+
+_PAUSED_COPY = """
+import os, sys
+import ckpt.root.copy as copy
+real = copy.copy_file
+
+def paused(*args, **kwargs):  # the first data file written into the attempt, then wait for the signal
+    written = real(*args, **kwargs)
+    print("paused", flush=True)
+    os.read(0, 1)  # stdin: never written; the signal interrupts this read
+    return written
+
+copy.copy_file = paused
+from tools.copy import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_an_interrupted_copy_leaves_nothing_half_written(tmp_path, signum):
+    """Issue 36 item 10c: a copy interrupted half way left step-N.tmp-* on DST until the next copy.
+    A real ckpt-copy process, paused inside the copy of step 1 (one data file written into the
+    attempt), gets Ctrl-C or SIGTERM: it exits 130 / 143 with one line and DST holds nothing of it."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.support import REPO
+
+    train_with_chain(tmp_path / "src", steps=2)
+    process = subprocess.Popen([sys.executable, "-c", _PAUSED_COPY, str(tmp_path / "src"), str(tmp_path / "dst"),
+                                "--quiet"], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        assert process.stdout.readline() == "paused\n"
+        assert [p.name for p in (tmp_path / "dst").iterdir() if ".tmp-" in p.name]  # the attempt, half done
+        process.send_signal(getattr(signal, signum))
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    code = 128 + getattr(signal, signum)
+    assert process.returncode == code and err == f"ckpt-copy: {'interrupted' if code == 130 else 'terminated'}\n"
+    assert sorted(p.name for p in (tmp_path / "dst").iterdir()) == [".lock"]  # nothing of step 1 stays
+    assert ckpt.CheckpointRoot(tmp_path / "dst").steps() == []
