@@ -1,7 +1,7 @@
 """ckpt-convert: a trainer checkpoint as a Hugging Face model or plain weights files, and back.
 
     ckpt-convert SRC DST --to hf [--step N] [--dtype bf16|fp16|fp32] [--max-shard-size 5GB]
-                                 [--config FILE | --model-args JSON] [--force] [--quiet] [--json]
+                                 [--config FILE | --model-args JSON | --flavor FLAVOR] [--force] [--quiet] [--json]
     ckpt-convert SRC DST --to torch|safetensors [--step N] [--dtype ...] [--max-shard-size SIZE] [--force] [--quiet]
     ckpt-convert SRC DST --from hf [--step N] [--dtype ...] [--force] [--quiet] [--json]
     ckpt-convert SRC DST --from dcp [--force] [--quiet] [--json]
@@ -14,7 +14,10 @@ are read one whole tensor at a time, every chunk verified, deltas replayed. The 
 from the run config the trainer recorded in the manifest; a checkpoint that records none (one
 imported --from dcp) is told with --config FILE (the trainer config it was trained with: .toml,
 .yaml, or the run's config.json) or --model-args JSON (trainer.model.ModelArgs fields, inline or
-a .json file); the weights' shapes are checked against it.
+a .json file); the weights' shapes are checked against it. With --flavor FLAVOR, SRC is a torchtitan
+llama3 checkpoint instead (its checkpoint folder: the newest step-N, or --step N; or one step-N
+directory, as torchtitan's CheckpointManager writes them): its model weights alone are read (pickle-
+free, as --from dcp reads) under torchtitan's names, the fused wqkv as its split wq/wk/wv.
 
   hf           DST is a local directory for transformers' LlamaForCausalLM.from_pretrained: the
                weights under Hugging Face names with the rotary q/k rows permuted to its layout
@@ -60,6 +63,7 @@ import argparse
 import dataclasses
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -105,7 +109,8 @@ def parser() -> argparse.ArgumentParser:
                            help="export the model weights (torchtitan: the whole training state)")
     direction.add_argument("--from", dest="from_", choices=("hf", "dcp", "torchtitan"),
                            help="import into this engine's format")
-    p.add_argument("--flavor", help="--from torchtitan: the torchtitan llama3 flavor of the run (debugmodel, 1B, ...)")
+    p.add_argument("--flavor", help="--from torchtitan, or --to hf/torch/safetensors of a torchtitan checkpoint: "
+                                    "the torchtitan llama3 flavor of the run (debugmodel, 1B, ...)")
     p.add_argument("--step", type=int, help="--to with a root SRC: the step to export (default: the newest "
                                             "committed); --from hf: the step to write (default 0)")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="convert floating-point tensors (default: --to keeps the "
@@ -126,8 +131,10 @@ def _check_arguments(p: argparse.ArgumentParser, args) -> None:
         p.error("--max-shard-size applies to --to only")
     if args.from_ == "torchtitan" and not args.flavor:
         p.error("--from torchtitan needs --flavor (torchtitan's llama3 flavor: debugmodel, 1B, 3B, 8B, 70B)")
-    if args.flavor and args.from_ != "torchtitan":
-        p.error("--flavor applies to --from torchtitan only")
+    if args.flavor and args.from_ != "torchtitan" and args.to not in ("hf", "torch", "safetensors"):
+        p.error("--flavor applies to --from torchtitan and to --to hf/torch/safetensors of a torchtitan checkpoint")
+    if args.flavor and (args.config or args.model_args):
+        p.error(f"--flavor names a torchtitan checkpoint's model; {MODEL_OPTIONS} do not apply to it")
     if "torchtitan" in (args.to, args.from_) and (args.dtype is not None or args.max_shard_size is not None):
         p.error("torchtitan conversions take neither --dtype nor --max-shard-size (the state is converted as it is)")
     if args.from_ == "dcp" and (args.step is not None or args.dtype is not None):
@@ -177,14 +184,35 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _export(args, dtype: torch.dtype | None) -> tuple[list[str], dict]:
+    if args.flavor:  # a torchtitan checkpoint: its model weights, imported alone, then exported
+        with tempfile.TemporaryDirectory(prefix=".ckpt-convert-torchtitan-") as tmp:
+            imported = titan.import_torchtitan(args.src, tmp, flavor=args.flavor, step=args.step, model_only=True)
+            return _export_step(args, dtype, imported.path, titan.titan_step_dir(args.src, args.step))
     try:
         source = resolve_checkpoint(args.src, args.step)
     except CheckpointNotFoundError as exc:
-        if "://" not in args.src and (Path(args.src) / "config.json").is_file() and \
-                any(Path(args.src).glob("*.safetensors*")):
+        local = Path(args.src) if "://" not in args.src else None
+        if local is not None and (local / "config.json").is_file() and any(local.glob("*.safetensors*")):
             raise CheckpointNotFoundError(f"{exc}; it is a Hugging Face model directory: import it with --from hf",
                                           path=exc.path) from None
+        if local is not None and _is_torchtitan(local, args.step):
+            raise CheckpointNotFoundError(f"{exc}; it is a torchtitan checkpoint: export it with --flavor FLAVOR "
+                                          "(its llama3 flavor: debugmodel, 1B, 3B, 8B, 70B)", path=exc.path) from None
         raise
+    return _export_step(args, dtype, source, source)
+
+
+def _is_torchtitan(path: Path, step: int | None) -> bool:
+    try:
+        titan.titan_step_dir(path, step)
+    except CheckpointNotFoundError:
+        return False
+    return True
+
+
+def _export_step(args, dtype: torch.dtype | None, source, origin) -> tuple[list[str], dict]:
+    """Export the trainer checkpoint ``source``; ``origin``: what the user named (a torchtitan step
+    directory, where ``source`` is its model imported alone)."""
     manifest = with_model_config(ckpt.read_manifest(source), args)
     if args.to == "hf" and run_config(manifest) is None:
         raise CheckpointError(f"{source} records no run config (a checkpoint imported --from dcp, or saved outside "
@@ -201,15 +229,15 @@ def _export(args, dtype: torch.dtype | None) -> tuple[list[str], dict]:
                                        manifest=manifest)
     weights = result.weight_files
     shards = f"{len(weights)} shards + index" if len(weights) > 1 else Path(weights[0]).name
-    report = {"step": manifest.step, "kind": manifest.kind, "checkpoint": str(source), "tensors": result.tensors,
+    report = {"step": manifest.step, "kind": manifest.kind, "checkpoint": str(origin), "tensors": result.tensors,
               "bytes": result.nbytes, "written": [str(f) for f in result.files], "model": dataclasses.asdict(result.args) if result.args else None,
               "verified": "every chunk read", "note": result.note or None}
     if args.to == "hf":
-        return [f"{step}({manifest.kind}) of {source} -> {args.dst}: "
+        return [f"{step}({manifest.kind}) of {origin} -> {args.dst}: "
                 f"LlamaForCausalLM ({hf.describe(result.args)}), "
                 f"{result.tensors} tensors, {human_bytes(result.nbytes)} in {shards}, config.json, "
                 f"generation_config.json; {result.note}"], report
-    return [f"{step}({manifest.kind}) of {source}: {result.tensors} model tensors, {human_bytes(result.nbytes)} as "
+    return [f"{step}({manifest.kind}) of {origin}: {result.tensors} model tensors, {human_bytes(result.nbytes)} as "
             f"{args.to} -> {args.dst}" + (f" ({shards})" if len(weights) > 1 else "")], report
 
 

@@ -36,7 +36,8 @@ _PATH_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
 
 
 def import_dcp(src: str | os.PathLike | Location, dst: str | os.PathLike | Location, *, overwrite: bool = False,
-               progress: Callable[[int], None] | None = None, storage_options: dict | None = None) -> Manifest:
+               progress: Callable[[int], None] | None = None, storage_options: dict | None = None,
+               keys: Callable[[str], bool] | None = None) -> Manifest:
     """Convert the DCP FileSystemWriter checkpoint directory ``src`` into a checkpoint of ours at
     ``dst`` (a step directory such as ``ckpts/step-00000100``; its step is taken from that name).
 
@@ -45,7 +46,9 @@ def import_dcp(src: str | os.PathLike | Location, dst: str | os.PathLike | Locat
     with DCP's box; non-tensor values become tagged JSON where possible (else a ``torch.save``
     stream proven to load with ``weights_only=True``); DCP's flatten mapping becomes the manifest's
     ``paths``. Committed atomically (:mod:`ckpt.commit`); ``overwrite`` replaces a committed ``dst``.
-    ``progress(n)`` is called with the raw bytes of each tensor chunk once it is decoded.
+    ``progress(n)`` is called with the raw bytes of each tensor chunk once it is decoded. ``keys``:
+    import only the keys it accepts (a trainer checkpoint's model weights alone); the metadata is
+    checked whole all the same, and data files holding none of them are not opened.
 
     Raises :class:`UnsafeCheckpointError` (something would need code execution to load),
     :class:`CorruptCheckpointError` (a truncated or inconsistent checkpoint, a data file path
@@ -56,7 +59,8 @@ def import_dcp(src: str | os.PathLike | Location, dst: str | os.PathLike | Locat
         raise CheckpointExistsError(f"{dst} is the DCP checkpoint being converted; choose another destination",
                                     path=str(dst))
     metadata = read_dcp_metadata(src)
-    items = _plan(src, metadata)
+    wanted = keys or (lambda key: True)
+    items = [item for item in _plan(src, metadata) if wanted(item.key)]
     by_file: dict[str, list[Item]] = {}
     for item in items:
         by_file.setdefault(item.info.relative_path, []).append(item)
@@ -64,7 +68,7 @@ def import_dcp(src: str | os.PathLike | Location, dst: str | os.PathLike | Locat
     names, world = _output_names(sorted(by_file))
     tensors = []
     for key, md in metadata.state_dict_metadata.items():
-        if isinstance(md, TensorStorageMetadata):
+        if isinstance(md, TensorStorageMetadata) and wanted(key):
             try:
                 dtype_name(md.properties.dtype)  # refuses dtypes the format cannot store, before any work
             except UnsupportedFormatError as exc:
@@ -72,7 +76,8 @@ def import_dcp(src: str | os.PathLike | Location, dst: str | os.PathLike | Locat
                                              tensor=key) from None
             tensors.append((key, md.properties.dtype, md.size))
     manifest = new_manifest(tensors, step=parse_step_name(dst.name), world_size=world, dcp_version=metadata.version,
-                            user={"converted_from": "dcp"}, paths=_paths(metadata))
+                            user={"converted_from": "dcp"},
+                            paths={k: v for k, v in _paths(metadata).items() if wanted(k)})
     reader = ItemReader(src)
     try:
         with NewCheckpoint(dst, manifest, overwrite=overwrite, check=f"{dst} (converted from {src})") as new:

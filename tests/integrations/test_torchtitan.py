@@ -22,7 +22,7 @@ import ckpt  # noqa: E402
 from ckpt.integrations import torchtitan as titan  # noqa: E402
 from tests.support import REPO  # noqa: E402
 from tests.support.launch import run_ranks  # noqa: E402
-from tests.support.titan import OVERRIDE, Job, assert_bitwise, job_config  # noqa: E402
+from tests.support.titan import OVERRIDE, Job, assert_bitwise, job_config, llama_job, seeded_step  # noqa: E402
 
 
 def _resume_job(rank: int, world: int, base: str) -> dict:
@@ -240,46 +240,23 @@ def test_module_imports_without_triton_and_names_the_extra():
 
 
 # -- torchtitan's own llama3 (debugmodel: FusedQKVLinear, whose state dict is made by hooks) -----------
-def _llama_job(base: str, imports: list, seed: int, **options) -> Job:
-    """torchtitan's llama3 debugmodel (its classes, tests/support/titan_llama3.py) under the Job's
-    torchtitan containers, one process, the manager chosen as a job chooses it."""
-    from tests.support import titan_llama3
-
-    model = titan_llama3.build(seed=seed)  # skips without torchtitan's llama3
-    return Job(0, 1, job_config("checkpoint", imports, **options), base, seed=seed, model=model)
-
-
-def _seeded_step(job: Job) -> None:
-    """One optimizer step as torchtitan's train_step takes it, with gradients seeded per step
-    (torchtitan's flex attention has no backward on the CPU); they depend on the weights, so a
-    wrongly restored weight changes every later step."""
-    job.train_state.step += 1
-    generator = torch.Generator().manual_seed(1000 + job.train_state.step)
-    for param in job.model.parameters():
-        param.grad = torch.randn(param.shape, generator=generator) * 1e-2 + 1e-3 * param.detach()
-    job.checkpointer.maybe_wait_for_staging()
-    job.optimizers.step()
-    job.lr_schedulers.step()
-    job.optimizers.zero_grad()
-
-
 def _llama_save_and_resume(base: str, imports: list, async_mode: str) -> dict:
     """Train 3 steps saving step 2, resume step 2 into a fresh job (other initial weights) and
     take step 3 again."""
     options = {"interval": 2, "async_mode": async_mode, "keep_latest_k": 0}
-    job = _llama_job(base, imports, seed=0, **options)
+    job = llama_job(base, imports, seed=0, **options)
     assert job.checkpointer.load() is False
     for _ in range(3):
-        _seeded_step(job)
+        seeded_step(job)
         job.checkpointer.save(job.train_state.step)
         if job.train_state.step == 2:
             job.checkpointer.maybe_wait_for_staging()
             at_save = job.snapshot()
     job.checkpointer.close()
-    fresh = _llama_job(base, imports, seed=7, load_step=2, **options)
+    fresh = llama_job(base, imports, seed=7, load_step=2, **options)
     assert fresh.checkpointer.load(step=2) is True
     resumed = fresh.snapshot()
-    _seeded_step(fresh)
+    seeded_step(fresh)
     fresh.checkpointer.close()
     return {"at_save": at_save, "resumed": resumed, "continued": fresh.snapshot(), "uninterrupted": job.snapshot()}
 

@@ -149,3 +149,26 @@ def assert_bitwise(actual, expected, path="state"):
         assert actual.dtype == expected.dtype and torch.equal(actual, expected), path
     else:
         assert actual == expected, path
+
+
+def llama_job(base: str, imports: list, seed: int, **options) -> Job:
+    """torchtitan's llama3 debugmodel (its classes, tests/support/titan_llama3.py) under the Job's
+    torchtitan containers, one process, the manager chosen as a job chooses it."""
+    from tests.support import titan_llama3
+
+    model = titan_llama3.build(seed=seed)  # skips without torchtitan's llama3
+    return Job(0, 1, job_config("checkpoint", imports, **options), base, seed=seed, model=model)
+
+
+def seeded_step(job: Job) -> None:
+    """One optimizer step as torchtitan's train_step takes it, with gradients seeded per step
+    (torchtitan's flex attention has no backward on the CPU); they depend on the weights, so a
+    wrongly restored weight changes every later step."""
+    job.train_state.step += 1
+    generator = torch.Generator().manual_seed(1000 + job.train_state.step)
+    for param in job.model.parameters():
+        param.grad = torch.randn(param.shape, generator=generator) * 1e-2 + 1e-3 * param.detach()
+    job.checkpointer.maybe_wait_for_staging()
+    job.optimizers.step()
+    job.lr_schedulers.step()
+    job.optimizers.zero_grad()

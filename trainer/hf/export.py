@@ -139,6 +139,10 @@ def _tokenizer_export(manifest: Manifest) -> tuple[dict[str, bytes], str, object
     model = config.get("model") if isinstance(config, dict) else None
     path = model.get("tokenizer") if isinstance(model, dict) else None
     origin = user.get("converted_from")
+    if is_byte_tokenizer(path) and isinstance(origin, dict) and origin.get("format") == "torchtitan":
+        return {}, (f"no tokenizer file: torchtitan keeps its tokenizer outside its checkpoint ({origin.get('path')}): "
+                    "copy the run's hf_assets_path tokenizer files here and set the special token ids"), \
+            SimpleNamespace(bos_id=None, eos_id=None)
     if is_byte_tokenizer(path) and isinstance(origin, dict) and isinstance(origin.get("config"), dict):
         ids = SimpleNamespace(bos_id=origin["config"].get("bos_token_id"), eos_id=origin["config"].get("eos_token_id"))
         return {}, f"no tokenizer file: {origin.get('path')}, which this was imported from, had none", ids

@@ -46,6 +46,7 @@ from ..model import ModelArgs, model_args
 from .names import QKV, fuse_qkv, our_name, params_of, split_qkv, titan_name, titan_param
 
 STATE, GROUPS = "optimizer.state.", "optimizer.param_groups."
+NOT_MODEL = ("optimizer.", "lr_scheduler.", "train_state.", "dataloader.")  # torchtitan's other states
 OURS_STATE = "optim.state."
 _TITAN_STEP = re.compile(r"^step-(\d+)$")
 
@@ -90,10 +91,16 @@ def _read_all(path) -> dict[str, Any]:
     return flat
 
 
-def _read_titan(step_dir: Path) -> dict[str, Any]:
-    """A torchtitan DCP checkpoint's flat state, read through the engine's (pickle-free) DCP import."""
+def is_model_key(key: str) -> bool:
+    """Whether a key of torchtitan's checkpoint is its model's (flat at the top level)."""
+    return not key.startswith(NOT_MODEL)
+
+
+def _read_titan(step_dir: Path, model_only: bool = False) -> dict[str, Any]:
+    """A torchtitan DCP checkpoint's flat state (``model_only``: its model's keys alone), read through
+    the engine's (pickle-free) DCP import."""
     with tempfile.TemporaryDirectory(prefix=".titan-import-") as tmp:
-        import_dcp(step_dir, Path(tmp) / "imported")
+        import_dcp(step_dir, Path(tmp) / "imported", keys=is_model_key if model_only else None)
         return _read_all(Path(tmp) / "imported")
 
 
@@ -134,17 +141,7 @@ def _hyper(groups: dict[str, Any], fqns: list[str]) -> dict[str, dict[str, Any]]
 def to_ours(flat: dict[str, Any], args: ModelArgs) -> tuple[dict, list[str]]:
     """torchtitan's flat state → our trainer's state (``model``, ``optim``, ``lr_scheduler``,
     ``train``) and the keys left out."""
-    sections = (STATE, GROUPS, "lr_scheduler.", "train_state.", "dataloader.")
-    model: dict[str, torch.Tensor] = {}
-    for key, value in flat.items():
-        if not key.startswith(sections):
-            try:
-                model[our_name(key)] = value
-            except KeyError as exc:
-                raise CheckpointError(f"{exc.args[0]}") from None
-    problems = shape_problems({k: tuple(v.shape) for k, v in model.items()}, args)
-    if problems:
-        raise CheckpointError(f"its model state does not fit ({describe(args)}): {'; '.join(problems)}")
+    model = _model(flat, args)
     ours_params = [k for k in expected_shapes(args) if not (args.tie_embeddings and k == "output.weight")]
     titan_params = list(dict.fromkeys(titan_param(k) for k in ours_params))
     state: dict[str, dict] = {}
@@ -176,6 +173,21 @@ def to_ours(flat: dict[str, Any], args: ModelArgs) -> tuple[dict, list[str]]:
     return ours, left_out
 
 
+def _model(flat: dict[str, Any], args: ModelArgs) -> dict[str, torch.Tensor]:
+    """torchtitan's model state in ``flat`` under our names, its shapes checked against ``args``."""
+    model: dict[str, torch.Tensor] = {}
+    for key, value in flat.items():
+        if is_model_key(key):
+            try:
+                model[our_name(key)] = value
+            except KeyError as exc:
+                raise CheckpointError(f"{exc.args[0]}") from None
+    problems = shape_problems({k: tuple(v.shape) for k, v in model.items()}, args)
+    if problems:
+        raise CheckpointError(f"its model state does not fit ({describe(args)}): {'; '.join(problems)}")
+    return model
+
+
 class _Stateful:
     """A fixed state saved as the trainer's stateful objects are (one value per key, not one dict)."""
 
@@ -198,17 +210,19 @@ def _lambda_lr_state(base_lr: float, lr: float, last_epoch: int) -> dict:
 
 
 def import_torchtitan(src: str | os.PathLike, dst: str | os.PathLike, *, flavor: str, step: int | None = None,
-                      overwrite: bool = False) -> TitanImport:
+                      overwrite: bool = False, model_only: bool = False) -> TitanImport:
     """torchtitan's checkpoint ``src`` (a ``step-N`` DCP directory, or its checkpoint folder: the
-    newest step, or ``step``) as step N of the new checkpoint root ``dst`` (see the module docstring)."""
+    newest step, or ``step``) as step N of the new checkpoint root ``dst`` (see the module docstring);
+    ``model_only``: its model weights alone (the rest is not read; what ``ckpt-convert --to hf``
+    exports a torchtitan checkpoint through), as step N of its ``step-N`` name."""
     step_dir = titan_step_dir(src, step)
-    flat = _read_titan(step_dir)
+    flat = _read_titan(step_dir, model_only)
     try:
         args = titan_args(flavor, flat)
-        state, left_out = to_ours(flat, args)
+        state, left_out = ({"model": _model(flat, args)}, []) if model_only else to_ours(flat, args)
     except CheckpointError as exc:
         raise CheckpointError(f"{step_dir} cannot be converted: {exc}", path=str(step_dir)) from None
-    number = state["train"].state["step"]
+    number = (step_of(step_dir.name) or 0) if model_only else state["train"].state["step"]
     root = CheckpointRoot(os.fspath(dst))
     if root.path.exists() and [e for e in root.path.list() if e != ".lock"] and not overwrite:
         raise CheckpointExistsError(f"{root.path} already exists", path=str(root.path))

@@ -119,3 +119,52 @@ def test_arguments(capsys):
     with pytest.raises(SystemExit):
         convert.main(["a", "b", "--to", "torchtitan", "--dtype", "bf16"])
     assert "neither --dtype" in capsys.readouterr().err
+
+
+def test_a_step_of_torchtitans_own_manager_exports_to_hf(tmp_path, capsys):
+    """Issue 36 item 14: a step torchtitan's own CheckpointManager wrote (its llama3 debugmodel, plain
+    DCP) goes --to hf with its flavor: the weights are what torchtitan's own state-dict adapter makes
+    of the saved model, bitwise; the other way (--from torchtitan) takes it too."""
+    pytest.importorskip("torchtitan.components.checkpointer")
+    from safetensors.torch import load_file
+
+    from tests.support.titan import llama_job, seeded_step
+
+    torch.set_num_threads(1)
+    job = llama_job(str(tmp_path), [], seed=0, interval=2, async_mode="disabled", keep_latest_k=0)
+    assert type(job.checkpointer).__module__.startswith("torchtitan.")  # torchtitan's manager, not ours
+    for _ in range(2):
+        seeded_step(job)
+        job.checkpointer.save(job.train_state.step)
+    job.checkpointer.close()
+    folder = tmp_path / "checkpoint"
+    assert (folder / "step-2" / ".metadata").is_file()
+
+    assert convert.main([str(folder), str(tmp_path / "hf-x"), "--to", "hf"]) == 1
+    assert "torchtitan checkpoint: export it with --flavor" in capsys.readouterr().err
+    assert convert.main([str(folder), str(tmp_path / "hf"), "--to", "hf", "--flavor", "debugmodel"]) == 0
+    assert "of " + str(folder / "step-2") in capsys.readouterr().out
+    adapter = titan_llama3.llama3().Llama3StateDictAdapter(titan_llama3.llama3().model_registry("debugmodel").model,
+                                                           None)
+    expected = adapter.to_hf(job.model.state_dict())
+    written = load_file(tmp_path / "hf" / "model.safetensors")
+    assert written.keys() == expected.keys()
+    for key, value in expected.items():
+        assert written[key].dtype == value.dtype and torch.equal(written[key], value), key
+
+    assert convert.main([str(folder / "step-2"), str(tmp_path / "ours"), "--from", "torchtitan",
+                         "--flavor", "debugmodel"]) == 0
+    from trainer.titan import our_name
+
+    imported = dict(ckpt.convert.full_tensors(tmp_path / "ours" / "step-00000002"))
+    for key, value in job.model.state_dict().items():
+        assert torch.equal(imported["model." + our_name(key)], value), key
+
+
+def test_flavor_arguments(capsys):
+    with pytest.raises(SystemExit):
+        convert.main(["a", "b", "--to", "torchtitan", "--flavor", "debugmodel"])
+    assert "--flavor applies to --from torchtitan and to --to hf" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        convert.main(["a", "b", "--to", "hf", "--flavor", "debugmodel", "--model-args", "{}"])
+    assert "--flavor names a torchtitan checkpoint's model" in capsys.readouterr().err
