@@ -147,16 +147,30 @@ def verify_blobs(path: Location, manifest: Manifest, *, files: Iterable[str] | N
     """Read every blob of the checkpoint at ``path`` (of the data files ``files`` only, when given)
     and check it against its checksum (a version-3 blob with blocks: also its stored block table,
     block by block), in the manifest's order (:meth:`Manifest.blobs`);
-    ``progress(length)`` after each. The first that fails raises; with ``failed``, each failure (a
-    :class:`~ckpt.errors.CheckpointError` or an ``OSError``) is handed to ``failed(key, blob, error)``
-    instead and the next blob is read. The one whole-checkpoint verification: ``ckpt-inspect
-    --verify`` and a replica's read-back (:mod:`ckpt.root.copy`)."""
+    ``progress(length)`` after each. A data file whose size is not the manifest's (``files``: longer
+    is damage too, as for ``ckpt-copy``) fails before its first blob is read. The first that fails
+    raises; with ``failed``, each failure (a :class:`~ckpt.errors.CheckpointError` or an ``OSError``)
+    is handed to ``failed(key, blob, error)`` instead (a file's size: key None, its first blob) and
+    the next blob is read. The one whole-checkpoint verification: ``ckpt-inspect --verify`` and a
+    replica's read-back (:mod:`ckpt.root.copy`)."""
     wanted = None if files is None else set(files)
-    data = DataFiles(path)
+    data, sized = DataFiles(path), set()
     try:
         for key, blob in manifest.blobs():
             if wanted is not None and blob.file not in wanted:
                 continue
+            if blob.file not in sized and manifest.files.get(blob.file) is not None:
+                sized.add(blob.file)
+                try:
+                    size = data.open(blob.file).size
+                except (CheckpointError, OSError):
+                    size = None  # missing or unreadable: its blobs say so
+                if size is not None and size != manifest.files[blob.file]:
+                    exc = CorruptCheckpointError(f"{path}: {blob.file} holds {size} bytes, its manifest says "
+                                                 f"{manifest.files[blob.file]}", path=str(path), file=blob.file)
+                    if failed is None:
+                        raise exc
+                    failed(None, blob, exc)
             try:
                 if blob.block_size is None:
                     data.read(blob, what=key)

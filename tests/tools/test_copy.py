@@ -156,3 +156,25 @@ def test_an_interrupted_copy_leaves_nothing_half_written(tmp_path, signum):
     assert process.returncode == code and err == f"ckpt-copy: {'interrupted' if code == 130 else 'terminated'}\n"
     assert sorted(p.name for p in (tmp_path / "dst").iterdir()) == [".lock"]  # nothing of step 1 stays
     assert ckpt.CheckpointRoot(tmp_path / "dst").steps() == []
+
+
+def test_a_data_file_with_trailing_bytes_is_refused_by_verify_and_by_copy(tmp_path, capsys):
+    """Issue 36 item 10d: one rule for both — a data file longer than its manifest's `files` size is
+    damage; `ckpt inspect --verify` passed it while `ckpt copy` refused it."""
+    from tools.copy import main as copy_main
+    from tools.inspection import main as inspect_main
+
+    train_with_chain(tmp_path / "src", steps=1)
+    data = next((step_path(tmp_path / "src", 1) / "data").iterdir())
+    size = data.stat().st_size
+    with open(data, "ab") as file:
+        file.write(b"\0" * 24)
+    said = f"data/{data.name} holds {size + 24} bytes, its manifest says {size}"
+    assert inspect_main([str(tmp_path / "src"), "--verify", "--quiet"]) == 1
+    out, err = capsys.readouterr()
+    failed = [line for line in out.splitlines() if line.startswith("FAILED")]
+    assert len(failed) == 1 and said in failed[0] and "step 1" in failed[0] and err.count("\n") == 1
+    assert copy_main([str(tmp_path / "src"), str(tmp_path / "dst"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and said in err
+    assert ckpt.CheckpointRoot(tmp_path / "dst").steps() == []
