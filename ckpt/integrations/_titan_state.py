@@ -11,8 +11,14 @@ rank's is written and each rank asks for its own on load (rank-local state, whic
 :class:`~ckpt.planner.SafeLoadPlanner` accepts because some rank asks for every key).
 
 A step is *model-only* (torchtitan's step 0, a seed checkpoint, a last step saved with
-``last_save_model_only``) when it holds none of the non-model states: :func:`is_model_only` reads
-that from the manifest, and such a step loads into the model alone, as torchtitan does.
+``last_save_model_only``) when it holds none of the non-model states: :func:`model_only_dtypes` reads
+that from the manifest, and such a step loads into the model alone, as torchtitan does. A *model-only
+load* (``initial_load_model_only``) of any step, full or not, takes every model key (each must be
+there: :func:`require_keys`) and leaves the step's other states unread, as torchtitan's does.
+
+A foreign (torchtitan's own) DCP step is read pickle-free: its ``.metadata`` through the allow-list
+unpickler of :mod:`ckpt.convert.dcp_metadata` (DCP's reader would ``pickle.load`` it), its values
+through the :class:`~ckpt.planner.SafeLoadPlanner`.
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import StorageMeta
 
-from .. import CheckpointError, SafeLoadPlanner, read_manifest
+from .. import CheckpointError, IncompatibleCheckpointError, SafeLoadPlanner, read_manifest
+from ..convert.dcp_metadata import read_dcp_metadata
 
 MODEL = "model"
 DATALOADER = "dataloader"
@@ -90,12 +98,36 @@ def model_only_dtypes(path, states: dict[str, Any]) -> dict[str, torch.dtype] | 
     return {key: entry.dtype for key, entry in manifest.tensors.items()}
 
 
-def load_foreign_dcp(tree: dict[str, Any], path: str, *, strict: bool) -> None:
-    """Load a plain DCP checkpoint (torchtitan's own) into ``tree``, as torchtitan does but with the
-    pickle-free :class:`~ckpt.planner.SafeLoadPlanner`: Statefuls become their state dicts first and
-    get them back after."""
+def require_keys(tree: dict[str, Any], saved: Any, path: str) -> None:
+    """A model-only load (not strict about the step's other states) still needs every model key."""
+    missing = [key for key in tree if key not in saved]
+    if missing:
+        raise IncompatibleCheckpointError(missing, path=str(path))
+
+
+class _SafeReader(dcp.FileSystemReader):
+    """DCP's file reader with its ``.metadata`` read by the allow-list unpickler (read once)."""
+
+    def __init__(self, path: str):
+        super().__init__(path)
+        self.metadata = read_dcp_metadata(path)
+
+    def read_metadata(self, *args: Any, **kwargs: Any):
+        if self.metadata.storage_meta is None:  # as DCP's own reader fills it in
+            self.metadata.storage_meta = StorageMeta()
+        self.metadata.storage_meta.load_id = self.load_id
+        return self.metadata
+
+
+def load_foreign_dcp(tree: dict[str, Any], path: str, *, strict: bool, model_only: bool = False) -> None:
+    """Load a plain DCP checkpoint (torchtitan's own) into ``tree``, as torchtitan does but pickle-
+    free (see the module docstring): Statefuls become their state dicts first and get them back
+    after; ``model_only``: ``tree`` is the model's, whose keys must all be there (the rest is not read)."""
+    reader = _SafeReader(path)
+    if model_only:
+        require_keys(tree, reader.metadata.state_dict_metadata, path)
     flat = {key: value.state_dict() if _is_stateful(value) else value for key, value in tree.items()}
-    dcp.load(flat, storage_reader=dcp.FileSystemReader(path), planner=SafeLoadPlanner(strict=strict))
+    dcp.load(flat, storage_reader=reader, planner=SafeLoadPlanner(strict=strict and not model_only))
     for key, value in tree.items():
         if _is_stateful(value):
             value.load_state_dict(flat[key])

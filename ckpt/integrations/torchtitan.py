@@ -25,8 +25,9 @@ What torchtitan's options mean here (``folder`` = ``dump_folder/checkpoint.folde
   ``optimizers.step()``) waits for the snapshot only.
 * ``exclude_from_loading``: those states are not loaded (the load is then not strict).
 * ``initial_load_path`` (used while the root holds no step): our checkpoint, torchtitan's own DCP
-  directory (read pickle-free) or, with ``initial_load_in_hf``, safetensors through the model's
-  state-dict adapter; ``initial_load_model_only`` loads the model alone.
+  directory (read pickle-free, its ``.metadata`` too) or, with ``initial_load_in_hf``, safetensors
+  through the model's state-dict adapter; ``initial_load_model_only`` (torchtitan's default) loads
+  the model alone from any step, full or not: every model key must be there, the rest is not read.
 * ``last_save_model_only`` / ``export_dtype``: the last step saved as the model alone, cast;
   ``last_save_in_hf`` writes it as safetensors to ``step-<N>-hf`` beside the steps instead.
   A model-only step (also ``create_seed_checkpoint``'s step 0) loads into the model alone.
@@ -55,7 +56,7 @@ from torchtitan.components.checkpointer import BaseCheckpointManager, ModelWrapp
 from torchtitan.components.checkpointer import CheckpointManager as TitanCheckpointManager  # noqa: E402
 from torchtitan.config import TORCH_DTYPE_MAP, derive, override  # noqa: E402
 
-from .. import CheckpointManager as EngineManager, SaveOptions, load as load_checkpoint  # noqa: E402
+from .. import CheckpointManager as EngineManager, SaveOptions, load as load_checkpoint, read_manifest  # noqa: E402
 from ..format import MANIFEST_NAME, step_name  # noqa: E402
 from . import _titan_state as titan_state  # noqa: E402
 from ._titan_state import DATALOADER, MODEL  # noqa: E402
@@ -212,12 +213,20 @@ class CheckpointManager(BaseCheckpointManager):
                                  "(or model.hf_assets_path)")
             titan_state.load_hf(self.states, self.sd_adapter, path, quantized=config.initial_load_in_hf_quantized)
             return
-        tree = titan_state.training_tree(self.states, model_only=config.initial_load_model_only,
-                                         exclude=tuple(config.exclude_from_loading))
+        model_only = config.initial_load_model_only  # the model's keys, any step's other states unread
+        strict = not config.exclude_from_loading and not model_only
         if os.path.isfile(os.path.join(path, MANIFEST_NAME)) or "://" in path:
-            load_checkpoint(tree, path, strict=not config.exclude_from_loading)
+            manifest = read_manifest(path)
+            dtypes = {key: entry.dtype for key, entry in manifest.tensors.items()} if model_only else None
+            tree = titan_state.training_tree(self.states, model_only=model_only, dtype=dtypes,
+                                             exclude=tuple(config.exclude_from_loading))
+            if model_only:
+                titan_state.require_keys(tree, {**manifest.tensors, **manifest.values}, path)
+            load_checkpoint(tree, path, strict=strict)
         elif os.path.isfile(os.path.join(path, ".metadata")):
-            titan_state.load_foreign_dcp(tree, path, strict=not config.exclude_from_loading)
+            tree = titan_state.training_tree(self.states, model_only=model_only,
+                                             exclude=tuple(config.exclude_from_loading))
+            titan_state.load_foreign_dcp(tree, path, strict=strict, model_only=model_only)
         else:
             raise ValueError(f"checkpoint.initial_load_path {path} holds neither a checkpoint of ours "
                              f"({MANIFEST_NAME}) nor a DCP checkpoint (.metadata)")

@@ -285,3 +285,67 @@ def test_llama3_resume_is_torchtitans_own_managers_resume_sync_and_async(tmp_pat
         for state in _LLAMA_STATES:
             assert_bitwise(ours["resumed"][state], theirs["resumed"][state], f"{async_mode} vs torchtitan: {state}")
             assert_bitwise(ours["continued"][state], theirs["continued"][state], f"{async_mode} step 3: {state}")
+
+
+@pytest.mark.parametrize("writer", ["ours", "torchtitan"])
+def test_initial_load_model_only_takes_the_model_of_a_full_step(tmp_path, writer):
+    """Issue 36 item 13: torchtitan's default initial_load_model_only=True with initial_load_path on
+    a full training step (ours, or torchtitan's own DCP step) loads the model and ignores the rest,
+    as torchtitan's manager does; a step lacking a model key still fails, naming it."""
+    torch.set_num_threads(1)
+    job = _single(str(tmp_path / "src"), engine=None, interval=2, async_mode="disabled", keep_latest_k=0) \
+        if writer == "ours" else Job(0, 1, job_config("checkpoint", [], interval=2, async_mode="disabled",
+                                                      keep_latest_k=0), str(tmp_path / "src"), seed=0, layout="plain")
+    for _ in range(2):
+        job.train_step()
+        job.checkpointer.save(job.train_state.step)
+    job.checkpointer.close()
+    step = tmp_path / "src" / "checkpoint" / ("step-00000002" if writer == "ours" else "step-2")
+    fresh = _single(str(tmp_path / "run"), seed=5, initial_load_path=str(step))  # initial_load_model_only: default
+    assert fresh.checkpointer.config.initial_load_model_only is True
+    untouched = fresh.snapshot()
+    assert fresh.checkpointer.load() is True
+    loaded = fresh.snapshot()
+    fresh.checkpointer.close()
+    assert_bitwise(loaded["model"], job.snapshot()["model"], "model")
+    for state in ("optimizer", "raw_optimizer", "lr_scheduler", "train_state", "lr"):
+        assert_bitwise(loaded[state], untouched[state], state)  # the rest is not touched
+    assert fresh.loader_received is None
+
+    other = _single(str(tmp_path / "other"), seed=5, initial_load_path=str(step))
+    other.model.extra = torch.nn.Linear(2, 2)  # a model key the step does not hold
+    other.checkpointer.states["model"] = type(other.checkpointer.states["model"])([other.model])
+    with pytest.raises(ckpt.IncompatibleCheckpointError, match="extra.weight"):
+        other.checkpointer.load()
+    other.checkpointer.close()
+
+
+class _RunsCode:
+    """Pickles as a call of ``pathlib.Path.touch``: what DCP's own reader would run from a hostile
+    ``.metadata``."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import pathlib
+
+        return pathlib.Path.touch, (pathlib.Path(self.marker),)
+
+
+def test_initial_load_of_a_dcp_step_reads_its_metadata_without_running_code(tmp_path):
+    import pickle
+
+    job = Job(0, 1, job_config("checkpoint", [], interval=1, async_mode="disabled", keep_latest_k=0),
+              str(tmp_path / "src"), seed=0, layout="plain")
+    job.train_step()
+    job.checkpointer.save(1)
+    job.checkpointer.close()
+    step = tmp_path / "src" / "checkpoint" / "step-1"
+    marker = tmp_path / "ran"
+    (step / ".metadata").write_bytes(pickle.dumps(_RunsCode(str(marker)), protocol=2))
+    fresh = _single(str(tmp_path / "run"), seed=5, initial_load_path=str(step))
+    with pytest.raises(ckpt.UnsafeCheckpointError):
+        fresh.checkpointer.load()
+    fresh.checkpointer.close()
+    assert not marker.exists()
