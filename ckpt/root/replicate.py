@@ -11,18 +11,18 @@ a worker claims its mount for the run: the mount's lock, taken as the primary's 
 on object stores, whose fence guards each commit and deletion there), then its ``.run`` record
 (:mod:`ckpt.root.claim`); a mount that belongs to another run is refused for good (one error line
 naming both runs; its steps are ``refused``) and never written. Once claimed, the worker cleans the
-mount up (what dead copies and interrupted deletions left: the same start-up clean-up the primary gets
-when it is locked) and queues the primary's steps the mount lacks. A delta's base is copied first when the mount lacks it.
-A step the mount holds with another manifest than the primary's (a stale copy: the abandoned history
-of a branch made while the mount was out of reach) is deleted, with the mount's steps built on it,
-before the primary's is copied in its place (:func:`~ckpt.root.copy.copy_step` itself never replaces
-a committed step). The
-backlog is bounded: when more than ``backlog`` steps wait, the oldest waiting one is dropped (the
-newest steps matter for resuming; a dropped step is still copied later if it is the base of a newer
-one). After each commit on a mount, retention is applied there with the primary's policy
-(:func:`ckpt.root.retention.apply`, as on the primary). State changes (pending, copying, committed,
-failed, dropped, refused, deleted: :class:`~ckpt.root.replica_states.ReplicaState`) are logged one line each and handed to ``on_state`` (the catalog). Nothing
-here ever blocks training.
+mount up (what dead copies and interrupted deletions left: the same start-up clean-up the primary
+gets when it is locked) and queues the primary's steps the mount lacks or holds stale. A delta's
+base is copied first when the mount lacks it. A stale copy — a step the mount holds with another
+manifest than the primary's: the abandoned history of a branch made while the mount was left out —
+is deleted there, with the mount's steps built on it, before the primary's step is copied in its
+place (:func:`~ckpt.root.copy.copy_step` itself never replaces a committed step). The backlog is
+bounded: when more than ``backlog`` steps wait, the oldest waiting one is dropped (the newest steps
+matter for resuming; a dropped step is still copied later if it is the base of a newer one). After
+each commit on a mount, retention is applied there with the primary's policy
+(:func:`ckpt.root.retention.apply`, as on the primary). State changes (a
+:class:`~ckpt.root.replica_states.ReplicaState`) are logged one line each and handed to
+``on_state`` (the catalog). Nothing here ever blocks training.
 
 The primary is the manager's own :class:`~ckpt.root.steps.CheckpointRoot` (one object per mount and
 run: its base map is shared, never read twice).
@@ -50,8 +50,7 @@ from .steps import CheckpointRoot
 
 log = logging.getLogger(__name__)
 
-# The states (ckpt.root.replica_states, shared with the catalog and ckpt inspect); DELETED is told to
-# on_state only (the step left the mount), REFUSED is final (the mount belongs to another run).
+# ckpt.root.replica_states; DELETED is told to on_state only, REFUSED is final (another run's mount)
 PENDING, COPYING, COMMITTED, FAILED, DROPPED, REFUSED, DELETED = ReplicaState
 
 
