@@ -33,6 +33,7 @@ from .errors import (
     IncompatibleCheckpointError,
     InvalidManifestError,
     InvalidOptionError,
+    PeerLostError,
     SnapshotSkipped,
     StorageError,
     UnsafeCheckpointError,
@@ -55,6 +56,6 @@ __all__ = [
     "CheckpointRoot", "DeltaBase", "DoubleBufferStager",
     "CheckpointError", "CheckpointExistsError", "CheckpointLockedError", "CheckpointNotFoundError",
     "CheckpointWriteError", "CorruptCheckpointError", "DeviceUnavailableError", "ForeignRunError",
-    "IncompatibleCheckpointError", "InvalidManifestError", "InvalidOptionError", "SnapshotSkipped", "StorageError", "UnsafeCheckpointError",
+    "IncompatibleCheckpointError", "InvalidManifestError", "InvalidOptionError", "PeerLostError", "SnapshotSkipped", "StorageError", "UnsafeCheckpointError",
     "UnsupportedFormatError",
 ]

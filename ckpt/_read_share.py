@@ -16,7 +16,14 @@ reader verified, whatever happened in between.
 Failure: a rank that failed (its read, its check) keeps walking its exchanges so that no peer waits
 forever: as a reader it sends a failed status (no data); as a receiver it still receives. It then
 raises its first error; a receiver told of a peer's failure raises :class:`PeerReadFailed`, which
-is no CheckpointError, so the caller unwrapping DCP's per-rank failures finds the reader's own.
+is no CheckpointError, so the caller unwrapping DCP's per-rank failures finds the reader's own. A
+peer whose link fails (its process died: gloo's RuntimeError) is a
+:class:`~ckpt.errors.PeerLostError` naming its rank; it is not addressed again, and the walk goes
+on with the others (:attr:`Exchange.lost`, which ``ckpt.load`` raises when DCP's own collectives
+then fail on the dead rank).
+
+What a receiver takes into a live tensor before its hash is checked, and everything else a
+failed load wrote, is put back by the load's rollback (:mod:`ckpt._rollback`).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import torch.distributed as dist
 import xxhash
 
 from ._read_assign import RankShares
-from .errors import CorruptCheckpointError
+from .errors import CorruptCheckpointError, PeerLostError
 from .outcomes import LoadStats
 
 _OK, _FAILED = 1, 0
@@ -64,25 +71,50 @@ class Exchange:
             module = getattr(torch, device_type)
             self.device = torch.device(device_type, module.current_device())
 
-    def send(self, receivers: tuple[int, ...], header: torch.Tensor, raw: torch.Tensor | None) -> None:
+        self.lost: dict[int, PeerLostError] = {}  # peers whose link failed, never addressed again
+
+    def send(self, receivers: tuple[int, ...], header: torch.Tensor, raw: torch.Tensor | None, what: str) -> None:
+        """Send to each receiver still reachable; raise the first :class:`PeerLostError` after the
+        others got theirs."""
         tensors = [header] if raw is None else [header, raw]
         tensors = [t.to(self.device) for t in tensors]
-        works = [dist.isend(t, group=self.group, group_dst=r) for r in receivers for t in tensors]
-        for work in works:
-            work.wait()
+        receivers = [r for r in receivers if r not in self.lost]
+        works = {r: [self._talk(r, what, lambda t=t, r=r: dist.isend(t, group=self.group, group_dst=r))
+                     for t in tensors] for r in receivers}
+        failure = None
+        for r, pending in works.items():
+            try:
+                for work in pending:
+                    self._talk(r, what, work.wait)
+            except PeerLostError as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
-    def receive_header(self, reader: int) -> torch.Tensor:
+    def receive_header(self, reader: int, what: str) -> torch.Tensor:
         header = torch.zeros(2, dtype=torch.int64, device=self.device)
-        dist.recv(header, group=self.group, group_src=reader)
+        self._talk(reader, what, lambda: dist.recv(header, group=self.group, group_src=reader))
         return header.cpu()
 
-    def receive_into(self, reader: int, raw: torch.Tensor) -> None:
+    def receive_into(self, reader: int, raw: torch.Tensor, what: str) -> None:
         if self.device.type == "cpu":
-            dist.recv(raw, group=self.group, group_src=reader)
+            self._talk(reader, what, lambda: dist.recv(raw, group=self.group, group_src=reader))
             return
         staged = torch.empty(raw.shape, dtype=raw.dtype, device=self.device)
-        dist.recv(staged, group=self.group, group_src=reader)
+        self._talk(reader, what, lambda: dist.recv(staged, group=self.group, group_src=reader))
         raw.copy_(staged)
+
+    def _talk(self, peer: int, what: str, call: Callable[[], Any]) -> Any:
+        """``call()`` (a send or receive with ``peer``), a backend failure (gloo's RuntimeError when
+        the peer's process died: "Connection closed by peer") raised as :class:`PeerLostError`."""
+        if peer in self.lost:
+            raise self.lost[peer]
+        try:
+            return call()
+        except RuntimeError as exc:
+            self.lost[peer] = PeerLostError(f"rank {peer} of the load's process group stopped answering while "
+                                            f"{what} ({type(exc).__name__}: {exc})", peer=peer, tensor=what)
+            raise self.lost[peer] from exc
 
 
 def exchange_shared(shares: RankShares, exchange: Exchange, *, read: Callable[[Any, list], torch.Tensor],
@@ -97,6 +129,7 @@ def exchange_shared(shares: RankShares, exchange: Exchange, *, read: Callable[[A
     error: BaseException | None = None
     for op in shares.ops:
         layout, nbytes = _layout(op.indices, chunk_of)
+        what = op.indices[0].fqn
         if op.reader == exchange.rank:
             raw, header, tensors = None, torch.tensor([_FAILED, 0], dtype=torch.int64), []
             if error is None:
@@ -106,18 +139,27 @@ def exchange_shared(shares: RankShares, exchange: Exchange, *, read: Callable[[A
                     header = torch.tensor([_OK, _digest(raw)], dtype=torch.int64)
                 except Exception as exc:
                     error, raw = exc, None
-            exchange.send(op.receivers, header, raw)
+            try:
+                exchange.send(op.receivers, header, raw, f"{what} was sent to it")
+            except PeerLostError as exc:
+                error = error or exc
             if raw is not None:
                 stats.bytes_sent += nbytes * len(op.receivers)
                 try:
                     for index, tensor in zip(op.indices, tensors):
                         deliver(items[index], tensor)
                 except Exception as exc:
-                    error = exc
+                    error = error or exc
             continue
-        status, digest = exchange.receive_header(op.reader).tolist()
+        if op.reader in exchange.lost:  # gone: it sends nothing more (its loss is this rank's error)
+            continue
+        try:
+            status, digest = exchange.receive_header(op.reader, f"it was to send {what}").tolist()
+        except PeerLostError as exc:
+            error = error or exc
+            continue
         if status != _OK:
-            error = error or PeerReadFailed(f"rank {op.reader} could not read {op.indices[0].fqn} for this rank "
+            error = error or PeerReadFailed(f"rank {op.reader} could not read {what} for this rank "
                                             "(its own error says why)")
             continue
         into = None
@@ -127,15 +169,19 @@ def exchange_shared(shares: RankShares, exchange: Exchange, *, read: Callable[[A
             except Exception as exc:
                 error = exc
         raw = _as_bytes(into) if into is not None else torch.empty(nbytes, dtype=torch.uint8)
-        exchange.receive_into(op.reader, raw)  # received even after a failure: the reader is sending it
+        try:  # received even after a failure: the reader is sending it
+            exchange.receive_into(op.reader, raw, f"it was sending {what}")
+        except PeerLostError as exc:
+            error = error or exc
+            continue
         stats.bytes_received += nbytes
         stats.chunks_received += len(op.indices)
         if error is not None:
             continue
         try:
             if _digest(raw) != digest:
-                raise CorruptCheckpointError(f"{op.indices[0].fqn}: the bytes received from rank {op.reader} differ "
-                                             "from the bytes it read and verified", tensor=op.indices[0].fqn)
+                raise CorruptCheckpointError(f"{what}: the bytes received from rank {op.reader} differ "
+                                             "from the bytes it read and verified", tensor=what)
             for index, (at, sizes, dtype) in zip(op.indices, layout):
                 piece = into if into is not None else _unpack(raw, at, sizes, dtype)
                 deliver(items[index], piece)
@@ -174,12 +220,12 @@ def _unpack(buffer: torch.Tensor, at: int, sizes: tuple, dtype: torch.dtype) -> 
     return buffer[at: at + math.prod(sizes) * dtype.itemsize].view(dtype).reshape(sizes)
 
 
-def serve_shared(plan, planner, source, storage: dict, group: dist.ProcessGroup | None, stats: LoadStats) -> list:
+def serve_shared(plan, planner, source, storage: dict, exchange: Exchange, stats: LoadStats) -> list:
     """Take part in the exchange ``plan.storage_data`` assigns this rank (none without a
-    :class:`RankShares`) and deliver what it brings; the plan's other items, for the reader's own
-    storage path."""
+    :class:`RankShares`) over ``exchange`` and deliver what it brings; the plan's other items, for
+    the reader's own storage path."""
     shares = plan.storage_data
-    if not isinstance(shares, RankShares) or not shares.ops or group is None:
+    if not isinstance(shares, RankShares) or not shares.ops:
         return list(plan.items)
     mine = shares.indices()
     items: dict = {index: [] for index in mine}
@@ -203,7 +249,7 @@ def serve_shared(plan, planner, source, storage: dict, group: dist.ProcessGroup 
     def deliver(wanted, tensor):
         _deliver(planner, wanted, tensor)
 
-    exchange_shared(shares, Exchange(group), read=read, target=target, deliver=deliver, chunk_of=chunk_of,
+    exchange_shared(shares, exchange, read=read, target=target, deliver=deliver, chunk_of=chunk_of,
                     items=items, stats=stats)
     return rest
 

@@ -23,6 +23,7 @@ from .dcp import Reader, Writer
 from .errors import CheckpointError, CheckpointWriteError, IncompatibleCheckpointError
 from .format import Manifest
 from .outcomes import LoadStats
+from ._rollback import Rollback
 from .planner import SafeLoadPlanner
 from .state import export_state, stored_whole
 from .storage import Location, locate
@@ -118,6 +119,7 @@ def load(
     storage_options: dict | None = None,
     mirrors: tuple = (),
     stats: LoadStats | None = None,
+    rollback: bool = True,
 ) -> Manifest:
     """Load the checkpoint at ``path`` into ``state`` in place, resharding to the current layout.
 
@@ -129,19 +131,26 @@ def load(
     be read from when missing or damaged where ``path`` lies. ``stats``: a
     :class:`~ckpt.outcomes.LoadStats` to fill with what this rank moved (bytes read from storage;
     chunks several ranks need whole are read by one and sent to the others over the process
-    group). Returns the checkpoint's manifest."""
+    group). Returns the checkpoint's manifest.
+
+    A load that fails (on any rank) leaves ``state`` as it was: every tensor region it wrote is put
+    back (``rollback``: a host copy of each region is kept until the load returns, up to the bytes
+    this rank loads; ``rollback=False`` saves that memory for a caller that loads something else in
+    full after a failure, and may then leave tensors partly loaded)."""
     path = locate(path, storage_options)
     manifest = read_manifest(path)  # fails here, readably, before DCP wraps anything
     return load_with_manifest(state, path, manifest, strict=strict, process_group=process_group, no_dist=no_dist,
-                              storage_options=storage_options, mirrors=mirrors, stats=stats)
+                              storage_options=storage_options, mirrors=mirrors, stats=stats, rollback=rollback)
 
 
 def load_with_manifest(state: dict[str, Any], path: Location, manifest: Manifest, *, strict: bool = True,
                        process_group: dist.ProcessGroup | None = None, no_dist: bool = False,
                        storage_options: dict | None = None, mirrors: tuple = (),
-                       stats: LoadStats | None = None) -> Manifest:
+                       stats: LoadStats | None = None, rollback: bool = False) -> Manifest:
     """:func:`load` of the checkpoint at ``path`` whose ``manifest`` the caller has just read and
-    validated (the manager's resume, from its listing: parsed once, not twice)."""
+    validated (the manager's resume, from its listing: parsed once, not twice). No rollback unless
+    asked: after a failed load the manager loads an older step in full (or raises), so a host copy
+    of the whole state (:mod:`ckpt._rollback`) would buy it nothing."""
     whole = stored_whole(set(manifest.values), [*manifest.values, *manifest.tensors])
     state_dict, restore = export_state(state, whole)
     distributed = not no_dist and _distributed()
@@ -149,17 +158,36 @@ def load_with_manifest(state: dict[str, Any], path: Location, manifest: Manifest
     reader = Reader(path, manifest=manifest, storage_options=storage_options, mirrors=mirrors, process_group=group)
     if stats is not None:
         reader.stats = stats
+    undo = Rollback() if rollback else None
     try:
         with _quiet_single_process():
-            dcp.load(state_dict, storage_reader=reader, planner=SafeLoadPlanner(strict=strict),
+            dcp.load(state_dict, storage_reader=reader, planner=SafeLoadPlanner(strict=strict, rollback=undo),
                      process_group=process_group, no_dist=not distributed)
-    except CheckpointException as exc:
-        error = unwrap(exc)
-        if isinstance(error, IncompatibleCheckpointError) and error.path is None:
-            raise error.with_path(path) from None
-        if isinstance(error, CheckpointError):
-            error.path = error.path or str(path)
-            raise error from None
-        raise
+    except BaseException as exc:
+        if undo is not None:
+            undo.restore()  # every region the load wrote, as it was (values are only set below)
+        error = _load_error(exc, path, reader)
+        if error is exc:
+            raise
+        raise error from (None if isinstance(exc, CheckpointException) else exc)
+    if undo is not None:
+        undo.forget()
     restore()
     return manifest
+
+
+def _load_error(exc: BaseException, path: Location, reader: Reader) -> BaseException:
+    """The error a failed ``dcp.load`` surfaces as: ours, unwrapped from DCP's per-rank wrapper; a
+    peer this rank lost in the exchange (after which DCP's own collectives fail with the backend's
+    RuntimeError); else ``exc`` itself."""
+    if isinstance(exc, CheckpointException):
+        error = unwrap(exc)
+        if isinstance(error, IncompatibleCheckpointError) and error.path is None:
+            return error.with_path(path)
+        if isinstance(error, CheckpointError):
+            error.path = error.path or str(path)
+            return error
+        return exc
+    if isinstance(exc, Exception) and reader.peer_lost is not None:
+        return reader.peer_lost
+    return exc

@@ -32,7 +32,7 @@ from torch.futures import Future
 from . import commit
 from ._gc import paused_gc
 from ._read_assign import Opened, RankShares, assign_shared_reads, one_checkpoint
-from ._read_share import serve_shared
+from ._read_share import Exchange, serve_shared
 from .committed import read_manifest
 from .delta import DeltaBase
 from .errors import CheckpointError, InvalidManifestError, InvalidOptionError
@@ -179,6 +179,7 @@ class Reader(StorageReader):
         self.path = locate(path, storage_options) if path is not None else None
         self.manifest = manifest
         self._unreadable: CheckpointError | None = None
+        self.peer_lost: CheckpointError | None = None  # a rank that died while chunks were exchanged
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id is not None:
@@ -234,9 +235,13 @@ class Reader(StorageReader):
         """This rank's part in reading shared chunks once (:mod:`ckpt._read_share`); the items left."""
         if self.process_group is None:
             return list(plan.items)
-        with ChunkSource(counted(self.path, counter), self.manifest,
-                         mirrors=tuple(counted(m, counter) for m in self.mirrors)) as source:
-            return serve_shared(plan, planner, source, self.storage, self.process_group, self.stats)
+        exchange = Exchange(self.process_group)
+        try:
+            with ChunkSource(counted(self.path, counter), self.manifest,
+                             mirrors=tuple(counted(m, counter) for m in self.mirrors)) as source:
+                return serve_shared(plan, planner, source, self.storage, exchange, self.stats)
+        finally:  # a lost peer also breaks DCP's collectives after this: ckpt.load raises it instead
+            self.peer_lost = next(iter(exchange.lost.values()), None)
 
     def _read_items(self, plan_items: list, planner: LoadPlanner, counter: ReadCounter,
                     together: frozenset[str]) -> Future:
@@ -255,8 +260,9 @@ class Reader(StorageReader):
                 else:
                     chunks.append((index, items, record))
             chunks.sort(key=self._read_order(chunks))
-            for index, _, chunk in chunks:  # every chunk lies inside its file, before a live byte changes
+            for index, _, chunk in chunks:  # every chunk (and its block table) lies inside its file
                 source.files.check(chunk.blob, what=index.fqn)
+                source.files.check_table(chunk.blob, what=index.fqn)
             read_chunks(source, self._requests(chunks, planner), together=together)
         return _done(None)
 

@@ -16,7 +16,8 @@ type; CLIs turn it into a single readable line and a non-zero exit.
     ├── CheckpointLockedError        another manager already writes to this root
     ├── SnapshotSkipped              both staging buffer sets were busy and the policy is skip
     ├── InvalidOptionError           a save option out of range (also a ValueError)
-    └── DeviceUnavailableError       the requested device type is not present on this machine
+    ├── DeviceUnavailableError       the requested device type is not present on this machine
+    └── PeerLostError                another rank of a load died or stopped answering mid-exchange
 
 Errors cross ranks as objects (pickled by :mod:`ckpt._collective`), so every rank raises the same
 type with the same attributes.
@@ -136,6 +137,15 @@ class SnapshotSkipped(CheckpointError):
 
 class DeviceUnavailableError(CheckpointError):
     """The requested device type is not present on this machine."""
+
+
+class PeerLostError(CheckpointError):
+    """Another rank of a load's process group stopped answering while chunks were exchanged (its
+    process died, its connection broke); ``peer`` is its rank in that group."""
+
+    def __init__(self, message: str = "", *, peer: int | None = None, **where):
+        super().__init__(message, **where)
+        self.peer = peer
 
 
 def _short_list(names: list[str], limit: int = 20) -> str:

@@ -30,6 +30,7 @@ from torch.distributed.tensor import DTensor
 
 from ._gc import paused_gc
 from ._local_plan import local_load_plan
+from ._rollback import Rollback
 from .errors import IncompatibleCheckpointError, UnsafeCheckpointError
 
 try:  # private in torch; only used to put values back where they came from
@@ -46,12 +47,25 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             must be asked for by some rank; when False, keys missing from the checkpoint keep their
             current values and keys only in the checkpoint are ignored. Shape, dtype and kind
             mismatches always fail.
+        rollback: a :class:`~ckpt._rollback.Rollback` to keep each live region in before it is
+            first written (``ckpt.load`` puts them back when the load fails).
     """
 
-    def __init__(self, strict: bool = True):
+    def __init__(self, strict: bool = True, rollback: Rollback | None = None):
         super().__init__(allow_partial_load=not strict)
         self.strict = strict
+        self.rollback = rollback  # given: every region is copied there before the load writes it
         self.plan_checks = 0  # overlap tests of local against saved chunks in the last local plan
+
+    def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
+        """The live region ``read_item`` fills (every read path writes only what this returned),
+        kept by ``rollback`` before its first byte changes."""
+        region = super().resolve_tensor(read_item)
+        if self.rollback is not None:
+            index = read_item.dest_index
+            self.rollback.keep((index.fqn, tuple(index.offset or ()), tuple(read_item.dest_offsets),
+                                tuple(read_item.lengths)), region)
+        return region
 
     def create_local_plan(self) -> LoadPlan:
         report = self._local_report()

@@ -78,6 +78,17 @@ class DataFiles:
             )
         return handle
 
+    def check_table(self, blob: Blob, *, what: str) -> None:
+        """Refuse a version-3 blob whose block table lies beyond the end of its file (a file cut
+        inside its tables): checked with the blobs, before a load writes anything."""
+        if blob.block_size is not None:
+            handle, length = self._open(blob.file), table_bytes(blob.length, blob.block_size)
+            if blob.block_table + length > handle.size:
+                raise CorruptCheckpointError(
+                    f"{self.root}: {blob.file} is truncated ({handle.size} bytes) - the block table of {what} "
+                    f"needs bytes {blob.block_table}..{blob.block_table + length}",
+                    path=str(self.root), file=blob.file, tensor=what)
+
     def read_into(self, blob: Blob, buffer: memoryview, *, what: str) -> None:
         """Fill ``buffer`` (exactly ``blob.length`` bytes) with the blob's stored bytes, unverified."""
         handle = self.check(blob, what=what)
@@ -106,12 +117,8 @@ class DataFiles:
         checksum and that it lies inside its file before it is read; read once per blob."""
         entries = self._tables.get(blob)
         if entries is None:
+            self.check_table(blob, what=what)
             handle, length = self._open(blob.file), table_bytes(blob.length, blob.block_size)
-            if blob.block_table + length > handle.size:
-                raise CorruptCheckpointError(
-                    f"{self.root}: {blob.file} is truncated ({handle.size} bytes) - the block table of {what} "
-                    f"needs bytes {blob.block_table}..{blob.block_table + length}",
-                    path=str(self.root), file=blob.file, tensor=what)
             table = bytearray(length)
             if handle.read_into(memoryview(table), blob.block_table) != length:
                 raise CorruptCheckpointError(f"{self.root}: short read of {what}'s block table",
