@@ -7,10 +7,20 @@ attempt (``data/<tag>.rank-00000.bin``), so two attempts' objects never mix; eac
 and its size checked before the rank reports success. The manifest is then written in one PUT
 (atomic): the commit point, right before which the writer's fence (``fence``: its lease on the root
 still its own, :mod:`ckpt.storage.lease`) is checked — a writer that lost the root commits nothing.
-When it replaced an older manifest (an overwrite), the objects only the
-old one referenced go next. A prefix without a manifest does not exist for readers; objects no
-manifest references (a dead attempt's) are deleted by the next writer of the target or at start-up;
+
+Where the store enforces conditional writes (S3: the lease needs them too), the manifest PUT is
+itself a compare-and-swap against the manifest the attempt saw when it began: ``If-None-Match: *``
+for a new step, ``If-Match: <etag>`` for an overwrite. A writer paused between its fence and its
+PUT (past its lease, taken over) therefore never replaces a step another writer committed meanwhile:
+its PUT is refused and it raises :class:`~ckpt.errors.CheckpointLockedError`. After an overwrite
+the objects go that only the *replaced* manifest referenced (as read at ``begin``) — never objects
+of unknown attempts: another writer's upload in progress, or a step it committed, is never deleted
+by this one. A prefix without a manifest does not exist for readers; objects no manifest references
+(a dead attempt's) are deleted by the next writer of the target or at start-up, under a held lease;
 a failed attempt removes only its own objects (never the prefix: another writer's may be there).
+What is left of the window (docs/STORAGE.md): a paused writer's PUT of a step nobody committed
+meanwhile lands (one stray commit), and its data objects may be gone already (the new holder's
+start-up removed them as a dead attempt's): such a step is refused at load as damaged.
 
 A single file is one upload that appears whole when it completes. An output directory that is not a
 checkpoint is written in place, the file that makes it usable (an index) last; an overwrite then
@@ -19,13 +29,25 @@ removes the files of the old output that were not rewritten, a failure the files
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
-from ..committed import read_manifest
-from ..errors import CheckpointError
-from ..format import DATA_DIR, MANIFEST_NAME, Manifest
+from ..committed import MAX_MANIFEST_BYTES, read_manifest
+from ..errors import CheckpointError, CheckpointLockedError
+from ..format import DATA_DIR, MANIFEST_NAME, Manifest, parse_manifest
 from ..storage import Location
 from .base import Attempt, CommitStrategy, DirectoryAttempt, log, new_tag, refuse_existing
+
+
+@dataclass(frozen=True)
+class ManifestAttempt(Attempt):
+    """An attempt with the manifest it may replace, as it was at ``begin``: ``replaces`` its ETag
+    (None: there was none, or the store has no conditional writes) and ``replaced_files`` the data
+    objects it referenced (what an overwrite removes once committed)."""
+
+    replaces: str | None = None
+    replaced_files: frozenset[str] = frozenset()
+    conditional: bool = False
 
 
 class ManifestLastCommit(CommitStrategy):
@@ -38,7 +60,10 @@ class ManifestLastCommit(CommitStrategy):
         target.storage.makedirs(target.parent.path)
         self.collect_garbage(target)
         refuse_existing(target, overwrite=overwrite, committed_only=True)
-        return Attempt(target, target, new_tag(), overwrite=overwrite)
+        conditional = target.storage.conditional_writes(target.parent.path)
+        replaces, files = _replaced(target, conditional) if overwrite else (None, frozenset())
+        return ManifestAttempt(target, target, new_tag(), overwrite=overwrite, replaces=replaces,
+                               replaced_files=files, conditional=conditional)
 
     def finish(self, attempt: Attempt, raw: bytes, referenced: set[str], *, overwrite: bool,
                fence: Callable[[], None] | None = None) -> None:
@@ -46,8 +71,16 @@ class ManifestLastCommit(CommitStrategy):
         refuse_existing(target, overwrite=overwrite, committed_only=True)
         if fence is not None:  # the writer still holds the root's lease, or nothing is committed
             fence()
-        target.storage.write_bytes((target / MANIFEST_NAME).path, raw)
-        _remove_unreferenced(target, referenced)
+        manifest = (target / MANIFEST_NAME).path
+        if getattr(attempt, "conditional", False):  # the commit point is a compare-and-swap
+            if target.storage.write_if(manifest, raw, etag=attempt.replaces) is None:
+                raise CheckpointLockedError(
+                    f"{target} was committed by another writer after this save began (this one was "
+                    "paused past its lease and lost the root); nothing of this save was committed",
+                    path=str(target))
+        else:
+            target.storage.write_bytes(manifest, raw)
+        _remove_replaced(target, set(getattr(attempt, "replaced_files", ())) - set(referenced))
 
     def abort(self, attempt: Attempt) -> None:
         """Remove this attempt's own objects only: another writer may be saving the same target
@@ -99,6 +132,32 @@ class ManifestLastCommit(CommitStrategy):
     def abort_directory(self, attempt: DirectoryAttempt, written: set[str]) -> None:
         for name in sorted(written - attempt.before):
             attempt.target.storage.remove((attempt.target / name).path)
+
+
+def _replaced(target: Location, conditional: bool) -> tuple[str | None, frozenset[str]]:
+    """The manifest an overwrite of ``target`` replaces: its ETag (where the store has conditional
+    writes) and its data objects; an unreadable one references nothing (the start-up collects)."""
+    etag = None
+    if conditional:
+        found = target.storage.read_tagged((target / MANIFEST_NAME).path, MAX_MANIFEST_BYTES)
+        if found is None:
+            return None, frozenset()
+        raw, etag = found
+        try:
+            manifest = parse_manifest(raw, source=str(target / MANIFEST_NAME))
+        except CheckpointError:
+            manifest = None
+    else:
+        manifest = _readable_manifest(target)
+    return etag, frozenset(manifest.data_files()) if manifest is not None else frozenset()
+
+
+def _remove_replaced(target: Location, files: set[str]) -> None:
+    """Remove the data objects of the manifest this commit replaced that the new one does not reference."""
+    for name in sorted(files):
+        if name.startswith(f"{DATA_DIR}/"):
+            log.info("removing %s: the manifest that referenced it was replaced", target / name)
+            target.storage.remove((target / name).path)
 
 
 def _remove_unreferenced(target: Location, referenced: set[str]) -> None:

@@ -118,6 +118,20 @@ class Storage:
         process may not write), or None when it can or the mount cannot tell now (it may be down)."""
         return None
 
+    # conditional writes, an ETag compare-and-swap on one small object (what a lease is built on)
+    def conditional_writes(self, directory: str) -> bool:
+        """Whether :meth:`write_if` is enforced by this mount (objects under ``directory``)."""
+        return False
+
+    def read_tagged(self, path: str, limit: int) -> tuple[bytes, str] | None:
+        """The object's bytes and its entity tag (ETag) in one read; None when it is missing."""
+        raise NotImplementedError
+
+    def write_if(self, path: str, data: bytes, *, etag: str | None) -> str | None:
+        """Write ``data`` only while the object is still the version ``etag`` (None: only while it
+        does not exist); the new tag, or None when the condition failed (another writer's changed it)."""
+        raise NotImplementedError
+
     # the root's writer lock
     def lock(self, path: str, *, holder: str):
         """Take the exclusive writer lock at ``path``; returns an object with ``release()``.

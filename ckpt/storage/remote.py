@@ -12,7 +12,8 @@ Credentials come from ``storage_options`` or the environment (``AWS_ENDPOINT_URL
 ``AWS_ACCESS_KEY_ID``, ...) and stay inside the filesystem object: :meth:`display` and every error
 message name the mount by ``scheme://path`` only.
 
-The root's lock is a lease (:class:`~ckpt.storage.lease.LeaseLock`).
+The root's lock is a lease (:class:`~ckpt.storage.lease.LeaseLock`), built on S3's conditional PUTs
+(:mod:`ckpt.storage.conditional`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 from ..errors import CheckpointError, CorruptCheckpointError, StorageError
+from . import conditional
 from .base import Storage
 from .lease import LeaseLock
 
@@ -39,6 +41,7 @@ class FsspecStorage(Storage):
     def __init__(self, fs, scheme: str):
         self.fs, self.scheme = fs, scheme
         self._is_s3 = "s3" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+        self._conditional: bool | None = None  # whether the store honours conditional PUTs (tried once)
 
     def display(self, path: str) -> str:
         return f"{self.scheme}://{path}"
@@ -135,6 +138,18 @@ class FsspecStorage(Storage):
 
     def lock(self, path: str, *, holder: str) -> "LeaseLock":
         return LeaseLock(self, path, holder)
+
+    # conditional writes (the lease's compare-and-swap): on S3 only, where the store honours them
+    def conditional_writes(self, directory: str) -> bool:
+        if self._conditional is None:
+            self._conditional = self._is_s3 and conditional.honours_conditions(self, directory)
+        return self._conditional
+
+    def read_tagged(self, path: str, limit: int) -> tuple[bytes, str] | None:
+        return conditional.read_tagged(self, path, limit)
+
+    def write_if(self, path: str, data: bytes, *, etag: str | None) -> str | None:
+        return conditional.write_if(self, path, data, etag=etag)
 
     def size(self, path: str) -> int:
         self._fresh(path)

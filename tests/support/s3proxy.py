@@ -5,8 +5,9 @@ each connection (daemon threads, blocking sockets, no polling). ``drop()`` reset
 connection and refuses new ones (connection refused, at once) until ``restore()``, which listens
 again on the same port; ``close()`` ends it all. The ``mode`` attribute says what it does to traffic:
 "forward", "drop", or a fault for the fault tests (tests/reliability): "slow" (``slow(ms)``: every
-chunk held), "error" (``error(count, 500|503)``: requests answered with S3 XML errors), "truncate"
-(``truncate(count)``: response bodies cut short); ``forward()`` ends those. The proxy frames HTTP/1.1
+chunk held), "error" (``error(count, 500|501|503)``: requests answered with S3 XML errors; 501, a
+store without a feature), "truncate" (``truncate(count)``: response bodies cut short); ``forward()``
+ends those. The proxy frames HTTP/1.1
 messages (:mod:`tests.support.http_framing`) to apply them per request and response, and copies
 anything else as it is. Nothing here touches the network beyond 127.0.0.1.
 """
@@ -106,7 +107,7 @@ class LoopbackProxy:
 
     def error(self, count: int = 1, status: int = 500, *, match: str | None = None) -> None:
         """Answer the next ``count`` requests with the S3 error of ``status`` (500 InternalError,
-        503 SlowDown) without forwarding them; forwarding resumes after them. ``match``: only
+        501 NotImplemented, 503 SlowDown) without forwarding them; forwarding resumes after them. ``match``: only
         requests whose request line (``PUT /bucket/key HTTP/1.1``) this regular expression is
         found in are answered (and counted)."""
         if status not in S3_ERRORS:
@@ -360,6 +361,7 @@ class LoopbackProxy:
 # The S3 error a proxy answers with, by status: (Code, Message) as S3 writes them.
 S3_ERRORS = {
     500: ("InternalError", "We encountered an internal error. Please try again."),
+    501: ("NotImplemented", "A header you provided implies functionality that is not implemented."),
     503: ("SlowDown", "Please reduce your request rate."),
 }
 
