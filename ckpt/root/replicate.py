@@ -168,11 +168,14 @@ class _MountWorker:
             self.enqueue(step)
 
     def _stale(self, step: int) -> bool:
-        """Rank 0: whether the mount holds ``step`` with another manifest than the primary's."""
+        """Rank 0: whether the mount holds ``step`` with another manifest than the primary's (a
+        manifest that cannot be read now counts as held: the copy of a later step looks again)."""
         try:
             return not holds_copy(self.mount.step_path(step), read_manifest_bytes(self.owner.primary.step_path(step))[1])
         except TargetConflictError:
             return True
+        except (CheckpointError, OSError):
+            return False
 
     def _replicate(self, step: int) -> bool:
         """Copy ``step`` (its missing bases first) until it is committed or dropped; False when
@@ -247,14 +250,8 @@ class _MountWorker:
             return holds_copy(self.mount.step_path(step), raw, self.owner.primary.step_path(step))
         except TargetConflictError as exc:
             log.warning("replica %s step %d: a stale copy, replaced (%s)", self.url, step, exc)
-        listed = self.mount.committed()
-        bases, doomed = self.mount.bases(listed), {step}
-        for later in sorted(listed):
-            if bases.get(later) in doomed:
-                doomed.add(later)
-        for stale in sorted(doomed, reverse=True):
-            self.mount.delete(stale)
-            self._deleted(stale, "a stale copy (another history's step)")
+        retention.discard_with_dependents(self.mount, step,
+                                          deleted=lambda gone: self._deleted(gone, "a stale copy (another history's)"))
         return False
 
     def _retain(self) -> None:

@@ -87,6 +87,23 @@ def discard_after(root: CheckpointRoot, step: int, *, deleted: Callable[[int], N
     return later
 
 
+def discard_with_dependents(root: CheckpointRoot, step: int, *,
+                            deleted: Callable[[int], None] | None = None) -> list[int]:
+    """Delete ``step`` on ``root`` and every step there whose delta chain builds on it, newest first
+    (a replica's stale copy, :mod:`ckpt.root.replicate`). Returns them, ascending."""
+    listed = root.committed()
+    bases, doomed = root.bases(listed), {step}
+    for later in sorted(listed):
+        if bases.get(later) in doomed:
+            doomed.add(later)
+    for old in sorted(doomed, reverse=True):
+        log.info("%s: deleting step %d (a stale copy, or built on one)", root.path, old)
+        root.delete(old)
+        if deleted is not None:
+            deleted(old)
+    return sorted(doomed)
+
+
 def discard_after_on_mounts(primary: CheckpointRoot, replicas: list[CheckpointRoot], step: int, *,
                             deleted: Callable[[CheckpointRoot, int], None] | None = None) -> list[int]:
     """A branch from ``step`` finished on every mount, or an error: :func:`discard_after` on every
