@@ -4,7 +4,12 @@ A state is a nested dict whose leaves may be tensors/DTensors, plain values, mod
 any object with ``state_dict()``/``load_state_dict()``. Modules and optimizers go through
 ``torch.distributed.checkpoint.state_dict`` so keys are canonical (no ``_orig_mod.`` from compile,
 no FSDP wrapper names) and optimizer state is keyed by parameter name, not by position; that is what
-lets a checkpoint load into another parallel layout.
+lets a checkpoint load into another parallel layout. An optimizer's hyper-parameters are saved per
+parameter too (``optim.param_groups.<fqn>.lr``, torch's ``flatten_optimizer_state_dict``, as
+torchtitan saves them): a pipeline stage's groups name only its own parameters, so one
+``param_groups`` value per rank would collide under one key and every stage but one would load
+another stage's groups. Checkpoints that stored ``param_groups`` whole still load (the layout is
+read from the manifest's keys).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -34,7 +40,7 @@ def export_state(state: dict, whole: Callable[[tuple], bool] | None = None) -> t
     so (always, when saving; when loading, wherever the checkpoint stored them whole — one saved
     by plain DCP has them flattened instead)."""
     modules = [v for v in leaves(state, into=(dict, list)) if isinstance(v, nn.Module)]
-    exporter = _Exporter(modules, whole or (lambda path: True))
+    exporter = _Exporter(modules, whole or (lambda path: True), loading=whole is not None)
     tree = {key: exporter.export(value, (key,)) for key, value in state.items()}
 
     def restore() -> None:
@@ -57,8 +63,8 @@ def stored_whole(value_keys: set[str], all_keys) -> Callable[[tuple], bool]:
 
 
 class _Exporter:
-    def __init__(self, modules: list[nn.Module], whole: Callable[[tuple], bool]):
-        self.modules, self.whole = modules, whole
+    def __init__(self, modules: list[nn.Module], whole: Callable[[tuple], bool], *, loading: bool = False):
+        self.modules, self.whole, self.loading = modules, whole, loading
         self.restorers: list[Callable[[], None]] = []
 
     def export(self, node: Any, path: tuple) -> Any:
@@ -79,8 +85,11 @@ class _Exporter:
                 sd = self.collapse_within(node.state_dict(), path)
                 self.restorers.append(lambda: node.load_state_dict(_unwrap(sd)))
                 return sd
-            sd = self.collapse_within(get_optimizer_state_dict(owner, node), path)
-            self.restorers.append(lambda: set_optimizer_state_dict(owner, node, _unwrap(sd)))
+            # groups per parameter, unless loading a checkpoint that stored them whole (older saves)
+            flat = not (self.loading and self.whole(path + ("param_groups",)))
+            options = StateDictOptions(flatten_optimizer_state_dict=flat)
+            sd = self.collapse_within(get_optimizer_state_dict(owner, node, options=options), path)
+            self.restorers.append(lambda: set_optimizer_state_dict(owner, node, _unwrap(sd), options=options))
             return sd
         if _is_stateful(node):
             sd = self.collapse_within(node.state_dict(), path)

@@ -42,7 +42,7 @@ from .._collective import LOCAL, Agreement
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, ForeignRunError, StorageError
 from ..storage import Location
 from .claim import read_claim
-from .damaged import set_aside, utc_stamp
+from .damaged import damaged_steps, set_aside, utc_stamp
 from .steps import CheckpointRoot
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ def load_step(mounts: list[CheckpointRoot], state: dict, step: int, load: LoadFn
               agree: Agreement = LOCAL) -> int:
     kept, holding = agree.decided(lambda: _holders(mounts, step, run))  # rank 0 lists for every rank
     if not holding:
-        shown = agree.decided(lambda: ", ".join(map(str, mounts[0].steps()[-20:])) or "none")
+        shown = agree.decided(lambda: _not_there(mounts[0], step))
         raise CheckpointNotFoundError(
             f"no committed checkpoint of step {step} under {mounts[0].path}; committed steps: {shown}",
             path=str(mounts[0].step_path(step)))
@@ -143,6 +143,13 @@ def load_step(mounts: list[CheckpointRoot], state: dict, step: int, load: LoadFn
     if failure is not None:
         raise failure
     return step
+
+
+def _not_there(primary: CheckpointRoot, step: int) -> str:
+    """The committed steps, and where ``step`` went if a resume set it aside as damaged."""
+    shown = ", ".join(map(str, primary.steps()[-20:])) or "none"
+    aside = [name for number, name in damaged_steps(primary.path) if number == step]
+    return shown + (f" (step {step} was set aside as damaged: {aside[-1]})" if aside else "")
 
 
 def _candidates(mounts: list[CheckpointRoot], run: str | None) -> tuple[list[int], list[tuple[int, list[int]]], list[int]]:

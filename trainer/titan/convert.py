@@ -7,8 +7,7 @@ model state flat at the top (:mod:`trainer.titan.names`), ``optimizer.state.<par
 (a pickle of its own loader).
 
 Contract: :func:`import_torchtitan` reads such a directory (or the newest ``step-N`` of a torchtitan
-checkpoint folder) through the engine's DCP import (:func:`ckpt.convert.import_dcp`: nothing
-unpickled) and writes step N of a new checkpoint root our trainer resumes: the model under our
+checkpoint folder; or a step of ours in that layout: :mod:`trainer.titan.sources`) and writes step N of a new checkpoint root our trainer resumes: the model under our
 names, AdamW's moments with the fused ``wqkv`` split per projection, its hyper-parameters as one
 param group, the LR scheduler at torchtitan's ``last_epoch`` with its base LR, the train step and
 tokens seen; the data position is not carried (torchtitan's loader is not ours: the run starts its
@@ -35,20 +34,17 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 import ckpt
-from ckpt import CheckpointError, CheckpointExistsError, CheckpointNotFoundError, CheckpointRoot
-from ckpt.convert import full_tensors, import_dcp
-from ckpt.read import ChunkSource
+from ckpt import CheckpointError, CheckpointExistsError, CheckpointRoot
 from ckpt.root import resolve_checkpoint
-from ckpt.storage import locate
 from ..config.derive import flavor_key
 from ..hf.run import PREFIX, describe, expected_shapes, model_args_of, shape_problems, trainer_model_config
 from ..model import ModelArgs, model_args
 from .names import QKV, fuse_qkv, our_name, params_of, split_qkv, titan_name, titan_param
+from .sources import is_model_key, read_all, read_source, step_of, titan_step_dir
 
 STATE, GROUPS = "optimizer.state.", "optimizer.param_groups."
-NOT_MODEL = ("optimizer.", "lr_scheduler.", "train_state.", "dataloader.")  # torchtitan's other states
 OURS_STATE = "optim.state."
-_TITAN_STEP = re.compile(r"^step-(\d+)$")
+OURS_GROUPS = "optim.param_groups."
 
 
 @dataclass
@@ -61,47 +57,7 @@ class TitanImport:
     model_config: dict | None  # the trainer's model section that builds it
     tensors: int
     left_out: list[str]  # torchtitan's state our trainer has no place for (its data loader's)
-
-
-def titan_step_dir(src: str | os.PathLike, step: int | None = None) -> Path:
-    """The torchtitan checkpoint ``src`` names: itself when it is a DCP directory, else its
-    ``step-N`` directory (``step``, default the newest holding a ``.metadata``)."""
-    path = Path(src)
-    if (path / ".metadata").is_file() and step is None:
-        return path
-    found = {int(m.group(1)): p for p in (path.iterdir() if path.is_dir() else ())
-             if (m := _TITAN_STEP.match(p.name)) and (p / ".metadata").is_file()}
-    if not found:
-        raise CheckpointNotFoundError(f"{path} is neither a torchtitan checkpoint (a DCP directory with .metadata) "
-                                      "nor a torchtitan checkpoint folder (step-N directories)", path=str(path))
-    if step is not None and step not in found:
-        raise CheckpointNotFoundError(f"{path} has no torchtitan step {step} (it has {', '.join(map(str, sorted(found)))})",
-                                      path=str(path))
-    return found[max(found) if step is None else step]
-
-
-def _read_all(path) -> dict[str, Any]:
-    """Every tensor (whole) and value of one of our checkpoints, by flat key."""
-    location = locate(path)
-    manifest = ckpt.read_manifest(location)
-    flat: dict[str, Any] = dict(full_tensors(location, manifest=manifest))
-    with ChunkSource(location, manifest) as source:
-        for key, entry in manifest.values.items():
-            flat[key] = source.value(key, entry)
-    return flat
-
-
-def is_model_key(key: str) -> bool:
-    """Whether a key of torchtitan's checkpoint is its model's (flat at the top level)."""
-    return not key.startswith(NOT_MODEL)
-
-
-def _read_titan(step_dir: Path, model_only: bool = False) -> dict[str, Any]:
-    """A torchtitan DCP checkpoint's flat state (``model_only``: its model's keys alone), read through
-    the engine's (pickle-free) DCP import."""
-    with tempfile.TemporaryDirectory(prefix=".titan-import-") as tmp:
-        import_dcp(step_dir, Path(tmp) / "imported", keys=is_model_key if model_only else None)
-        return _read_all(Path(tmp) / "imported")
+    source: str = ""  # the torchtitan step read (a DCP step-N directory, or a checkpoint of ours)
 
 
 def titan_args(flavor: str, flat: dict[str, Any]) -> ModelArgs:
@@ -214,21 +170,21 @@ def import_torchtitan(src: str | os.PathLike, dst: str | os.PathLike, *, flavor:
     """torchtitan's checkpoint ``src`` (a ``step-N`` DCP directory, or its checkpoint folder: the
     newest step, or ``step``) as step N of the new checkpoint root ``dst`` (see the module docstring);
     ``model_only``: its model weights alone (the rest is not read; what ``ckpt-convert --to hf``
-    exports a torchtitan checkpoint through), as step N of its ``step-N`` name."""
-    step_dir = titan_step_dir(src, step)
-    flat = _read_titan(step_dir, model_only)
+    exports a torchtitan checkpoint through), as step N of its name. A step of ours in torchtitan's
+    layout (:mod:`ckpt.integrations.torchtitan`'s) is read the same way."""
+    step_dir, flat, named = read_source(src, step, model_only)
     try:
         args = titan_args(flavor, flat)
         state, left_out = ({"model": _model(flat, args)}, []) if model_only else to_ours(flat, args)
     except CheckpointError as exc:
         raise CheckpointError(f"{step_dir} cannot be converted: {exc}", path=str(step_dir)) from None
-    number = (step_of(step_dir.name) or 0) if model_only else state["train"].state["step"]
+    number = (named or 0) if model_only else state["train"].state["step"]
     root = CheckpointRoot(os.fspath(dst))
     if root.path.exists() and [e for e in root.path.list() if e != ".lock"] and not overwrite:
         raise CheckpointExistsError(f"{root.path} already exists", path=str(root.path))
     section = trainer_model_config(args)
     user = {"model_args": dataclasses.asdict(args),
-            "converted_from": {"format": "torchtitan", "path": str(step_dir.resolve()), "flavor": flavor,
+            "converted_from": {"format": "torchtitan", "path": step_dir, "flavor": flavor,
                                "left_out": left_out}}
     if section is not None:
         user["config"] = {"model": section}
@@ -239,7 +195,7 @@ def import_torchtitan(src: str | os.PathLike, dst: str | os.PathLike, *, flavor:
     finally:
         root.unlock()
     tensors = len(ckpt.read_manifest(path).tensors)
-    return TitanImport(str(path), number, args, section, tensors, left_out)
+    return TitanImport(str(path), number, args, section, tensors, left_out, step_dir)
 
 
 def to_titan(flat: dict[str, Any], args: ModelArgs) -> dict[str, Any]:
@@ -263,12 +219,16 @@ def to_titan(flat: dict[str, Any], args: ModelArgs) -> dict[str, Any]:
             for name, value in names.items():
                 out[f"{STATE}{fused}.{name}"] = fuse_qkv(*(p[name] for p in parts), args.n_heads, args.kv_heads) \
                     if value.dim() else value
-    groups = flat.get("optim.param_groups") or []
+    groups = flat.get("optim.param_groups") or []  # stored whole (older saves)
     for group in groups:
         for fqn in dict.fromkeys(titan_param(p) for p in group["params"]):
             for key, value in group.items():
                 if key != "params":
                     out[f"{GROUPS}{fqn}.{key}"] = value
+    for key, value in flat.items():  # stored per parameter: optim.param_groups.<fqn>.<hyper-parameter>
+        if key.startswith(OURS_GROUPS):
+            fqn, _, name = key[len(OURS_GROUPS):].rpartition(".")
+            out[f"{GROUPS}{titan_param(fqn)}.{name}"] = value
     out["lr_scheduler.last_epoch"] = int(flat.get("lr_scheduler.last_epoch", flat.get("train.step", 0)))
     out["train_state.step"] = int(flat.get("train.step", 0))
     out["train_state.ntokens_seen"] = int(flat.get("train.tokens_seen", 0))
@@ -283,7 +243,7 @@ def export_torchtitan(src: str, dst: str | os.PathLike, *, step: int | None = No
     source = resolve_checkpoint(src, step)
     manifest = ckpt.read_manifest(source)
     args = model_args_of(manifest, source)
-    flat = to_titan(_read_all(source), args)
+    flat = to_titan(read_all(source), args)
     number = int(flat["train_state.step"]) if manifest.step is None else manifest.step
     target = Path(dst) / f"step-{number}"
     if target.exists() and not overwrite:
@@ -301,11 +261,5 @@ def export_torchtitan(src: str, dst: str | os.PathLike, *, step: int | None = No
     return str(target), sum(isinstance(v, torch.Tensor) for v in flat.values())
 
 
-def step_of(name: str) -> int | None:
-    """The step of a torchtitan ``step-N`` directory name (None for any other name)."""
-    match = _TITAN_STEP.match(name)
-    return int(match.group(1)) if match else None
-
-
-__all__ = ["TitanImport", "export_torchtitan", "import_torchtitan", "step_of", "titan_args", "titan_step_dir",
+__all__ = ["TitanImport", "export_torchtitan", "import_torchtitan", "titan_args",
            "to_ours", "to_titan"]
