@@ -141,6 +141,7 @@ def test_a_crash_mid_delete_leaves_the_checkpoint_whole_or_invisible(tmp_path, m
         patch.setattr(os, "unlink", unlink)
         with pytest.raises(_Crash):
             io.remove_checkpoint(path)
+    io.teardown()
     try:
         ckpt.read_manifest(path)
     except ckpt.CheckpointError:
