@@ -16,8 +16,9 @@ imported --from dcp) is told with --config FILE (the trainer config it was train
 .yaml, or the run's config.json) or --model-args JSON (trainer.model.ModelArgs fields, inline or
 a .json file); the weights' shapes are checked against it. With --flavor FLAVOR, SRC is a torchtitan
 llama3 checkpoint instead (its checkpoint folder: the newest step-N, or --step N; or one step-N
-directory, as torchtitan's CheckpointManager writes them): its model weights alone are read (pickle-
-free, as --from dcp reads) under torchtitan's names, the fused wqkv as its split wq/wk/wv.
+directory, as torchtitan's CheckpointManager writes them; or a step or root of ours written by
+ckpt.integrations.torchtitan): its model weights alone are read (DCP pickle-free, as --from dcp
+reads) under torchtitan's names, the fused wqkv as its split wq/wk/wv.
 
   hf           DST is a local directory for transformers' LlamaForCausalLM.from_pretrained: the
                weights under Hugging Face names with the rotary q/k rows permuted to its layout
@@ -41,9 +42,9 @@ unpickling code); DST the equivalent checkpoint of this engine (export it --to h
 --model-args: a DCP checkpoint records no model config).
 
 --from torchtitan: SRC is a torchtitan llama3 checkpoint (its checkpoint folder: the newest step-N,
-or --step N; or one step-N directory), FLAVOR its model flavor (debugmodel, 1B, 3B, 8B, 70B: the
-numerics are not in the checkpoint); DST becomes a checkpoint root our trainer resumes with the
-flags printed: model, AdamW state (the fused wqkv split per projection), LR schedule position and
+or --step N; or one step-N directory; or a step or root of ckpt.integrations.torchtitan), FLAVOR its
+model flavor (debugmodel, 1B, 3B, 8B, 70B: the numerics are not in the checkpoint); DST becomes a
+checkpoint root our trainer resumes with the flags printed: model, AdamW state (the fused wqkv split per projection), LR schedule position and
 step (torchtitan's data position is not carried: the data starts from the beginning).
 --to torchtitan: SRC a trainer checkpoint (or root, --step N); DST torchtitan's checkpoint folder,
 where step-N is written as the DCP checkpoint its CheckpointManager resumes (with
@@ -187,7 +188,7 @@ def _export(args, dtype: torch.dtype | None) -> tuple[list[str], dict]:
     if args.flavor:  # a torchtitan checkpoint: its model weights, imported alone, then exported
         with tempfile.TemporaryDirectory(prefix=".ckpt-convert-torchtitan-") as tmp:
             imported = titan.import_torchtitan(args.src, tmp, flavor=args.flavor, step=args.step, model_only=True)
-            return _export_step(args, dtype, imported.path, titan.titan_step_dir(args.src, args.step))
+            return _export_step(args, dtype, imported.path, imported.source)
     try:
         source = resolve_checkpoint(args.src, args.step)
     except CheckpointNotFoundError as exc:
@@ -214,6 +215,10 @@ def _export_step(args, dtype: torch.dtype | None, source, origin) -> tuple[list[
     """Export the trainer checkpoint ``source``; ``origin``: what the user named (a torchtitan step
     directory, where ``source`` is its model imported alone)."""
     manifest = with_model_config(ckpt.read_manifest(source), args)
+    if run_config(manifest) is None and any(key.startswith("layers.0.attention.qkv_linear.") for key in manifest.tensors):
+        raise CheckpointError(f"{source} holds torchtitan's model names (a step of ckpt.integrations.torchtitan): "
+                              "export it with --flavor FLAVOR (its llama3 flavor: debugmodel, 1B, 3B, 8B, 70B)",
+                              path=str(source))
     if args.to == "hf" and run_config(manifest) is None:
         raise CheckpointError(f"{source} records no run config (a checkpoint imported --from dcp, or saved outside "
                               "the trainer), so its model is unknown: name it with --config FILE (the trainer config "

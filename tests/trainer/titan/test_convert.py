@@ -168,3 +168,41 @@ def test_flavor_arguments(capsys):
     with pytest.raises(SystemExit):
         convert.main(["a", "b", "--to", "hf", "--flavor", "debugmodel", "--model-args", "{}"])
     assert "--flavor names a torchtitan checkpoint's model" in capsys.readouterr().err
+
+
+def test_a_step_of_our_torchtitan_integration_exports_to_hf_and_converts(tmp_path, capsys):
+    """The steps ckpt.integrations.torchtitan writes (ours, torchtitan's layout; here a delta) go --to
+    hf with --flavor as torchtitan's own do, and --from torchtitan takes them, moments included."""
+    pytest.importorskip("torchtitan.components.checkpointer")
+    from safetensors.torch import load_file
+
+    from tests.support.titan import OVERRIDE, llama_job, seeded_step
+
+    torch.set_num_threads(1)
+    job = llama_job(str(tmp_path), [(OVERRIDE, {"full_every": 2})], seed=0, interval=1, async_mode="async",
+                    keep_latest_k=0)
+    for _ in range(2):
+        seeded_step(job)
+        job.checkpointer.save(job.train_state.step)
+    job.checkpointer.close()
+    root = tmp_path / "checkpoint"
+    assert ckpt.read_manifest(root / "step-00000002").kind != "full"
+
+    assert convert.main([str(root), str(tmp_path / "hf-x"), "--to", "hf"]) == 1
+    assert "torchtitan's model names" in capsys.readouterr().err
+    assert convert.main([str(root), str(tmp_path / "hf"), "--to", "hf", "--flavor", "debugmodel"]) == 0
+    adapter = titan_llama3.llama3().Llama3StateDictAdapter(titan_llama3.llama3().model_registry("debugmodel").model,
+                                                           None)
+    expected = adapter.to_hf(job.model.state_dict())
+    written = load_file(tmp_path / "hf" / "model.safetensors")
+    assert written.keys() == expected.keys()
+    assert all(torch.equal(written[key], value) for key, value in expected.items())
+
+    assert convert.main([str(root), str(tmp_path / "ours"), "--from", "torchtitan", "--flavor", "debugmodel"]) == 0
+    saved = tmp_path / "ours" / "step-00000002"
+    fused = job.optimizers.optimizers[0].state[job.model.layers["1"].attention.qkv_linear.wqkv.weight]
+    moments = dict(ckpt.convert.full_tensors(saved, [f"optim.state.layers.1.attention.{p}.weight.exp_avg"
+                                                     for p in ("wq", "wk", "wv")]))
+    assert torch.equal(torch.cat(split_qkv(fused["exp_avg"], 16, 16)),
+                       torch.cat([moments[f"optim.state.layers.1.attention.{p}.weight.exp_avg"]
+                                  for p in ("wq", "wk", "wv")]))
