@@ -218,7 +218,8 @@ class PathStore:
 
     def _persist_twin(self, snapshot: Future, flat: dict, path: str, step: int | None, run: str | None) -> None:
         staged = snapshot.result()
-        self._write({k: staged[k] if isinstance(v, torch.Tensor) else v for k, v in flat.items()}, path, step, None, run)
+        tree = {k: staged[k] if isinstance(v, torch.Tensor) else v for k, v in flat.items()}
+        self._write(tree, path, step, None, run)
 
     def _persist(self, snapshot: Future, path: str, step: int | None, base: DeltaBase | None, run: str | None) -> None:
         if base is not None and os.path.join(os.path.dirname(path), base.name) in self._failed:

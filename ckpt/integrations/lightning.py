@@ -41,7 +41,8 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.strategies import ModelParallelStrategy  # noqa: E402
 
-from .. import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, Manifest, SaveOptions, read_manifest  # noqa: E402
+from .. import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, Manifest, SaveOptions  # noqa: E402
+from .. import read_manifest  # noqa: E402
 from .. import load as load_checkpoint  # noqa: E402
 from .. import save as save_checkpoint  # noqa: E402
 from ._store import PathStore, StoreStats  # noqa: E402
@@ -121,7 +122,8 @@ class CkptCheckpointIO(CheckpointIO):
             raise _like(exc, f"checkpoint {asked} cannot be loaded ({exc}); it {why}, so {candidate} is not loaded "
                         f"in its place: pass ckpt_path={candidate!r} to resume from that one", asked) from exc
         kind = "of the same run at no newer step" if manifest is not None else "beside it"
-        raise _like(exc, f"checkpoint {asked} cannot be loaded ({exc}); no other checkpoint {kind} loads", asked) from exc
+        message = f"checkpoint {asked} cannot be loaded ({exc}); no other checkpoint {kind} loads"
+        raise _like(exc, message, asked) from exc
 
     def remove_checkpoint(self, path) -> None:
         self.store.remove(path)
