@@ -12,6 +12,8 @@ resharded load, chunks shared between ranks, bytes damaged in transit, a peer th
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -162,3 +164,30 @@ def test_a_module_and_optimizer_are_left_as_they_were(tmp_path):
         assert torch.equal(v, before[k]), k
     for k, v in optim.state[next(model.parameters())].items():
         assert torch.equal(v, moments[k]), k
+
+
+def _status(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} in /proc/self/status")
+
+
+def test_the_undo_copy_is_the_bytes_loaded_once_and_gone_when_the_load_returns(tmp_path):
+    # what the rollback costs, bounded: one host copy of what the load writes (here 80 MiB read
+    # straight into the live tensors), not two, and none left after the load (tensors of 40 MiB:
+    # above glibc's largest mmap threshold, so a freed copy leaves the resident set)
+    state = {f"w{i}": torch.randn(4096, 2560, generator=torch.Generator().manual_seed(i)) for i in range(2)}
+    ckpt.save(state, tmp_path / "ckpt")
+    live = {k: torch.zeros_like(v) for k, v in state.items()}
+    loaded = sum(v.numel() * v.element_size() for v in live.values())
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS from here on
+    except OSError:
+        pytest.skip("cannot reset the peak resident set here")
+    before = _status("VmRSS")
+    ckpt.load(live, tmp_path / "ckpt")
+    peak, after = _status("VmHWM"), _status("VmRSS")
+    assert all(torch.equal(live[k], state[k]) for k in state)
+    assert peak - before < loaded + (32 << 20)  # one copy plus slack for threads and allocator
+    assert after - before < 32 << 20  # the copies are freed once the load succeeded
