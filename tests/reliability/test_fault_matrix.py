@@ -1,0 +1,163 @@
+"""The restart fault matrix: the real trainer (2 ranks; FSDP2, and PP 2) with deltas and a replica,
+one fault at a time between a run and its restart; the restart finishes (exit 0 on every rank) and
+the losses of the steps it trained equal an uninterrupted run's, bit for bit. A case expected to
+stop the run stops with exit 2 and one line on every rank, and the start after the stated manual
+step finishes as above.
+
+Each layout's cases run one after another in the same 2 ranks (``run_ranks``: the trainer imported
+once; ``trainer.train.main`` called for each start, so its exit codes and error lines are the
+command's). Faults are made by rank 0 between two barriers. SIGKILL during a save is the crash
+harness's (tests/reliability/test_crash.py: the same trainer, 2 ranks, deltas, a local replica).
+
+    first run: steps 1-4, a checkpoint every step (full_every 3: 1 full, 2-3 deltas, 4 full), replica
+    fault:     one of CASES
+    restart:   --training.steps 6 (the S3 case: with the replica's endpoint down)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.support.launch import run_ranks
+from tests.support.trainer_runs import trainer_args
+
+pytestmark = pytest.mark.slow
+
+FIRST, STEPS = 4, 6
+LAYOUTS = {"fsdp2": {}, "pp2": {"parallelism__pp": 2}}
+CHECKPOINTS = {"checkpoint__enable": "true", "checkpoint__interval": 1, "checkpoint__full_every": 3,
+               "checkpoint__keep": 10, "checkpoint__close_timeout": 120, "metrics__log_freq": 1}
+DEAD_ENDPOINT = "http://127.0.0.1:9"  # discard port: nothing listens, connections are refused at once
+
+
+def _damage(checkpoints: Path, step: int) -> None:
+    data = max((checkpoints / f"step-{step:08d}" / "data").iterdir(), key=lambda p: p.stat().st_size)
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    data.write_bytes(bytes(raw))
+
+
+def _no_fault(job: Path) -> None:
+    pass
+
+
+CASES = {
+    "damaged-primary": lambda job: _damage(job / "checkpoints", FIRST),
+    "damaged-replica": lambda job: _damage(job / "replica", FIRST),
+    "damaged-both": lambda job: (_damage(job / "checkpoints", FIRST), _damage(job / "replica", FIRST)),
+    "replica-gone": lambda job: shutil.rmtree(job / "replica"),
+    "s3-replica-down": _no_fault,  # the restart's endpoint is dead (see _start)
+    "second-run": _no_fault,  # the restart finds the folder locked by another process (see _matrix)
+}
+
+
+def _start(job: Path, steps: int, layout: dict, replica: str, **extra) -> tuple[int, str]:
+    """One start of the trainer's command (``trainer.train.main``): its exit code and stderr."""
+    from trainer.train import main
+
+    argv = trainer_args(str(job), steps=steps, checkpoint__replicas=replica,
+                        **{**CHECKPOINTS, **layout, **extra})
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, err.getvalue()
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    dist.barrier()
+
+
+def _hold(folder: Path):
+    """Another process (a second run) holding ``folder``'s manager until its stdin closes."""
+    import subprocess
+    import sys
+
+    code = ("import sys, ckpt\n"
+            f"manager = ckpt.CheckpointManager({str(folder)!r})\n"
+            "print('held', flush=True)\n"
+            "sys.stdin.read()\n"
+            "manager.close()\n")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")})
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def _matrix(rank: int, world: int, root: str, layout: dict, cases: list[str], bucket_url: str) -> dict:
+    root = Path(root)
+    results = {"reference": _start(root / "reference", STEPS, layout, str(root / "reference" / "replica"))}
+    for case in cases:
+        job = root / case
+        replica = f"{bucket_url}/{case}" if case.startswith("s3") else str(job / "replica")
+        first = _start(job, FIRST, layout, replica)
+        _barrier()
+        if rank == 0:
+            CASES[case](job)
+        _barrier()
+        endpoint = os.environ["AWS_ENDPOINT_URL"]
+        if case.startswith("s3"):
+            os.environ["AWS_ENDPOINT_URL"] = DEAD_ENDPOINT
+            _clear_s3fs()
+        if case == "second-run":  # another process takes the folder; the restart is refused; it lets go
+            holder = _hold(job / "checkpoints") if rank == 0 else None
+            _barrier()
+            results[f"{case}:refused"] = _start(job, STEPS, layout, replica)
+            _barrier()
+            if holder is not None:  # the manual step: the other run ends
+                holder.stdin.close()
+                assert holder.wait(timeout=120) == 0
+            _barrier()
+        # with the replica down, the end of the run waits close_timeout for copies that cannot happen
+        restart = _start(job, STEPS, layout, replica, **({"checkpoint__close_timeout": 2} if case.startswith("s3") else {}))
+        if case.startswith("s3"):
+            os.environ["AWS_ENDPOINT_URL"] = endpoint
+            _clear_s3fs()
+        results[case] = (first, restart)
+        _barrier()
+    return results
+
+
+def _clear_s3fs() -> None:
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+def _losses(job: Path) -> dict[int, float]:
+    """The last logged loss of each step in the job's metrics.jsonl (a restart's records come later)."""
+    losses = {}
+    for line in (job / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "loss" in record:
+            losses[record["step"]] = record["loss"]
+    return losses
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_every_single_fault_restarts_to_the_uninterrupted_losses(layout, tmp_path, aws_env, s3_bucket):
+    """See the module docstring. ``second-run``: another process holds the folder's lock when the
+    restart starts (exit 2, one line, every rank); it lets go (the manual step), and the next start
+    finishes."""
+    results = run_ranks(2, _matrix, str(tmp_path), LAYOUTS[layout], list(CASES), s3_bucket.url, hang_seconds=1500)
+    reference = _losses(tmp_path / "reference")
+    assert results[0]["reference"][0] == 0 and sorted(reference) == list(range(1, STEPS + 1))
+    for case in CASES:
+        for rank, result in enumerate(results):
+            (first_code, first_err), (code, err) = result[case]
+            assert first_code == 0, (case, rank, first_err)
+            assert code == 0, (case, rank, err)
+        assert _losses(tmp_path / case) == reference, case  # the restart's steps included, bitwise
+    for rank, result in enumerate(results):
+        code, err = result["second-run:refused"]
+        assert code == 2 and err.count("\n") == 1 and "error: " in err and "lock held by" in err, (rank, err)
+    damaged = [p.name for p in (tmp_path / "damaged-both" / "checkpoints").iterdir() if ".damaged-" in p.name]
+    assert len(damaged) == 1 and damaged[0].startswith(f"step-{FIRST:08d}.damaged-")
