@@ -45,8 +45,8 @@ def _snapshot(state: dict) -> dict:
 def _assert_untouched(live: dict, before: dict) -> None:
     for key, value in before.items():
         if isinstance(value, torch.Tensor):
-            now = live[key].contiguous()
-            assert now.shape == value.shape and torch.equal(now.view(torch.uint8), value.contiguous().view(torch.uint8)), key
+            now, was = live[key].contiguous(), value.contiguous()
+            assert now.shape == was.shape and torch.equal(now.view(torch.uint8), was.view(torch.uint8)), key
         else:
             assert live[key] == value, key
 
