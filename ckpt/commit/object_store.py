@@ -12,7 +12,8 @@ Where the store enforces conditional writes (S3: the lease needs them too), the 
 itself a compare-and-swap against the manifest the attempt saw when it began: ``If-None-Match: *``
 for a new step, ``If-Match: <etag>`` for an overwrite. A writer paused between its fence and its
 PUT (past its lease, taken over) therefore never replaces a step another writer committed meanwhile:
-its PUT is refused and it raises :class:`~ckpt.errors.CheckpointLockedError`. After an overwrite
+its PUT is refused and it raises :class:`~ckpt.errors.CheckpointLockedError` (a refusal of the
+client's retry of a PUT that landed is told apart: the manifest there is this attempt's own). After an overwrite
 the objects go that only the *replaced* manifest referenced (as read at ``begin``) — never objects
 of unknown attempts: another writer's upload in progress, or a step it committed, is never deleted
 by this one. A prefix without a manifest does not exist for readers; objects no manifest references
@@ -73,10 +74,10 @@ class ManifestLastCommit(CommitStrategy):
             fence()
         manifest = (target / MANIFEST_NAME).path
         if getattr(attempt, "conditional", False):  # the commit point is a compare-and-swap
-            if target.storage.write_if(manifest, raw, etag=attempt.replaces) is None:
+            if target.storage.write_if(manifest, raw, etag=attempt.replaces) is None and not _is_ours(target, raw):
                 raise CheckpointLockedError(
-                    f"{target} was committed by another writer after this save began (this one was "
-                    "paused past its lease and lost the root); nothing of this save was committed",
+                    f"{target} was committed by another writer after this save began (one that took "
+                    "the root over while this one was paused); nothing of this save was committed",
                     path=str(target))
         else:
             target.storage.write_bytes(manifest, raw)
@@ -150,6 +151,13 @@ def _replaced(target: Location, conditional: bool) -> tuple[str | None, frozense
     else:
         manifest = _readable_manifest(target)
     return etag, frozenset(manifest.data_files()) if manifest is not None else frozenset()
+
+
+def _is_ours(target: Location, raw: bytes) -> bool:
+    """Whether the manifest there now is this attempt's (``raw`` names its attempt-tagged objects):
+    a PUT whose first try landed, then was retried by the client, is refused by its own condition."""
+    found = target.storage.read_tagged((target / MANIFEST_NAME).path, MAX_MANIFEST_BYTES)
+    return found is not None and found[0] == raw
 
 
 def _remove_replaced(target: Location, files: set[str]) -> None:

@@ -105,3 +105,25 @@ def test_a_merged_safetensors_file_straight_to_s3(s3_bucket):
     tensors = load(_s3(s3_bucket).cat_file(f"{s3_bucket.name}/export/model.safetensors"))
     assert all(torch.equal(tensors[k], v) for k, v in state.items() if isinstance(v, torch.Tensor))
     assert list(_objects(s3_bucket, "export")) == [f"{s3_bucket.name}/export/model.safetensors"]
+
+
+def test_a_manifest_put_retried_after_its_first_try_landed_still_commits(s3_bucket, monkeypatch):
+    """The commit point is a conditional PUT (issue 36 item 4). When its first try lands and the
+    answer is lost, the client's retry is refused by the PUT's own condition: the writer recognises
+    its own manifest and the save succeeds (it must not abort: that would delete the objects its
+    committed manifest references)."""
+    from ckpt.storage.remote import FsspecStorage
+
+    real = FsspecStorage.write_if
+
+    def landed_then_retried(self, path, data, *, etag):
+        if path.endswith(f"/{MANIFEST_NAME}"):
+            real(self, path, data, etag=etag)  # the first try lands; its answer is lost
+        return real(self, path, data, etag=etag)  # the retry
+
+    monkeypatch.setattr(FsspecStorage, "write_if", landed_then_retried)
+    url, state = f"{s3_bucket.url}/retried/step-00000001", make_state(3)
+    ckpt.save(state, url, storage_options=s3_bucket.storage_options)
+    live = blank_state()
+    ckpt.load(live, url, storage_options=s3_bucket.storage_options)
+    assert_state_equal(live, state)
