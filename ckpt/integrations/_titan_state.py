@@ -30,7 +30,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import StorageMeta
 
 from .. import CheckpointError, IncompatibleCheckpointError, SafeLoadPlanner, read_manifest
-from ..convert.dcp_metadata import read_dcp_metadata
+from ..convert import read_dcp_metadata
 
 MODEL = "model"
 DATALOADER = "dataloader"
