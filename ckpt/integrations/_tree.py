@@ -130,7 +130,8 @@ def read_tree(path: str | os.PathLike, *, objects: ObjectTypes | None = None, mi
     """Read the whole checkpoint at ``path`` (this process alone) into a new nested dict."""
     manifest = read_manifest(path, storage_options)
     template = manifest_template(manifest)
-    load_checkpoint(template, path, no_dist=True, mirrors=mirrors, storage_options=storage_options)
+    load_checkpoint(template, path, no_dist=True, mirrors=mirrors, storage_options=storage_options,
+                    rollback=False)  # fresh tensors of its own: nothing of the caller's to put back
     if map_tensor is not None:
         template = _map_tensors(template, map_tensor)
     if STRUCTURE in manifest.values:
