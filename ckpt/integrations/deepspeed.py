@@ -18,8 +18,9 @@ host buffers and write in the background; the engine is *decoupled*: DeepSpeed c
 (writes ``latest``) at its next optimizer step, and the commit waits for what is left of the writes,
 so ``latest`` never names a tag that is not committed; ``engine.destroy()`` at the end commits the
 last one (``cleanup``). :func:`load_checkpoint` verifies a tag on all ranks before DeepSpeed loads
-it and falls back to the newest older tag that verifies (``engine.load_checkpoint`` works too, and
-raises :class:`ckpt.CorruptCheckpointError` on a damaged file).
+it and falls back from the tag ``latest`` names to the newest older tag that verifies; a tag asked
+for by name is never replaced (it raises, naming the one that would be). ``engine.load_checkpoint``
+works too, and raises :class:`ckpt.CorruptCheckpointError` on a damaged file.
 
 Not supported: deltas (``full_every``): each tag is a directory of its own, and a delta's base must
 be a sibling of it, so every file is written full. ``zero_to_fp32.py`` and DeepSpeed's universal checkpoints read ``torch.save`` files
@@ -144,21 +145,30 @@ def _rank() -> int:
 def load_checkpoint(engine: Any, load_dir: str | os.PathLike, tag: str | None = None, **kwargs: Any):
     """``engine.load_checkpoint(load_dir, tag, **kwargs)`` of the newest tag that verifies on every rank.
 
-    ``tag`` (default: the one ``latest`` names) is tried first, then the other tags under ``load_dir``
-    written by us, by step, newest first. Before DeepSpeed reads a tag, the ranks read and verify
-    its files (each rank a share of them: one extra read of the tag in all) and agree, so a damaged
+    The tag ``latest`` names is tried first, then the other tags under ``load_dir`` written by us
+    with a lower step, newest first. Before DeepSpeed reads a tag, the ranks read and verify its
+    files (each rank a share of them: one extra read of the tag in all) and agree, so a damaged
     newest tag is passed over, with a warning, on every rank alike, and DeepSpeed never loads half
-    of one. Returns what ``engine.load_checkpoint`` returns; ``(None, None)`` when there is no tag;
-    raises :class:`ckpt.CorruptCheckpointError` when there are tags but none verifies."""
+    of one. A ``tag`` asked for by name is never replaced: when it does not verify, every rank
+    raises :class:`ckpt.CorruptCheckpointError` naming it and the older tag that would stand in.
+    Returns what ``engine.load_checkpoint`` returns; ``(None, None)`` when there is no tag; raises
+    :class:`ckpt.CorruptCheckpointError` when there are tags but none verifies."""
     ours = engine.checkpoint_engine
     if not isinstance(ours, CkptCheckpointEngine):
         return engine.load_checkpoint(load_dir, tag, **kwargs)
     load_dir = os.fspath(load_dir)
     first = tag if tag is not None else _read_latest(load_dir)
-    candidates = _tags(load_dir, first)
+    candidates = _tags(load_dir, first, named=tag is not None)
+    failure = None
     for candidate in candidates:
         problem = ours.verify_share(os.path.join(load_dir, candidate), _rank(), _world_size())
+        failure = failure or problem
         if _all_ranks(problem is None, engine):
+            if candidate != first and tag is not None:
+                raise CorruptCheckpointError(
+                    f"checkpoint tag {tag} under {load_dir} cannot be loaded ({failure or 'on another rank'}); it was "
+                    f"asked for by name, so {candidate} is not loaded in its place: pass tag={candidate!r} to load "
+                    "that one", path=os.path.join(load_dir, tag))
             if candidate != first:
                 warnings.warn(f"checkpoint tag {first} under {load_dir} cannot be loaded; loading {candidate} instead",
                               stacklevel=2)
@@ -179,9 +189,10 @@ def _read_latest(load_dir: str) -> str | None:
         return None
 
 
-def _tags(load_dir: str, first: str | None) -> list[str]:
+def _tags(load_dir: str, first: str | None, named: bool = False) -> list[str]:
     """``first``, then the tags holding checkpoints of ours with a lower step, newest first (all of
-    them, newest first, without ``first``)."""
+    them, newest first, without ``first``; ``first`` alone when it was ``named`` and has no step of
+    ours to compare: no tag whose step is unknown may stand in for it, least of all a newer one)."""
     steps = {}
     for name in sorted(os.listdir(load_dir)) if os.path.isdir(load_dir) else ():
         tag_dir = os.path.join(load_dir, name)
@@ -192,6 +203,8 @@ def _tags(load_dir: str, first: str | None) -> list[str]:
     if first is None:
         return newest_first
     limit = steps.get(first)
+    if limit is None and named:
+        return [first]
     return [first, *(n for n in newest_first if n != first and (limit is None or steps[n] < limit))]
 
 

@@ -1,6 +1,7 @@
 """ckpt.integrations.deepspeed against the real DeepSpeed on its CPU accelerator (gloo): ZeRO 1 and 2,
 one and two ranks, selected from the DeepSpeed config; resume bitwise; `latest` only for committed
-tags; a damaged file refused, a damaged newest tag passed over on every rank; no unpickling."""
+tags; a damaged file refused, a damaged newest tag passed over on every rank, a tag asked for by name
+never replaced; no unpickling."""
 
 from __future__ import annotations
 
@@ -54,6 +55,40 @@ def test_a_damaged_newest_tag_is_passed_over_on_every_rank_and_the_resume_is_bit
         assert any("loading global_step2 instead" in w for w in run["warnings"]), run["warnings"]
         assert run["resumed"]["step"] == 6
         _same(run["reference"], run["resumed"])
+
+
+def _load_tags(rank: int, world_size: int, root: str, tags: tuple) -> dict:
+    """Load each of ``tags`` (None: the one ``latest`` names) into a fresh engine: its step, or the error."""
+    import warnings
+
+    from ckpt.integrations import deepspeed as ckpt_deepspeed
+    from tests.support.deepspeed_runs import config, model
+
+    net = model()
+    engine, _, _, _ = ckpt_deepspeed.initialize(model=net, optimizer=torch.optim.AdamW(net.parameters(), lr=1e-2),
+                                                config=config(1, engine="ckpt"))
+    outcomes = {}
+    for tag in tags:
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            try:
+                ckpt_deepspeed.load_checkpoint(engine, root, tag=tag)
+                outcomes[tag] = engine.global_steps
+            except ckpt.CheckpointError as exc:
+                outcomes[tag] = str(exc)
+    engine.destroy()
+    return outcomes
+
+
+def test_a_tag_asked_for_by_name_is_never_replaced(tmp_path):
+    run_ranks(1, train, str(tmp_path), 1, 4, (2, 4), False)  # tags global_step2, global_step4; latest: 4
+    flip_byte(tmp_path / "global_step4" / "mp_rank_00_model_states.pt")
+    outcomes = run_ranks(1, _load_tags, str(tmp_path), ("global_step4", "global_step3", None))[0]
+    # Damaged: refused, naming the tag that would stand in (it was loaded with a warning before).
+    assert "global_step4" in outcomes["global_step4"] and "pass tag='global_step2'" in outcomes["global_step4"]
+    # Not there: refused (the newest tag, global_step4, was tried in its place before).
+    assert "no checkpoint tag" in outcomes["global_step3"] and "tried global_step3)" in outcomes["global_step3"]
+    assert outcomes[None] == 2  # the tag latest names still falls back to the older one
 
 
 def test_a_damaged_file_is_refused_and_nothing_is_unpickled(tmp_path, monkeypatch):
