@@ -243,6 +243,7 @@ def serve_shared(plan, planner, source, storage: dict, exchange: Exchange, stats
     def read(index, wanted):
         chunk = storage[index]
         source.files.check(chunk.blob, what=index.fqn)
+        source.files.check_table(chunk.blob, what=index.fqn)  # as every read: a cut file is refused whole
         into = target(index, wanted) if chunk.blob.codec == "raw" else None
         return next(iter(source.read_tensors([(None, index.fqn, chunk, into)])))[1]
 

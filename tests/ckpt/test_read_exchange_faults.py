@@ -1,7 +1,8 @@
 """Multi-rank loads that fail: every rank refuses, every rank's live state is left as it was.
 
 * a damaged block found by a scatter read (a resharded load writing straight into the live tensor);
-* a damaged chunk that several ranks need whole (read by one, sent to the others);
+* a damaged chunk that several ranks need whole (read by one, sent to the others), or its data
+  file cut inside its block tables;
 * bytes damaged between the reader and a receiver (a flipped byte put into what the reader's send
   hands to gloo, at :meth:`ckpt._read_share.Exchange.send`): the receiver's hash of what it got
   must refuse them, and every rank fails with that error;
@@ -114,6 +115,9 @@ def _shared(rank: int, world: int, path: str, damage: str):
     if damage == "on disk" and rank == 0:
         blob = ckpt.read_manifest(path).tensors["v"].chunks[0].blob  # read by rank 1, sent to rank 0
         _flip_on_disk(path, blob, 1000)
+    if damage == "cut table" and rank == 0:
+        blob = ckpt.read_manifest(path).tensors["w"].chunks[0].blob  # read by rank 0, sent to rank 1
+        os.truncate(f"{path}/{blob.file}", blob.block_table + 8)  # every payload whole, w's table cut
     torch.distributed.barrier()
     if damage == "in transit":
         send = _read_share.Exchange.send
@@ -128,10 +132,11 @@ def _shared(rank: int, world: int, path: str, damage: str):
     return _load(_replicated(7), path)
 
 
-@pytest.mark.parametrize("damage", ["on disk", "in transit"])
+@pytest.mark.parametrize("damage", ["on disk", "in transit", "cut table"])
 def test_a_damaged_shared_chunk_fails_every_rank_and_leaves_its_state(tmp_path, damage):
     results = run_ranks(2, _shared, str(tmp_path / "ckpt"), damage)
-    expected = "checksum mismatch" if damage == "on disk" else "differ from the bytes it read and verified"
+    expected = {"on disk": "checksum mismatch", "in transit": "differ from the bytes it read and verified",
+                "cut table": "the block table of w"}[damage]
     for name, message, untouched in results:
         assert name == "CorruptCheckpointError" and expected in message, results
         assert untouched, results
