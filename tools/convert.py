@@ -44,8 +44,9 @@ unpickling code); DST the equivalent checkpoint of this engine (export it --to h
 --from torchtitan: SRC is a torchtitan llama3 checkpoint (its checkpoint folder: the newest step-N,
 or --step N; or one step-N directory; or a step or root of ckpt.integrations.torchtitan), FLAVOR its
 model flavor (debugmodel, 1B, 3B, 8B, 70B: the numerics are not in the checkpoint); DST becomes a
-checkpoint root our trainer resumes with the flags printed: model, AdamW state (the fused wqkv split per projection), LR schedule position and
-step (torchtitan's data position is not carried: the data starts from the beginning).
+checkpoint root our trainer resumes with the flags printed: model, AdamW state (the fused wqkv split
+per projection), LR schedule position and step (torchtitan's data position is not carried: the data
+starts from the beginning).
 --to torchtitan: SRC a trainer checkpoint (or root, --step N); DST torchtitan's checkpoint folder,
 where step-N is written as the DCP checkpoint its CheckpointManager resumes (with
 checkpoint.exclude_from_loading = ["dataloader"]).
@@ -215,7 +216,8 @@ def _export_step(args, dtype: torch.dtype | None, source, origin) -> tuple[list[
     """Export the trainer checkpoint ``source``; ``origin``: what the user named (a torchtitan step
     directory, where ``source`` is its model imported alone)."""
     manifest = with_model_config(ckpt.read_manifest(source), args)
-    if run_config(manifest) is None and any(key.startswith("layers.0.attention.qkv_linear.") for key in manifest.tensors):
+    titan_names = any(key.startswith("layers.0.attention.qkv_linear.") for key in manifest.tensors)
+    if run_config(manifest) is None and titan_names:
         raise CheckpointError(f"{source} holds torchtitan's model names (a step of ckpt.integrations.torchtitan): "
                               "export it with --flavor FLAVOR (its llama3 flavor: debugmodel, 1B, 3B, 8B, 70B)",
                               path=str(source))

@@ -7,16 +7,17 @@ model state flat at the top (:mod:`trainer.titan.names`), ``optimizer.state.<par
 (a pickle of its own loader).
 
 Contract: :func:`import_torchtitan` reads such a directory (or the newest ``step-N`` of a torchtitan
-checkpoint folder; or a step of ours in that layout: :mod:`trainer.titan.sources`) and writes step N of a new checkpoint root our trainer resumes: the model under our
-names, AdamW's moments with the fused ``wqkv`` split per projection, its hyper-parameters as one
-param group, the LR scheduler at torchtitan's ``last_epoch`` with its base LR, the train step and
-tokens seen; the data position is not carried (torchtitan's loader is not ours: the run starts its
-data from the beginning, :mod:`trainer.checkpointing` says so). The model's numerics come from the
-torchtitan flavor named (they are not in the checkpoint); the shapes are checked against it.
-:func:`export_torchtitan` is the other way: a checkpoint of our trainer as ``DST/step-N``, a DCP
-directory torchtitan's own ``CheckpointManager`` resumes (model, optimizer, LR scheduler, train
-state; load it with ``checkpoint.exclude_from_loading = ["dataloader"]``). Both hold one checkpoint's
-state in host memory while they convert it; CheckpointError names what does not fit.
+checkpoint folder; or a step of ours in that layout: :mod:`trainer.titan.sources`) and writes step N
+of a new checkpoint root our trainer resumes: the model under our names, AdamW's moments with the
+fused ``wqkv`` split per projection, its hyper-parameters as one param group, the LR scheduler at
+torchtitan's ``last_epoch`` with its base LR, the train step and tokens seen; the data position is
+not carried (torchtitan's loader is not ours: the run starts its data from the beginning,
+:mod:`trainer.checkpointing` says so). The model's numerics come from the torchtitan flavor named
+(they are not in the checkpoint); the shapes are checked against it. :func:`export_torchtitan` is
+the other way: a checkpoint of our trainer as ``DST/step-N``, a DCP directory torchtitan's own
+``CheckpointManager`` resumes (model, optimizer, LR scheduler, train state; load it with
+``checkpoint.exclude_from_loading = ["dataloader"]``). Both hold one checkpoint's state in host
+memory while they convert it; CheckpointError names what does not fit.
 """
 
 from __future__ import annotations
