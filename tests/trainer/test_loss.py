@@ -97,3 +97,37 @@ def test_loss_parallel_and_chunked_loss_with_fsdp_and_the_pipeline_on_four_ranks
         _assert_parity({k: v for k, v in results.items() if k.startswith(prefix)}, reference)
     _assert_parity({"a": results["fsdp-tp-previous"], "b": results["pp-tp-previous"],
                     "c": results["pp-fsdp-sharded"]}, "a")  # and the layouts agree with one another
+
+
+def _saved_last_dims(rank: int, world: int, root: str) -> tuple[set[int], int]:
+    """One training step of the trainer with TP 2: the last dimension of every tensor autograd saved
+    for backward (a DTensor's local shard), and the vocabulary size."""
+    from trainer.config import load_config
+    from trainer.train import Trainer
+
+    trainer = Trainer(load_config(trainer_args(root, steps=1, parallelism__tp=2, checkpoint__enable="false")))
+    try:
+        dims: set[int] = set()
+
+        def pack(saved: torch.Tensor) -> torch.Tensor:
+            local = saved.to_local() if hasattr(saved, "to_local") else saved
+            if local.dim() >= 2:
+                dims.add(local.shape[-1])
+            return saved
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda saved: saved):
+            trainer.train_step()
+        return dims, trainer.model_args.vocab_size
+    finally:
+        trainer.close()
+
+
+def test_tensor_parallel_training_keeps_the_logits_vocabulary_sharded_into_the_loss(tmp_path):
+    """Loss parallel is entered on the trainer's own path (assembly, step, loss): the cross-entropy
+    runs on each rank's V/2 logits and saves its log-softmax at that width. Outside torch's
+    loss_parallel() (or with replicated logits) DTensor gathers the whole vocabulary first, and a
+    [tokens, V] tensor is saved on every rank: the loss values alone cannot tell the two apart."""
+    results = run_ranks(2, _saved_last_dims, str(tmp_path / "run"))
+    for dims, vocab in results:
+        assert vocab // 2 in dims, (sorted(dims), vocab)  # the local logits were seen
+        assert vocab not in dims, f"whole-vocabulary logits saved for backward: {sorted(dims)} (vocab {vocab})"
