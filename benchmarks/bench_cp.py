@@ -2,6 +2,7 @@
 """Context parallel throughput: CP 2 on 2 CPU ranks against the same sequences on one rank (issue 26).
 
     python benchmarks/bench_cp.py --quick                 # 1 repeat, short window (~1 min)
+    python benchmarks/bench_cp.py --tiny                  # the tests' run: 1 + 1 steps of 64 tokens
     python benchmarks/bench_cp.py --repeats 3             # the published figures (~4 min)
 
 Both rows are the trainer (``Trainer(load_config(argv))``, ``configs/debug.toml``, fp32, no
@@ -61,8 +62,8 @@ def run(rank: int, world: int, dump: str, argv: list[str]) -> float | None:
         trainer.close()
     if rank:
         return None
-    last = (Path(dump) / "metrics.jsonl").read_text().splitlines()[-1]
-    return json.loads(last)["tokens_per_sec"]
+    records = [json.loads(line) for line in (Path(dump) / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if "tokens_per_sec" in r][-1]["tokens_per_sec"]  # the last step's, not an event's
 
 
 def measure(args, work: Path) -> dict[str, list[float]]:
@@ -105,9 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="1 repeat, a 3-step window")
+    parser.add_argument("--tiny", action="store_true", help="the tests' smoke run: 1 repeat, 1 + 1 steps of 64 tokens")
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.window = 1, 3
+    if args.tiny:
+        args.repeats, args.window, args.seq_len = 1, 1, 64
     os.chdir(REPO)
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned ranks
     command = command_line("bench_cp.py", argv)

@@ -3,6 +3,7 @@
 
     python benchmarks/bench_delta.py --out benchmarks/RESULTS.md          # debug 300 + small 200 steps (~4 min)
     python benchmarks/bench_delta.py --quick --json /tmp/delta.json       # debug, 100 steps (~25 s)
+    python benchmarks/bench_delta.py --tiny                               # the tests' run: debug, 10 steps
 
 Sizes (one run; byte counts are deterministic). For each model flavor (``--flavors``, default
 ``debug`` for 300 steps and ``small`` for 200 steps) the trainer runs in-process, single process on
@@ -107,6 +108,7 @@ GOAL_ENCODE_GBS = 0.4
 BENCH_NAME = "delta"
 # --quick: the debug model only, ~25 s on a quiet 2-core box (zipnn included)
 QUICK = {"flavors": ["debug"], "steps": [100], "intervals": [10, 50], "repeats": 3, "throughput_mb": 10.0}
+TINY = {"flavors": ["debug"], "steps": [10], "intervals": [5, 10], "repeats": 1, "throughput_mb": 2.0}  # the tests'
 # The JSON's systems (plot legends, table rows): analyzer key -> label, for the size metrics and series.
 SIZE_SYSTEMS = {"delta": "ours (delta)", "zstd1_full": "zstd-1 (full)", "zstd3_full": "zstd-3 (full)",
                 "zipnn_full": "zipnn (full)", "zipnn_xor": "zipnn (XOR delta)"}
@@ -803,10 +805,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-verify", action="store_true", help="skip decoding the last pairs back")
     parser.add_argument("--quick", action="store_true",
                         help="debug flavor, 100 steps, intervals 10 50, 3 speed repeats of 10 MB (~25 s)")
+    parser.add_argument("--tiny", action="store_true",
+                        help="the tests' smoke run: debug flavor, 10 steps, intervals 5 10, 1 speed repeat of 2 MB")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.flavors, args.steps, args.intervals = QUICK["flavors"], QUICK["steps"], QUICK["intervals"]
-        args.repeats, args.throughput_mb = QUICK["repeats"], QUICK["throughput_mb"]
+    for key, value in (TINY if args.tiny else QUICK if args.quick else {}).items():
+        setattr(args, key, value)
     args.steps = per_flavor(args.steps, args.flavors, "--steps", parser)
     args.batch = per_flavor(args.batch, args.flavors, "--batch", parser)
     args.seq_len = per_flavor(args.seq_len, args.flavors, "--seq-len", parser)

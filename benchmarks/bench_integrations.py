@@ -2,6 +2,7 @@
 """Integrations: our plug-ins against each framework's default saving, same model, same run (issue 24).
 
     python benchmarks/bench_integrations.py --quick                 # smoke run, one repeat (~4 min on 2 idle cores)
+    python benchmarks/bench_integrations.py --tiny                  # the tests' smoke run (1 layer, 6 steps)
     python benchmarks/bench_integrations.py                         # 3 repeats (run.py's full run; ~12 min)
     python benchmarks/bench_integrations.py --hidden 256 --layers 4 --steps 42 --every 10   # a larger model
     python benchmarks/bench_integrations.py --json /tmp/integrations.json   # the runner's record, elsewhere
@@ -48,6 +49,7 @@ BENCH_NAME = "integrations"
 SECTION = "## Integrations: Lightning and the HF Trainer, ours vs the default saving (issue 24)"
 VOCAB, SEQ, BATCH = 1024, 64, 4
 QUICK = {"hidden": 128, "layers": 2, "steps": 26, "every": 8, "warmup": 3, "repeats": 1}
+TINY = {"hidden": 32, "layers": 1, "steps": 6, "every": 2, "warmup": 1, "repeats": 1}  # the tests' smoke run
 FULL = {"hidden": 128, "layers": 2, "steps": 26, "every": 8, "warmup": 3, "repeats": 3}  # minutes on 2 shared cores
 VARIANTS = ("none", "default", "ours")
 
@@ -185,7 +187,8 @@ def run_hf(variant: str, work, p: dict) -> Marks:
             return seen.get("stats")
 
         marks.stats_of = stats_of
-        marks.wrap(ours, "_maybe_save", when=lambda args, state, control, kw: control.should_save)
+        for hook in ("on_step_end", "on_epoch_end"):  # the public hooks it saves from, when the Trainer asks
+            marks.wrap(ours, hook, when=lambda args, state, control: control.should_save)
     else:
         marks.wrap(trainer, "_save_checkpoint")
     trainer.train()
@@ -195,11 +198,11 @@ def run_hf(variant: str, work, p: dict) -> Marks:
 FRAMEWORKS = {"lightning": ("Lightning (CheckpointIO)", run_lightning), "hf": ("HF Trainer (callback)", run_hf)}
 
 
-def measure(framework: str, p: dict, parent: str | None) -> dict:
+def measure(framework: str, p: dict, parent: str | None, warm_up: bool = True) -> dict:
     """Per variant: window seconds, saves in the window, save-call seconds, per repeat."""
     runner = FRAMEWORKS[framework][1]
     found = {v: {"window": [], "saves": [], "call": [], "stall": []} for v in VARIANTS}
-    for variant in VARIANTS:  # warm-up (not measured): first-call costs of the framework and of each saver
+    for variant in VARIANTS if warm_up else ():  # warm-up (not measured): first-call costs of each saver
         with work_dir(parent, f"integrations-{framework}-warmup-") as work:
             runner(variant, work, {**p, "steps": p["every"] + 2})
     for rep in range(p["repeats"]):
@@ -223,15 +226,17 @@ def measure(framework: str, p: dict, parent: str | None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="smoke sizes, one repeat")
+    parser.add_argument("--tiny", action="store_true", help="the tests' run: a 1-layer model, 6 steps, 2 saves, no warm-up runs")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--frameworks", nargs="+", choices=sorted(FRAMEWORKS), default=["lightning", "hf"])
     for key, value in FULL.items():
         parser.add_argument(f"--{key}", type=int, default=None, help=f"default {value} ({QUICK[key]} with --quick)")
     args = parser.parse_args(argv)
-    p = {k: getattr(args, k) if getattr(args, k) is not None else (QUICK if args.quick else FULL)[k] for k in FULL}
+    p = {k: getattr(args, k) if getattr(args, k) is not None else (TINY if args.tiny else QUICK if args.quick else FULL)[k]
+         for k in FULL}
     torch.set_num_threads(args.threads)
     load = Load()
-    results = {fw: measure(fw, p, args.dir) for fw in args.frameworks}
+    results = {fw: measure(fw, p, args.dir, warm_up=not args.tiny) for fw in args.frameworks}
     load.stop()
     params = sum(x.numel() for x in llama(p["hidden"], p["layers"]).parameters())
     state_mib = params * 4 * 3 / 2**20  # fp32 weights + AdamW's two moments

@@ -3,6 +3,7 @@
 
     python benchmarks/bench_layouts.py --out benchmarks/RESULTS.md     # ~6-8 min on 2 cores
     python benchmarks/bench_layouts.py --quick                         # < 2 min, a smoke run
+    python benchmarks/bench_layouts.py --tiny                          # the tests' run: 2-rank rows, 5 + 5 steps
 
 For each world size (2, then 4) the script spawns that many CPU ranks (``torch.multiprocessing``
 spawn, gloo on loopback, as ``tests/support/launch.py``'s ``run_ranks`` does; ``OMP_NUM_THREADS=1`` and
@@ -155,6 +156,7 @@ def run_trainer(flags: list[str], steps: int, warmup: int, dump: Path) -> dict:
     out = {"setup_s": setup, "losses": losses}
     if dist.get_rank() == 0:
         records = [json.loads(line) for line in (dump / "metrics.jsonl").read_text().splitlines()]
+        records = [r for r in records if "tokens_per_sec" in r]  # the step records, not the {"event": ...} ones
         timed = [r for r in records if r["step"] > warmup]
         # each record covers the steps since the previous one (LOG_FREQ, as steps are multiples of it)
         t = tr.cfg.training
@@ -399,9 +401,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="parallelism.pp_microbatches of the 2-rank PP rows (default 4)")
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of every row")
     parser.add_argument("--quick", action="store_true", help="1 repeat, a 10-step window, no warm-up round")
+    parser.add_argument("--tiny", action="store_true",
+                        help="the tests' smoke run: the 2-rank rows, 1 repeat, 5 + 5 steps (the ckpt row saves at 10)")
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.window, args.no_warmup = 1, 10, True
+    if args.tiny:
+        args.ranks, args.repeats, args.warmup, args.window, args.no_warmup = [2], 1, LOG_FREQ, LOG_FREQ, True
     for n in (args.warmup, args.window):
         if n < LOG_FREQ or n % LOG_FREQ:
             parser.error(f"--warmup and --window must be positive multiples of {LOG_FREQ}")

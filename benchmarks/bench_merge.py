@@ -3,6 +3,7 @@
 
     python benchmarks/bench_merge.py --out benchmarks/RESULTS.md     # 256 MiB, 1, 2 and 4 GiB, 3 repeats (~5 min)
     python benchmarks/bench_merge.py --quick --json /tmp/merge.json   # 32, 64 and 128 MiB, 1 repeat (~15 s)
+    python benchmarks/bench_merge.py --tiny                          # the tests' run: 8 MiB
 
 The same state (fp32: an embedding of 1/8 of the state, 16 MiB matrices, small vectors, one int64
 tensor; random values) is saved twice, once by ``ckpt.save`` and once by DCP's ``FileSystemWriter``
@@ -82,6 +83,7 @@ OURS = ("ours-torch", "ours-safetensors")
 MIB = 2**20
 FULL_SIZES = [256, 1024, 2048, 4096]
 QUICK = {"sizes": [32, 64, 128], "repeats": 1}  # ~15 s on a quiet 2-core box
+TINY = {"sizes": [8], "repeats": 1}  # the tests' smoke run
 GOAL_SLACK_MIB = 64  # ours' peak growth <= largest tensor + this
 # The modules a run uses, imported once by the fork server (``__main__`` is this script, where the
 # Python version honours it; 3.11 drops the main path on the way).
@@ -364,10 +366,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true",
                         help=f"{', '.join(map(str, QUICK['sizes']))} MiB, {QUICK['repeats']} repeat(s) (~15 s)")
+    parser.add_argument("--tiny", action="store_true", help="the tests' smoke run: 8 MiB, one repeat")
     parser.add_argument("--warm", action="store_true", help="do not drop the page cache before each run")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.sizes, args.repeats = QUICK["sizes"], QUICK["repeats"]
+    for key, value in (TINY if args.tiny else QUICK if args.quick else {}).items():
+        setattr(args, key, value)
     if args.repeats < 1 or min(args.sizes) < 8:
         parser.error("--repeats must be >= 1 and --sizes >= 8 MiB")
 

@@ -4,6 +4,7 @@ checkpoint's delta ratio beside the dense model's.
 
     python benchmarks/bench_moe.py --out benchmarks/RESULTS.md     # ~4 min on 2 cores
     python benchmarks/bench_moe.py --quick                         # ~2 min, a smoke run
+    python benchmarks/bench_moe.py --tiny                          # the tests' run: 5 steps, a delta at step 4
 
 Throughput: 2 gloo CPU ranks (``tests/support/launch.py``'s ``run_ranks``), in the same processes
 the ``moe_debug`` trainer with ``--parallelism.ep 1`` (FSDP2 shards the experts like everything
@@ -70,13 +71,13 @@ def _ranks(rank: int, world: int, root: str, repeats: int, warmup: int, window: 
     return out
 
 
-def _delta_ratio(root: Path, flavor: str) -> float:
+def _delta_ratio(root: Path, flavor: str, every: int = 10) -> float:
     from trainer.config import load_config
     from trainer.train import Trainer
 
     dump = root / f"delta-{flavor}"
-    trainer = Trainer(load_config(_argv(dump, 20, "--model.flavor", flavor, "--checkpoint.enable", "true",
-                                        "--checkpoint.interval", "10", "--checkpoint.full_every", "2")))
+    trainer = Trainer(load_config(_argv(dump, 2 * every, "--model.flavor", flavor, "--checkpoint.enable", "true",
+                                        "--checkpoint.interval", str(every), "--checkpoint.full_every", "2")))
     try:
         trainer.fit()
     finally:
@@ -85,24 +86,27 @@ def _delta_ratio(root: Path, flavor: str) -> float:
     def size(step: int) -> int:
         return sum(p.stat().st_size for p in (dump / "checkpoints" / f"step-{step:08d}").rglob("*") if p.is_file())
 
-    return size(20) / size(10)
+    return size(2 * every) / size(every)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser(__doc__)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--tiny", action="store_true", help="the tests' smoke run: 5 steps, a delta at step 4")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    repeats, warmup, window = (1, 5, 10) if args.quick else (args.repeats, 5, 20)
+    repeats, warmup, window = (1, 0, LOG_FREQ) if args.tiny else (1, 5, 10) if args.quick else (args.repeats, 5, 20)
+    every = 2 if args.tiny else 10  # the delta: step 2 x every against the full step every
     load = Load(processes=True)
     with work_dir(args.dir, "moe") as root:
         t0 = time.monotonic()
         tps = run_ranks(2, _ranks, str(root), repeats, warmup, window)[0]
         ratios = [b / a for a, b in zip(tps["ep1"], tps["ep2"])]
-        dense, moe = _delta_ratio(root, "debug"), _delta_ratio(root, "moe_debug")
+        dense, moe = _delta_ratio(root, "debug", every), _delta_ratio(root, "moe_debug", every)
         elapsed = time.monotonic() - t0
     load.stop()
-    command = "python benchmarks/bench_moe.py" + (" --quick" if args.quick else f" --repeats {repeats}")
+    command = "python benchmarks/bench_moe.py" + (" --tiny" if args.tiny else " --quick" if args.quick
+                                                  else f" --repeats {repeats}")
     lines = [SECTION, "",
              f"moe_debug (8 experts, top 2, ~1.8M parameters), 2 gloo CPU ranks, 1 thread each, seq 128, global batch "
              f"8, {warmup} warmup + {window} timed steps, {repeats} repeat(s) rotated; {elapsed:.0f} s in all.", "",
@@ -110,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
              f"| EP 1 (experts FSDP-sharded) | {median_span(tps['ep1'], 0)} |",
              f"| EP 2 (4 experts a rank, all-to-all) | {median_span(tps['ep2'], 0)} |",
              f"| **EP 2 / EP 1** | **{median_span(ratios)}x** |", "",
-             "Delta checkpoint (step 20 against the full step 10, full_every 2), bytes over the full's:", "",
+             f"Delta checkpoint (step {2 * every} against the full step {every}, full_every 2), bytes over the full's:", "",
              "| model | delta / full |", "|---|---|",
              f"| debug (dense) | {dense:.3f} |", f"| moe_debug | {moe:.3f} |",
              f"| **MoE / dense** | **{moe / dense:.3f}** |", "",

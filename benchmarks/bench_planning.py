@@ -3,6 +3,7 @@
 
     python benchmarks/bench_planning.py --json /tmp/planning.json       # 1k, 2k, 4k, 8k ranks (~2 min)
     python benchmarks/bench_planning.py --quick                         # 1k and 2k ranks, one repeat
+    python benchmarks/bench_planning.py --tiny                          # the tests' run: 16 and 32 ranks
 
 No processes: one rank's load is planned against a synthetic manifest of W saving ranks
 (``tests/support/big_manifest.py``): ``--tensors`` (default 8) float32 tensors, each saved by every
@@ -189,9 +190,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bound", type=float, default=1.5,
                         help="goal: ours per rank at the largest world, CPU seconds")
     parser.add_argument("--quick", action="store_true", help="1,024 and 2,048 ranks, one repeat")
+    parser.add_argument("--tiny", action="store_true", help="the tests' smoke run: 16 and 32 ranks, one repeat")
     args = parser.parse_args(argv)
     if args.quick:
         args.worlds, args.repeats = [1024, 2048], 1
+    if args.tiny:
+        args.worlds, args.repeats = [16, 32], 1
     args.worlds = sorted(args.worlds)
     command = command_line("bench_planning.py", argv)
     machine = machine_description()

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Save/load throughput of the ckpt engine against its peers, and resharded loads, in one run (issues 2, 15).
 
+    python benchmarks/bench_save_load.py --tiny                                  # the tests' run: 10 MiB states
     python benchmarks/bench_save_load.py --quick --json /tmp/save_load.json     # smoke run, < 30 s
     python benchmarks/bench_save_load.py --gib 1 --repeats 3 --reshard-gib 1 --out benchmarks/RESULTS.md
 
@@ -88,6 +89,7 @@ GOAL_SAVE_X_RAW = 1.0  # issue 15: ours saves at least as fast as raw write+fsyn
 GOAL_LOAD_X_RAW = 0.95  # issue 15: ours loads at 0.95x raw read or better
 GOAL_RESHARD_X_SAME = 1.15  # issue 27: a resharded load takes at most 1.15x the same-layout load
 QUICK = {"gib": 0.25, "repeats": 1, "reshard_gib": 0.125}
+TINY = {"gib": 0.01, "repeats": 1, "reshard_gib": 0.01}  # the tests' smoke run
 FULL = {"gib": 1.0, "repeats": 9, "reshard_gib": 1.0}  # 9: the benchmark box's virtual disk swings 0.4-3 GiB/s over seconds
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -502,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="smoke run (< 30 s on 2 cores): " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items())
                         + " unless given")
+    parser.add_argument("--tiny", action="store_true",
+                        help="the tests' smoke run: " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in TINY.items()))
     parser.add_argument("--gib", type=float, help=f"state size in GiB (default {FULL['gib']})")
     parser.add_argument("--repeats", type=int, help=f"rounds per method and per reshard layout (default {FULL['repeats']})")
     parser.add_argument("--reshard-gib", type=float,
@@ -512,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-verify", action="store_true", help="skip the bitwise check after each load")
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up round of part 1")
     args = parser.parse_args(argv)
-    for key, value in (QUICK if args.quick else FULL).items():
+    for key, value in (TINY if args.tiny else QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.repeats < 1 or args.gib <= 0 or args.reshard_gib <= 0:

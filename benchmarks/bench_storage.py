@@ -3,6 +3,7 @@
 
     python benchmarks/bench_storage.py --out benchmarks/RESULTS.md          # 256 MiB, 3 repeats (~2 min)
     python benchmarks/bench_storage.py --quick --json /tmp/storage.json     # 32 MiB, 3 repeats (~20 s)
+    python benchmarks/bench_storage.py --tiny                               # the tests' run: 4 MiB, 1 repeat
 
 A state of ``--size-mb`` MiB of fp32 in six tensors (four large matrices, two vectors; random
 values) is measured in two parts against one moto S3 server (``tests.support.s3server.MotoServer``: moto's
@@ -98,6 +99,7 @@ GOAL_LOAD_X_RAW = 0.95  # issue 27: ckpt.load from S3 >= 0.95x raw parallel rang
 RAW_THREADS, RAW_RANGE = 8, 16 << 20  # the raw reader: as many GETs in flight as ours, of the same size
 BENCH_NAME = "storage"
 QUICK = {"size_mb": 32.0, "repeats": 3}  # ~20 s on a quiet 2-core box, moto's start included
+TINY = {"size_mb": 4.0, "repeats": 1}  # the tests' smoke run
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -669,9 +671,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave moto's object buffer limit as it is (objects over ~5 MiB go to temporary files)")
     parser.add_argument("--no-verify", action="store_true", help="skip the bitwise checks of loads")
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up round")
+    parser.add_argument("--tiny", action="store_true", help="the tests' smoke run: a 4 MiB state, one repeat")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.size_mb, args.repeats = QUICK["size_mb"], QUICK["repeats"]
+    for key, value in (TINY if args.tiny else QUICK if args.quick else {}).items():
+        setattr(args, key, value)
     if args.repeats < 1 or args.size_mb <= 0 or any(t < 1 for t in args.dcp_threads):
         parser.error("--repeats and --dcp-threads must be >= 1 and --size-mb > 0")
     args.dcp_threads = list(dict.fromkeys(args.dcp_threads))

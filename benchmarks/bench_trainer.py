@@ -2,6 +2,7 @@
 """Trainer throughput: checkpointing cost and framework overhead, in one run (issue 4).
 
     python benchmarks/bench_trainer.py --quick                      # smoke run: debug, 2 threads, 1 repeat (< 40 s)
+    python benchmarks/bench_trainer.py --tiny                       # the tests' run: 10 + 10 steps, 1 thread
     python benchmarks/bench_trainer.py --threads 2 --repeats 3 2 --window 40 10 --breakdown 20 0   # ~5 min
     python benchmarks/bench_trainer.py --threads 1 2 --out benchmarks/RESULTS.md                     # ~25 min
 
@@ -104,6 +105,9 @@ GOAL_OVERHEAD = 0.05  # trainer overhead <= 5%: tokens/s >= (1 - 0.05)x the mini
 # --quick: a smoke run (< 40 s on 2 cores): debug only, 2 threads, 1 repeat, a 20-step window, no warm-up runs
 QUICK = {"flavors": ["debug"], "threads": [2], "repeats": [1, 1], "warmup": [10, 10], "window": [20, 20],
          "breakdown": [0, 0], "no_warmup": True}
+# --tiny: the tests' smoke run of every part (the breakdown included): debug, 1 thread, 10 + 10 steps
+TINY = {"flavors": ["debug"], "threads": [1], "repeats": [1, 1], "warmup": [10, 10], "window": [10, 10],
+        "breakdown": [3, 0], "no_warmup": True}
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", category=UserWarning, module="torch.distributed")
@@ -521,10 +525,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run (< 40 s on 2 cores): debug only, 2 threads, 1 repeat, 10 warm-up steps, "
                              "a 20-step window, no breakdown, no untimed warm-up runs")
+    parser.add_argument("--tiny", action="store_true",
+                        help="the tests' smoke run: debug, 1 thread, 10 warm-up + 10 window steps, a 3-step breakdown")
     args = parser.parse_args(argv)
-    if args.quick:
-        for k, v in QUICK.items():
-            setattr(args, k, v)
+    for k, v in (TINY if args.tiny else QUICK if args.quick else {}).items():
+        setattr(args, k, v)
     for n in (*args.warmup, *args.window):
         if n < INTERVAL or n % INTERVAL:
             parser.error(f"--warmup and --window must be positive multiples of {INTERVAL}")
