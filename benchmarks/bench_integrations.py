@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Integrations: our plug-ins against each framework's default saving, same model, same run (issue 24).
 
-    python benchmarks/bench_integrations.py --quick                 # smoke run, one repeat (~4 min on 2 idle cores)
+    python benchmarks/bench_integrations.py --quick                 # smoke run, one repeat, 1 thread (~2 min)
     python benchmarks/bench_integrations.py --tiny                  # the tests' smoke run (1 layer, 6 steps)
     python benchmarks/bench_integrations.py                         # 3 repeats (run.py's full run; ~12 min)
     python benchmarks/bench_integrations.py --hidden 256 --layers 4 --steps 42 --every 10   # a larger model
@@ -48,7 +48,7 @@ from report import command_line, metric, provenance, publish, table_head, write_
 BENCH_NAME = "integrations"
 SECTION = "## Integrations: Lightning and the HF Trainer, ours vs the default saving (issue 24)"
 VOCAB, SEQ, BATCH = 1024, 64, 4
-QUICK = {"hidden": 128, "layers": 2, "steps": 26, "every": 8, "warmup": 3, "repeats": 1}
+QUICK = {"hidden": 128, "layers": 2, "steps": 18, "every": 6, "warmup": 3, "repeats": 1}
 TINY = {"hidden": 32, "layers": 1, "steps": 6, "every": 2, "warmup": 1, "repeats": 1}  # the tests' smoke run
 FULL = {"hidden": 128, "layers": 2, "steps": 26, "every": 8, "warmup": 3, "repeats": 3}  # minutes on 2 shared cores
 VARIANTS = ("none", "default", "ours")
@@ -227,13 +227,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argument_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="smoke sizes, one repeat")
     parser.add_argument("--tiny", action="store_true", help="the tests' run: a 1-layer model, 6 steps, 2 saves, no warm-up runs")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, help="torch threads (default 2; 1 with --quick or --tiny: two spin in "
+                                                    "OpenMP's barriers when other jobs hold the cores)")
     parser.add_argument("--frameworks", nargs="+", choices=sorted(FRAMEWORKS), default=["lightning", "hf"])
     for key, value in FULL.items():
         parser.add_argument(f"--{key}", type=int, default=None, help=f"default {value} ({QUICK[key]} with --quick)")
     args = parser.parse_args(argv)
     p = {k: getattr(args, k) if getattr(args, k) is not None else (TINY if args.tiny else QUICK if args.quick else FULL)[k]
          for k in FULL}
+    args.threads = args.threads or (1 if args.quick or args.tiny else 2)
     torch.set_num_threads(args.threads)
     load = Load()
     results = {fw: measure(fw, p, args.dir, warm_up=not args.tiny) for fw in args.frameworks}

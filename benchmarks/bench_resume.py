@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Time to first step after resume: from the launcher's clock to the first optimizer step of a resumed run (issue 27).
 
-    python benchmarks/bench_resume.py --quick          # 2 → 2 and 2 → 4, ~80 MB of state, 1 repeat (~2-3 min loaded)
+    python benchmarks/bench_resume.py --quick          # 2 → 2, ~40 MB of state, 1 repeat (~1-2 min loaded)
     python benchmarks/bench_resume.py --repeats 2      # run.py's full run: four layouts, ~145 MB, 2 repeats
 
 A trained state of the trainer (the debug llama widened to ``--dim`` and ``--layers``, fp32 weights
@@ -76,7 +76,7 @@ CASES = (Case("2-2", "FSDP 2 → FSDP 2 (same layout)", 2, 2), Case("2-4", "FSDP
          Case("2-tp2", "FSDP 2 → TP 2", 2, 2, tp=2), Case("4-2", "FSDP 4 → FSDP 2", 4, 2),
          Case("1-1", "1 rank → 1 rank (tiny smoke run)", 1, 1))
 BY_KEY = {c.key: c for c in CASES}
-QUICK = {"dim": 384, "layers": 4, "repeats": 1, "cases": ["2-2", "2-4"]}
+QUICK = {"dim": 256, "layers": 4, "repeats": 1, "cases": ["2-2"]}
 FULL = {"dim": 512, "layers": 4, "repeats": 2, "cases": ["2-2", "2-4", "2-tp2", "4-2"]}
 TINY = {"dim": 64, "layers": 2, "repeats": 1, "cases": ["1-1"]}
 TAIL = 20
@@ -321,7 +321,7 @@ def report(result: dict, cases: list[Case], systems: list[str], args, info: dict
 
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser(__doc__, keep=True)
-    parser.add_argument("--quick", action="store_true", help="2 → 2 and 2 → 4, ~80 MB, one repeat")
+    parser.add_argument("--quick", action="store_true", help="2 → 2, ~40 MB, one repeat")
     parser.add_argument("--tiny", action="store_true", help="a smoke run for the tests: 1 rank, a tiny model")
     parser.add_argument("--dim", type=int, help=f"model dimension (default {FULL['dim']})")
     parser.add_argument("--layers", type=int, help=f"transformer blocks (default {FULL['layers']})")

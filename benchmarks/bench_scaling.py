@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Checkpoint stall as the state grows and as ranks are added: ours against its peers, one curve each.
 
-    python benchmarks/bench_scaling.py --quick                          # ~35 s on a quiet 2-core box
+    python benchmarks/bench_scaling.py --quick                          # ~25 s on a quiet 2-core box
     python benchmarks/bench_scaling.py --tiny                           # the tests' run: 4 and 8 MiB, 2 ranks
     python benchmarks/bench_scaling.py --out benchmarks/RESULTS.md      # ~9-10 min
 
@@ -832,22 +832,22 @@ def run(args: argparse.Namespace, work: Path) -> tuple[dict, dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser(__doc__, keep=True)
     parser.add_argument("--quick", action="store_true",
-                        help="64, 128 and 256 MiB, 128 MiB over 1/2/4 ranks, 2 timed saves (~35 s on a quiet box)")
+                        help="32, 64 and 128 MiB, 64 MiB over 1/2 ranks, 2 timed saves (~25 s on a quiet box)")
     parser.add_argument("--tiny", action="store_true",
                         help="the tests' smoke run: 4 and 8 MiB, 8 MiB over 2 ranks, 1 timed save")
     parser.add_argument("--sizes-mb", type=float, nargs="+",
                         help="state sizes in MiB, one fresh process per size (default 256 512 1024 2048 4096)")
-    parser.add_argument("--ranks", type=int, nargs="*", help="rank counts (default 1 2 4; none: skip the ranks axis)")
-    parser.add_argument("--ranks-mb", type=float, help="total state in MiB on the ranks axis (default 1024; quick 128)")
+    parser.add_argument("--ranks", type=int, nargs="*", help="rank counts (default 1 2 4; quick 1 2; none: skip the ranks axis)")
+    parser.add_argument("--ranks-mb", type=float, help="total state in MiB on the ranks axis (default 1024; quick 64)")
     parser.add_argument("--saves", type=int, help="timed saves per point (default 3; quick 2)")
     parser.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS),
                         help="systems to run (default all; bare copy is the ratios' reference)")
     args = parser.parse_args(argv)
     if args.tiny:
         args.sizes_mb, args.ranks, args.ranks_mb, args.saves = [4, 8], [2], 8, 1
-    args.sizes_mb = args.sizes_mb or ([64, 128, 256] if args.quick else [256, 512, 1024, 2048, 4096])
-    args.ranks = [1, 2, 4] if args.ranks is None else args.ranks
-    args.ranks_mb = args.ranks_mb or (128 if args.quick else 1024)
+    args.sizes_mb = args.sizes_mb or ([32, 64, 128] if args.quick else [256, 512, 1024, 2048, 4096])
+    args.ranks = ([1, 2] if args.quick else [1, 2, 4]) if args.ranks is None else args.ranks
+    args.ranks_mb = args.ranks_mb or (64 if args.quick else 1024)
     args.saves = args.saves or (2 if args.quick else 3)
     args.sizes_mb = sorted(args.sizes_mb)
     if args.saves < 1 or min(args.sizes_mb) <= 0 or any(n < 1 for n in args.ranks) or args.ranks_mb <= 0:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Checkpoint stall in a training loop: ours against its peers, in one run (issue 3).
 
-    python benchmarks/bench_stall.py --quick                                  # smoke run, < 45 s
+    python benchmarks/bench_stall.py --quick                                  # smoke run, < 30 s
     python benchmarks/bench_stall.py --tiny                                   # every method on a 5 MiB state (the tests)
     python benchmarks/bench_stall.py --gib 1 --saves 3 --nosave-steps 10    # ~3 min on a quiet 2-core box
 
@@ -99,7 +99,7 @@ BENCH_NAME = "stall"
 SECTION = "## Checkpoint stall in a training loop (issue 3)"
 GOAL_COPY_RATIO = 0.05  # issue 15: ours' stall <= 0.05x the bare copy
 HIDDEN = 2048
-QUICK = {"gib": 0.1, "saves": 2, "every": 5, "nosave_steps": 5}  # --quick: a smoke run, < 45 s on 2 cores
+QUICK = {"gib": 0.05, "saves": 2, "every": 3, "nosave_steps": 3}  # --quick: a smoke run, < 30 s on 2 idle cores
 TINY = {"gib": 0.005, "hidden": 256, "saves": 1, "every": 2, "nosave_steps": 2}  # --tiny: the tests' run of every part
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -825,7 +825,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", choices=list(METHODS),
                         help="subset to run (the no-save baseline always runs)")
     parser.add_argument("--quick", action="store_true",
-                        help="a smoke run (< 45 s on 2 cores): " + ", ".join(f"--{k.replace('_', '-')} {v}"
+                        help="a smoke run (< 30 s on 2 idle cores): " + ", ".join(f"--{k.replace('_', '-')} {v}"
                                                                            for k, v in QUICK.items()))
     parser.add_argument("--tiny", action="store_true",
                         help="the tests' smoke run (every method, a 5 MiB state): " + ", ".join(
