@@ -132,6 +132,14 @@ class Storage:
         does not exist); the new tag, or None when the condition failed (another writer's changed it)."""
         raise NotImplementedError
 
+    def conditional_deletes(self, directory: str) -> bool:
+        """Whether :meth:`delete_if` is enforced by this mount (objects under ``directory``)."""
+        return False
+
+    def delete_if(self, path: str, etag: str) -> bool:
+        """Delete the object only while it is still the version ``etag``; False when it is not."""
+        raise NotImplementedError
+
     # the root's writer lock
     def lock(self, path: str, *, holder: str):
         """Take the exclusive writer lock at ``path``; returns an object with ``release()``.

@@ -10,10 +10,13 @@ built on, so that of two writers racing for it exactly one succeeds, however the
   answer to a concurrent conditional write; 404 for an If-Match on a deleted object). A PUT retried
   after its first try landed is refused the same way: callers read the object back and recognise
   their own record.
-* :func:`honours_conditions`: whether the store enforces both conditions, tried on a scratch object
-  beside the lock (created with If-None-Match, created again, replaced with a wrong If-Match: the
-  last two must be refused; then deleted). A store that ignores the headers (stores the object
-  anyway) or rejects them (501 NotImplemented) does not, and a lease cannot be exclusive there.
+* :func:`delete_if`: a DELETE with ``If-Match: <etag>``; False when the condition failed.
+* :func:`honoured_conditions`: whether the store enforces the conditions on PUT, and If-Match on
+  DELETE, tried on a scratch object beside the lock (created with If-None-Match, created again,
+  replaced with a wrong If-Match, deleted with a wrong If-Match: the last three must be refused;
+  then deleted). A store that ignores the headers (stores or deletes anyway) or rejects them (501
+  NotImplemented) does not: a lease cannot be exclusive there without the PUT conditions, and
+  without the DELETE one a lease is released by a released record rather than by a delete.
 
 Every other failure raises :class:`~ckpt.errors.StorageError` naming the object, never the options.
 """
@@ -61,22 +64,61 @@ def write_if(storage, path: str, data: bytes, *, etag: str | None) -> str | None
         return _put_if(storage, path, data, etag)
 
 
-def honours_conditions(storage, directory: str) -> bool:
-    """Whether the store enforces If-None-Match and If-Match on PUT (see the module docstring)."""
+def delete_if(storage, path: str, etag: str) -> bool:
+    """DELETE the object only while it is the version ``etag``; False when the condition failed."""
+    with storage._io(path, "deleting"):
+        try:
+            storage.fs.call_s3("delete_object", IfMatch=etag, **_where(storage, path))
+        except Exception as exc:
+            if _refused(exc):
+                return False
+            raise
+        storage._fresh(path)
+        return True
+
+
+def honoured_conditions(storage, directory: str) -> tuple[bool, bool]:
+    """Whether the store enforces (If-None-Match and If-Match on PUT, If-Match on DELETE): see the
+    module docstring."""
     probe = storage.join(directory, f".lock-probe-{uuid.uuid4().hex}")
+    wrong = '"0123456789abcdef0123456789abcdef"'
     with storage._io(probe, "trying a conditional write on"):
         try:
             if _put_if(storage, probe, b"probe", None) is None:
-                return False
+                return False, False
             if _put_if(storage, probe, b"again", None) is not None:
-                return False  # If-None-Match ignored
-            return _put_if(storage, probe, b"other", '"0123456789abcdef0123456789abcdef"') is None
+                return False, False  # If-None-Match ignored
+            if _put_if(storage, probe, b"other", wrong) is not None:
+                return False, False  # If-Match ignored
+            return True, _delete_refused(storage, probe, wrong)
         except Exception as exc:
-            if _answer(exc)[1] == "501" or getattr(exc, "errno", None) == errno.ENOSYS:
-                return False  # the headers rejected as not implemented
+            if _not_implemented(exc):
+                return False, False
             raise
         finally:
             storage.fs.call_s3("delete_object", **_where(storage, probe))
+
+
+def _delete_refused(storage, probe: str, wrong: str) -> bool:
+    """Whether a DELETE of ``probe`` with a wrong If-Match is refused (and the object stays)."""
+    try:
+        storage.fs.call_s3("delete_object", IfMatch=wrong, **_where(storage, probe))
+    except Exception as exc:
+        if _not_implemented(exc):
+            return False
+        if _refused(exc):
+            return True
+        raise
+    return False  # deleted anyway: the condition ignored
+
+
+def _not_implemented(exc: BaseException) -> bool:
+    return _answer(exc)[1] == "501" or getattr(exc, "errno", None) == errno.ENOSYS
+
+
+def _refused(exc: BaseException) -> bool:
+    return isinstance(exc, (FileExistsError, FileNotFoundError)) or any(
+        part in _CONDITION_FAILED for part in _answer(exc))  # s3fs turns a 412 into FileExistsError
 
 
 def _where(storage, path: str) -> dict:
@@ -89,8 +131,7 @@ def _put_if(storage, path: str, data: bytes, etag: str | None) -> str | None:
     try:
         return storage.fs.call_s3("put_object", Body=data, **_where(storage, path), **condition)["ETag"]
     except Exception as exc:
-        if isinstance(exc, (FileExistsError, FileNotFoundError)) or any(
-                part in _CONDITION_FAILED for part in _answer(exc)):  # s3fs turns 412 into FileExistsError
+        if _refused(exc):
             return None
         raise
 

@@ -9,8 +9,9 @@ creates it only while there is none (``If-None-Match: *``) and takes over a stal
 is still the version it judged stale (``If-Match: <etag>``); the holder renews and releases it only
 while it is still the version it wrote last. So of any number of racing takers exactly one succeeds,
 however they are scheduled (no timing decides it), and the others read the winner's record and get
-:class:`~ckpt.errors.CheckpointLockedError` naming it. Release replaces the record by a released
-one (the object stays: a delete could not be made conditional everywhere).
+:class:`~ckpt.errors.CheckpointLockedError` naming it. Release deletes the record with
+``If-Match`` where the store enforces that on DELETE, and otherwise replaces it by a released record
+(a taker takes that over at once).
 
 A mount whose store does not enforce conditional writes (it ignores or rejects the headers; every
 fsspec mount that is not S3) gets no lease: :class:`~ckpt.errors.StorageError` says so. A lease
@@ -181,6 +182,10 @@ class LeaseLock:
         if self.lost is not None:
             return
         try:  # only while the record is still this holder's version
-            self.storage.write_if(self.path, self._body(released=True), etag=self.etag)
+            directory = self.path.rsplit("/", 1)[0]
+            if self.storage.conditional_deletes(directory):
+                self.storage.delete_if(self.path, self.etag)
+            else:
+                self.storage.write_if(self.path, self._body(released=True), etag=self.etag)
         except CheckpointError as exc:
             log.warning("could not release the lock %s: %s", self.storage.display(self.path), exc)

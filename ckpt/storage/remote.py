@@ -41,7 +41,7 @@ class FsspecStorage(Storage):
     def __init__(self, fs, scheme: str):
         self.fs, self.scheme = fs, scheme
         self._is_s3 = "s3" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
-        self._conditional: bool | None = None  # whether the store honours conditional PUTs (tried once)
+        self._conditional: tuple[bool, bool] | None = None  # conditional PUTs, DELETEs honoured (tried once)
 
     def display(self, path: str) -> str:
         return f"{self.scheme}://{path}"
@@ -141,8 +141,14 @@ class FsspecStorage(Storage):
 
     # conditional writes (the lease's compare-and-swap): on S3 only, where the store honours them
     def conditional_writes(self, directory: str) -> bool:
+        return self._conditions(directory)[0]
+
+    def conditional_deletes(self, directory: str) -> bool:
+        return self._conditions(directory)[1]
+
+    def _conditions(self, directory: str) -> tuple[bool, bool]:
         if self._conditional is None:
-            self._conditional = self._is_s3 and conditional.honours_conditions(self, directory)
+            self._conditional = conditional.honoured_conditions(self, directory) if self._is_s3 else (False, False)
         return self._conditional
 
     def read_tagged(self, path: str, limit: int) -> tuple[bytes, str] | None:
@@ -150,6 +156,9 @@ class FsspecStorage(Storage):
 
     def write_if(self, path: str, data: bytes, *, etag: str | None) -> str | None:
         return conditional.write_if(self, path, data, etag=etag)
+
+    def delete_if(self, path: str, etag: str) -> bool:
+        return conditional.delete_if(self, path, etag)
 
     def size(self, path: str) -> int:
         self._fresh(path)

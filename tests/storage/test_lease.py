@@ -111,22 +111,26 @@ def test_a_lease_race_under_cpu_load_has_exactly_one_winner_every_time(s3_bucket
 
 
 def test_a_released_lease_is_taken_at_once_and_a_held_one_renews_only_its_own_record(s3_bucket):
-    """Release leaves a released record (replaced only while still the holder's version); the next
-    taker takes it over at once; a holder whose record was replaced renews nothing and has lost."""
+    """Release deletes the record with If-Match (moto enforces it, as S3 does); on a store that
+    enforces conditional PUTs only it leaves a released record, which the next taker takes over at
+    once. A holder whose record was replaced renews nothing and has lost; its release writes nothing."""
     import json
 
     from ckpt.storage.lease import LeaseLock
 
     lock = locate(f"{s3_bucket.url}/released/.lock", s3_bucket.storage_options)
-    first = LeaseLock(lock.storage, lock.path, holder="first")
-    first.release()
-    assert json.loads(lock.storage.read_bytes(lock.parent.path, ".lock", 1 << 16))["released"] is True
-    second = LeaseLock(lock.storage, lock.path, holder="second")
+    LeaseLock(lock.storage, lock.path, holder="first").release()
+    assert lock.storage._conditional == (True, True)
+    assert lock.storage.read_tagged(lock.path, 1 << 16) is None
+    lock.storage._conditional = (True, False)  # a store without conditional deletes
+    LeaseLock(lock.storage, lock.path, holder="second").release()
+    assert json.loads(lock.storage.read_tagged(lock.path, 1 << 16)[0])["released"] is True
+    third = LeaseLock(lock.storage, lock.path, holder="third")
     lock.storage.write_bytes(lock.path, json.dumps({"holder": "intruder", "token": "x", "renewed": 1e12}).encode())
     with pytest.raises(ckpt.CheckpointLockedError, match="lost the lock.*intruder"):
-        second._renew()
-    second.release()  # lost: writes nothing
-    assert json.loads(lock.storage.read_bytes(lock.parent.path, ".lock", 1 << 16))["holder"] == "intruder"
+        third._renew()  # what the heartbeat does
+    third.release()  # lost: writes nothing
+    assert json.loads(lock.storage.read_tagged(lock.path, 1 << 16)[0])["holder"] == "intruder"
 
 
 def test_the_fence_renews_a_lease_past_half_its_time_before_the_commit_point(s3_bucket):
