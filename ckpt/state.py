@@ -15,6 +15,7 @@ read from the manifest's keys).
 from __future__ import annotations
 
 import random
+import re
 from typing import Any, Callable
 
 import numpy as np
@@ -59,6 +60,7 @@ def stored_whole(value_keys: set[str], all_keys) -> Callable[[tuple], bool]:
         key = ".".join(map(str, path))
         return key in value_keys or key not in inner
 
+    whole.keys = frozenset(all_keys)  # what the checkpoint stores: the optimizers' group layout is read from it
     return whole
 
 
@@ -85,8 +87,8 @@ class _Exporter:
                 sd = self.collapse_within(node.state_dict(), path)
                 self.restorers.append(lambda: node.load_state_dict(_unwrap(sd)))
                 return sd
-            # groups per parameter, unless loading a checkpoint that stored them whole (older saves)
-            flat = not (self.loading and self.whole(path + ("param_groups",)))
+            # groups per parameter, unless loading a checkpoint that stored them by position (older saves)
+            flat = not (self.loading and _groups_by_position(getattr(self.whole, "keys", ()), path))
             options = StateDictOptions(flatten_optimizer_state_dict=flat)
             sd = self.collapse_within(get_optimizer_state_dict(owner, node, options=options), path)
             self.restorers.append(lambda: set_optimizer_state_dict(owner, node, _unwrap(sd), options=options))
@@ -108,6 +110,21 @@ class _Exporter:
                 return Leaf(node)
             return DESCEND if isinstance(node, (dict, list)) else node
         return node
+
+
+_POSITIONAL_GROUP = re.compile(r"\d+\.(params|lr)(\.|$)")
+
+
+def _groups_by_position(keys, path: tuple) -> bool:
+    """Whether a checkpoint holding ``keys`` stored the optimizer at ``path``'s ``param_groups`` by
+    position — whole (one value: our saves before the per-parameter layout) or as DCP flattens a
+    list (``optim.param_groups.0.lr``, ``....0.params.3``: a plain DCP checkpoint imported) — rather
+    than per parameter (``optim.param_groups.<fqn>.lr``)."""
+    prefix = ".".join(map(str, path)) + ".param_groups"
+    if prefix in keys:
+        return True
+    start = len(prefix) + 1
+    return any(key.startswith(prefix + ".") and _POSITIONAL_GROUP.match(key, start) for key in keys)
 
 
 def _unwrap(node: Any) -> Any:
