@@ -212,21 +212,14 @@ class CheckpointManager:
     def discard_after(self, step: int) -> list[int]:
         """Delete every committed step after ``step`` on every mount (rank 0; collective), so that
         training on from ``step`` leaves one history, not two interleaved. Returns the steps deleted
-        on the primary; a mount where that fails raises, the primary then untouched
+        on the primary (every rank); a mount where that fails raises on every rank, the primary then untouched
         (:func:`~ckpt.root.retention.discard_after_on_mounts`)."""
         self._check_open()
         self.wait()
-        deleted: list[int] = []
-        error = None
-        if self.rank == 0:
-            try:
-                deleted = retention.discard_after_on_mounts(self._root, self._mounts[1:], step,
-                                                            deleted=lambda m, old: self._catalog.forget(m.path, old))
-            except (CheckpointError, OSError) as exc:
-                error = exc
-        if self._agree_any(error is not None)[0]:
-            raise error if error is not None else CheckpointError(f"deleting the steps after {step} failed on rank 0")
-        return deleted
+        # rank 0 deletes; its list, or its error (naming the mount and step), on every rank
+        return Agreement(self._control_pg, distributed=self._distributed).decided(
+            lambda: retention.discard_after_on_mounts(self._root, self._mounts[1:], step,
+                                                      deleted=lambda m, old: self._catalog.forget(m.path, old)))
 
     def replication_status(self) -> dict[int, dict[str, str]]:
         """``{step: {replica url: state}}``: pending, copying, committed, failed or dropped (see

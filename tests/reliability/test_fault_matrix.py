@@ -11,22 +11,24 @@ harness's (tests/reliability/test_crash.py: the same trainer, 2 ranks, deltas, a
 
     first run: steps 1-4, a checkpoint every step (full_every 3: 1 full, 2-3 deltas, 4 full), replica
     fault:     one of CASES
-    restart:   --training.steps 6 (the S3 case: with the replica's endpoint down)
+    restart:   --training.steps 6 (the S3 case: with the replica's endpoint down; the branch case:
+               --checkpoint.load_step 2 --checkpoint.branch true, first refused while the replica's
+               deletions fail, then again once they work)
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import shutil
 from pathlib import Path
 
 import pytest
 
+from tests.support.checkpoints import flip_byte
 from tests.support.launch import run_ranks
-from tests.support.trainer_runs import trainer_args
+from tests.support.trainer_runs import logged_losses, trainer_args
 
 pytestmark = pytest.mark.slow
 
@@ -38,10 +40,7 @@ DEAD_ENDPOINT = "http://127.0.0.1:9"  # discard port: nothing listens, connectio
 
 
 def _damage(checkpoints: Path, step: int) -> None:
-    data = max((checkpoints / f"step-{step:08d}" / "data").iterdir(), key=lambda p: p.stat().st_size)
-    raw = bytearray(data.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    data.write_bytes(bytes(raw))
+    flip_byte(checkpoints / f"step-{step:08d}", largest=True)
 
 
 def _no_fault(job: Path) -> None:
@@ -55,7 +54,29 @@ CASES = {
     "replica-gone": lambda job: shutil.rmtree(job / "replica"),
     "s3-replica-down": _no_fault,  # the restart's endpoint is dead (see _start)
     "second-run": _no_fault,  # the restart finds the folder locked by another process (see _matrix)
+    "branch-failing-replica": _no_fault,  # the restart branches from step 2 while the replica's deletes fail
 }
+BRANCH = {"checkpoint__load_step": 2, "checkpoint__branch": "true"}
+
+
+@contextlib.contextmanager
+def _failing_deletes(mount: Path):
+    """Deleting a step on ``mount`` fails (a replica that refuses deletions) inside the block."""
+    from ckpt.errors import StorageError
+    from ckpt.root import CheckpointRoot
+
+    original = CheckpointRoot.delete
+
+    def delete(root, step):
+        if str(root.path) == str(mount):
+            raise StorageError(f"{root.path}: permission denied", path=str(root.path))
+        original(root, step)
+
+    CheckpointRoot.delete = delete
+    try:
+        yield
+    finally:
+        CheckpointRoot.delete = original
 
 
 def _start(job: Path, steps: int, layout: dict, replica: str, **extra) -> tuple[int, str]:
@@ -116,8 +137,15 @@ def _matrix(rank: int, world: int, root: str, layout: dict, cases: list[str], bu
                 holder.stdin.close()
                 assert holder.wait(timeout=120) == 0
             _barrier()
-        # with the replica down, the end of the run waits close_timeout for copies that cannot happen
-        restart = _start(job, STEPS, layout, replica, **({"checkpoint__close_timeout": 2} if case.startswith("s3") else {}))
+        extra = {}
+        if case.startswith("s3"):  # with the replica down, the end waits close_timeout for copies that cannot happen
+            extra = {"checkpoint__close_timeout": 2}
+        if case.startswith("branch"):  # refused while the replica keeps the old branch; the manual step: it is fixed
+            extra = BRANCH
+            with _failing_deletes(job / "replica"):
+                results[f"{case}:refused"] = _start(job, STEPS, layout, replica, **extra)
+            _barrier()
+        restart = _start(job, STEPS, layout, replica, **extra)
         if case.startswith("s3"):
             os.environ["AWS_ENDPOINT_URL"] = endpoint
             _clear_s3fs()
@@ -132,32 +160,24 @@ def _clear_s3fs() -> None:
     s3fs.S3FileSystem.clear_instance_cache()
 
 
-def _losses(job: Path) -> dict[int, float]:
-    """The last logged loss of each step in the job's metrics.jsonl (a restart's records come later)."""
-    losses = {}
-    for line in (job / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if "loss" in record:
-            losses[record["step"]] = record["loss"]
-    return losses
-
-
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_every_single_fault_restarts_to_the_uninterrupted_losses(layout, tmp_path, aws_env, s3_bucket):
     """See the module docstring. ``second-run``: another process holds the folder's lock when the
     restart starts (exit 2, one line, every rank); it lets go (the manual step), and the next start
     finishes."""
     results = run_ranks(2, _matrix, str(tmp_path), LAYOUTS[layout], list(CASES), s3_bucket.url, hang_seconds=1500)
-    reference = _losses(tmp_path / "reference")
+    reference = logged_losses(tmp_path / "reference")
     assert results[0]["reference"][0] == 0 and sorted(reference) == list(range(1, STEPS + 1))
     for case in CASES:
         for rank, result in enumerate(results):
             (first_code, first_err), (code, err) = result[case]
             assert first_code == 0, (case, rank, first_err)
             assert code == 0, (case, rank, err)
-        assert _losses(tmp_path / case) == reference, case  # the restart's steps included, bitwise
+        assert logged_losses(tmp_path / case) == reference, case  # the restart's steps included, bitwise
     for rank, result in enumerate(results):
         code, err = result["second-run:refused"]
         assert code == 2 and err.count("\n") == 1 and "error: " in err and "lock held by" in err, (rank, err)
+        code, err = result["branch-failing-replica:refused"]
+        assert code == 2 and err.count("\n") == 1 and "step 4 not deleted" in err, (rank, err)
     damaged = [p.name for p in (tmp_path / "damaged-both" / "checkpoints").iterdir() if ".damaged-" in p.name]
     assert len(damaged) == 1 and damaged[0].startswith(f"step-{FIRST:08d}.damaged-")

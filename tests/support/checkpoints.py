@@ -103,9 +103,10 @@ class Booby:
         return (open, (self.marker, "w"))
 
 
-def flip_byte(checkpoint: Path, fraction: float = 0.5) -> None:
-    """Flip one byte of the checkpoint's first data file, ``fraction`` of the way in."""
-    data = sorted((Path(checkpoint) / "data").iterdir())[0]
+def flip_byte(checkpoint: Path, fraction: float = 0.5, *, largest: bool = False) -> None:
+    """Flip one byte of the checkpoint's first (``largest``: its largest) data file, ``fraction`` of the way in."""
+    files = sorted((Path(checkpoint) / "data").iterdir())
+    data = max(files, key=lambda p: p.stat().st_size) if largest else files[0]
     raw = bytearray(data.read_bytes())
     raw[min(int(len(raw) * fraction), len(raw) - 1)] ^= 0xFF
     data.write_bytes(bytes(raw))

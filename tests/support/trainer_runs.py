@@ -4,10 +4,14 @@
 ``folder`` (a checkpoint every 10 steps, metrics every 5; ``extra`` keys are config keys with ``__``
 for ``.``, e.g. ``checkpoint__keep=2``); ``run_trainer(argv, stop_at)`` builds the :class:`Trainer`
 of that command line, fits it (stopping after ``stop_at`` steps when given) and returns the losses,
-the full (unsharded) model and optimizer state and the loader's state.
+the full (unsharded) model and optimizer state and the loader's state; ``logged_losses(folder)`` the
+losses a run (and its restarts) logged, by step.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 from tests.support import REPO, models
 
@@ -32,3 +36,13 @@ def run_trainer(argv: list[str], stop_at: int | None = None):
         return losses, full, trainer.loader.state_dict()
     finally:
         trainer.close()
+
+
+def logged_losses(job: str | Path) -> dict[int, float]:
+    """The last logged loss of each step in ``job``'s metrics.jsonl (a restart's records come later)."""
+    losses = {}
+    for line in (Path(job) / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "loss" in record:
+            losses[record["step"]] = record["loss"]
+    return losses

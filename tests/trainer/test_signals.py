@@ -76,7 +76,7 @@ def _branch_with_a_late_listing(rank: int, world: int, folder: str) -> list[int]
     layout = {"parallelism__dp_shard": 2, "checkpoint__interval": 2}
     run_trainer(trainer_args(folder, steps=4, **layout))
     listed = CheckpointManager.steps
-    late = (lambda self: [s for s in listed(self) if s <= 2]) if rank == 1 else listed
+    late = (lambda self, **kw: [s for s in listed(self, **kw) if s <= 2]) if rank == 1 else listed
     with mock.patch.object(CheckpointManager, "steps", late):
         run_trainer(trainer_args(folder, steps=4, checkpoint__load_step=2, checkpoint__branch="true", **layout))
     return ckpt.CheckpointRoot(f"{folder}/checkpoints").steps()

@@ -17,17 +17,13 @@ from ckpt.format import parse_damaged_name
 from ckpt.root import CheckpointRoot, resume
 from ckpt.root.damaged import damaged_steps, set_aside
 from ckpt.storage import locate
-from tests.support.checkpoints import assert_state_equal, step_path
+from tests.support.checkpoints import assert_state_equal, flip_byte, step_path
 from tests.support.launch import run_ranks
 from tests.support.replicas import FAST_RETRY, blank, train
 
 
 def _damage(root: Path, step: int) -> None:
-    """Flip one byte in the middle of the step's largest data file."""
-    data = max((step_path(root, step) / "data").iterdir(), key=lambda p: p.stat().st_size)
-    raw = bytearray(data.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    data.write_bytes(bytes(raw))
+    flip_byte(step_path(root, step), largest=True)
 
 
 def _aside(root: Path) -> list[Path]:
