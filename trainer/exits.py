@@ -12,11 +12,15 @@ The codes (the table is also in :mod:`trainer.train`'s docstring, i.e. ``--help`
 
 Anything else is a bug or an accident (out of memory, a lost peer) and keeps its traceback (exit 1,
 Python's). The line is this process's: under torchrun each rank that fails prints its own.
+
+:func:`release_process_groups` ends a run's process groups for good before the interpreter's
+finalization, so the exit code is the run's own (not SIGABRT from a collective's thread).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import sys
 import warnings
 from typing import Callable, Iterator
@@ -91,3 +95,19 @@ def run(body: Callable[[], None]) -> int:
     finally:
         warnings.formatwarning = format_warning
     return DONE
+
+
+def release_process_groups() -> None:
+    """Free the finished run's process groups now, their worker threads joined, while the interpreter
+    is whole. Call it after the run's objects are dropped (``main`` does, on its way out).
+
+    ``destroy_process_group`` only unregisters the groups: a C++ group lives on while anything refers to
+    it (the device mesh, the pipeline's stages, DTensors, all in reference cycles with the model), and
+    so do its gloo worker threads. A worker that has just finished a collective releases the work's
+    tensors itself, which takes the GIL; when the main thread ran on to the interpreter's finalization
+    meanwhile (a loaded machine leaves the worker waiting for a core), Python ends the worker with
+    ``pthread_exit`` inside that C++ destructor and the process aborts: "terminate called without an
+    active exception", SIGABRT after "run finished" (issue 36 item 2). Collecting the run's garbage here
+    destroys the groups; each joins its workers (torch's binding releases the GIL while it waits), so
+    no worker outlives ``main``. ``os._exit`` would hide the abort and skip the flushes of a normal exit."""
+    gc.collect()

@@ -317,7 +317,10 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         print(help_text())
         return exits.DONE
-    return exits.run(lambda: _train(argv))
+    try:
+        return exits.run(lambda: _train(argv))
+    finally:  # the trainer is unreferenced by now: its process groups go before the interpreter does
+        exits.release_process_groups()
 
 
 if __name__ == "__main__":
