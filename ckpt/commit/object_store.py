@@ -13,15 +13,19 @@ itself a compare-and-swap against the manifest the attempt saw when it began: ``
 for a new step, ``If-Match: <etag>`` for an overwrite. A writer paused between its fence and its
 PUT (past its lease, taken over) therefore never replaces a step another writer committed meanwhile:
 its PUT is refused and it raises :class:`~ckpt.errors.CheckpointLockedError` (a refusal of the
-client's retry of a PUT that landed is told apart: the manifest there is this attempt's own). After an overwrite
+client's retry of a PUT that landed is told apart: the manifest there is this attempt's own). Right
+after its PUT the writer checks its fence again: a writer that lost the root meanwhile made a stray
+commit, and when the new holder's start-up already removed its objects (as a dead attempt's) it
+deletes that manifest again (If-Match: only while it is still its own) and fails. After an overwrite
 the objects go that only the *replaced* manifest referenced (as read at ``begin``) — never objects
 of unknown attempts: another writer's upload in progress, or a step it committed, is never deleted
 by this one. A prefix without a manifest does not exist for readers; objects no manifest references
 (a dead attempt's) are deleted by the next writer of the target or at start-up, under a held lease;
 a failed attempt removes only its own objects (never the prefix: another writer's may be there).
 What is left of the window (docs/STORAGE.md): a paused writer's PUT of a step nobody committed
-meanwhile lands (one stray commit), and its data objects may be gone already (the new holder's
-start-up removed them as a dead attempt's): such a step is refused at load as damaged.
+meanwhile lands (one stray commit, which stays when its objects are all there); a writer paused
+between a fence and a deletion (its start-up or ``begin`` clean-up) can still remove another
+writer's upload in progress.
 
 A single file is one upload that appears whole when it completes. An output directory that is not a
 checkpoint is written in place, the file that makes it usable (an index) last; an overwrite then
@@ -74,11 +78,14 @@ class ManifestLastCommit(CommitStrategy):
             fence()
         manifest = (target / MANIFEST_NAME).path
         if getattr(attempt, "conditional", False):  # the commit point is a compare-and-swap
-            if target.storage.write_if(manifest, raw, etag=attempt.replaces) is None and not _is_ours(target, raw):
+            etag = target.storage.write_if(manifest, raw, etag=attempt.replaces) or _own_version(target, raw)
+            if etag is None:
                 raise CheckpointLockedError(
                     f"{target} was committed by another writer after this save began (one that took "
                     "the root over while this one was paused); nothing of this save was committed",
                     path=str(target))
+            if fence is not None:
+                _take_back_a_stray_commit(target, referenced, etag, fence)
         else:
             target.storage.write_bytes(manifest, raw)
         _remove_replaced(target, set(getattr(attempt, "replaced_files", ())) - set(referenced))
@@ -153,11 +160,28 @@ def _replaced(target: Location, conditional: bool) -> tuple[str | None, frozense
     return etag, frozenset(manifest.data_files()) if manifest is not None else frozenset()
 
 
-def _is_ours(target: Location, raw: bytes) -> bool:
-    """Whether the manifest there now is this attempt's (``raw`` names its attempt-tagged objects):
-    a PUT whose first try landed, then was retried by the client, is refused by its own condition."""
+def _own_version(target: Location, raw: bytes) -> str | None:
+    """The ETag of the manifest there when it is this attempt's (``raw`` names its attempt-tagged
+    objects): a PUT whose first try landed, then was retried by the client, is refused by its own
+    condition."""
     found = target.storage.read_tagged((target / MANIFEST_NAME).path, MAX_MANIFEST_BYTES)
-    return found is not None and found[0] == raw
+    return found[1] if found is not None and found[0] == raw else None
+
+
+def _take_back_a_stray_commit(target: Location, referenced: set[str], etag: str, fence: Callable[[], None]) -> None:
+    """The fence once more, right after the commit point. A writer that lost the root while paused
+    before its PUT made a stray commit; when the new holder has already removed its objects (as a
+    dead attempt's) the step could never load, so its manifest is deleted again — only while it is
+    still this one (If-Match) — and the save fails. A stray commit whose objects are all there stays."""
+    try:
+        fence()
+    except CheckpointLockedError:
+        storage, present = target.storage, set((target / DATA_DIR).list())
+        if {f"{DATA_DIR}/{name}" for name in present} >= set(referenced):
+            return
+        if storage.conditional_deletes(target.parent.path):
+            storage.delete_if((target / MANIFEST_NAME).path, etag)
+        raise
 
 
 def _remove_replaced(target: Location, files: set[str]) -> None:
