@@ -88,15 +88,20 @@ class ManifestLastCommit(CommitStrategy):
                 _take_back_a_stray_commit(target, referenced, etag, fence)
         else:
             target.storage.write_bytes(manifest, raw)
-        _remove_replaced(target, set(getattr(attempt, "replaced_files", ())) - set(referenced))
+        try:  # past the commit point nothing may fail the save: the caller's abort would remove its objects
+            _remove_replaced(target, set(getattr(attempt, "replaced_files", ())) - set(referenced))
+        except CheckpointError as exc:
+            log.warning("%s: the objects of the manifest it replaced stay until the next clean-up (%s)", target, exc)
 
     def abort(self, attempt: Attempt) -> None:
         """Remove this attempt's own objects only: another writer may be saving the same target
         (the one that took the root's lease from a paused holder), and what it wrote is not ours."""
         target, storage = attempt.target, attempt.target.storage
         data = target / DATA_DIR
+        committed = _readable_manifest(target)  # an error after this attempt's commit point leaves it whole
+        keep = committed.data_files() if committed is not None else set()
         for name in data.list():
-            if name.startswith(attempt.tag + "."):
+            if name.startswith(attempt.tag + ".") and f"{DATA_DIR}/{name}" not in keep:
                 storage.remove((data / name).path)
 
     # -- leftovers -------------------------------------------------------------------------------
@@ -182,6 +187,8 @@ def _take_back_a_stray_commit(target: Location, referenced: set[str], etag: str,
         if storage.conditional_deletes(target.parent.path):
             storage.delete_if((target / MANIFEST_NAME).path, etag)
         raise
+    except CheckpointError as exc:  # the fence unreadable now: the commit stands
+        log.warning("%s: committed; the lock could not be read back after it (%s)", target, exc)
 
 
 def _remove_replaced(target: Location, files: set[str]) -> None:

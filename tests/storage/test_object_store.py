@@ -127,3 +127,32 @@ def test_a_manifest_put_retried_after_its_first_try_landed_still_commits(s3_buck
     live = blank_state()
     ckpt.load(live, url, storage_options=s3_bucket.storage_options)
     assert_state_equal(live, state)
+
+
+def test_a_failure_after_the_commit_point_leaves_the_committed_step_whole(s3_bucket, monkeypatch):
+    """Past the commit point nothing removes what the manifest references: a clean-up failure there
+    (the replaced manifest's objects cannot be deleted) does not fail the save, and when something
+    does fail after the manifest is committed, the save's abort keeps the objects it references."""
+    from ckpt.commit import object_store
+
+    url, options = f"{s3_bucket.url}/after-commit/step-00000001", s3_bucket.storage_options
+    ckpt.save(make_state(4), url, storage_options=options)
+    real_remove, real_finish = object_store._remove_replaced, object_store.ManifestLastCommit.finish
+
+    def unreachable(target, files):
+        raise ckpt.StorageError("deleting failed: the mount is unreachable")
+
+    monkeypatch.setattr(object_store, "_remove_replaced", unreachable)
+    ckpt.save(make_state(5), url, storage_options=options, overwrite=True)  # committed, not failed
+    monkeypatch.setattr(object_store, "_remove_replaced", real_remove)
+
+    def committed_then_failed(self, *args, **kwargs):
+        real_finish(self, *args, **kwargs)
+        raise ckpt.StorageError("the answer to the manifest PUT was lost")
+
+    monkeypatch.setattr(object_store.ManifestLastCommit, "finish", committed_then_failed)
+    with pytest.raises(ckpt.StorageError, match="answer to the manifest PUT was lost"):
+        ckpt.save(make_state(6), url, storage_options=options, overwrite=True)
+    live = blank_state()
+    ckpt.load(live, url, storage_options=options)  # the committed step 6, whole
+    assert_state_equal(live, make_state(6))
