@@ -21,8 +21,9 @@ the objects go that only the *replaced* manifest referenced (as read at ``begin`
 of unknown attempts: another writer's upload in progress, or a step it committed, is never deleted
 by this one. A prefix without a manifest does not exist for readers; objects no manifest references
 (a dead attempt's) are deleted by the next writer of the target or at start-up, under a held lease;
-a failed attempt removes only its own objects (never the prefix: another writer's may be there).
-What is left of the window (docs/STORAGE.md): a paused writer's PUT of a step nobody committed
+a failed attempt removes only its own objects (never the prefix: another writer's may be there),
+and none that a committed manifest references: nothing past the commit point fails the save or
+takes its objects away (a clean-up failure there is logged). What is left of the window (docs/STORAGE.md): a paused writer's PUT of a step nobody committed
 meanwhile lands (one stray commit, which stays when its objects are all there); a writer paused
 between a fence and a deletion (its start-up or ``begin`` clean-up) can still remove another
 writer's upload in progress.
