@@ -5,6 +5,11 @@ engine through public names only, so a refactor of the engine's insides cannot b
 (the stall benchmark died on ``manager._inflight`` after the manager was split up).
 
 No timing is asserted: only that each run exits 0 and leaves a record with its section and figures.
+Cost of the tiny runs, CPU seconds of each process and what it waited for (measured on the 2-core
+box while other jobs held it at a load average of 10-18, so wall times were 3-10x these): stall 24,
+layouts 28 (2 spawned ranks), moe 19, integrations ~15, trainer 12, scaling 11, storage 9,
+save_load 8, delta 7, planning 5, cp 4 (+ its 2 ranks), merge 3: about 150 s in all, so about
+1.5-2 minutes of wall time on an idle 2-core box; bench_resume's own tiny test comes on top.
 """
 
 from __future__ import annotations
