@@ -5,11 +5,9 @@ engine through public names only, so a refactor of the engine's insides cannot b
 (the stall benchmark died on ``manager._inflight`` after the manager was split up).
 
 No timing is asserted: only that each run exits 0 and leaves a record with its section and figures.
-Cost of the tiny runs, CPU seconds of each process and what it waited for (measured on the 2-core
-box while other jobs held it at a load average of 10-18, so wall times were 3-10x these): stall 24,
-layouts 28 (2 spawned ranks), moe 19, integrations ~15, trainer 12, scaling 11, storage 9,
-save_load 8, delta 7, planning 5, cp 4 (+ its 2 ranks), merge 3: about 150 s in all, so about
-1.5-2 minutes of wall time on an idle 2-core box; bench_resume's own tiny test comes on top.
+Cost (pytest --durations on the 2-core box, nearly idle: load average 1-2): 115 s for the 12 runs
+here (save_load 16, layouts 15, moe 14, trainer 11, stall 11, storage 9, integrations 8, scaling 7,
+cp 7, delta 7, merge 5, planning 5), plus 22 s for bench_resume's own tiny test.
 """
 
 from __future__ import annotations
