@@ -75,6 +75,7 @@ from ckpt import CheckpointError, CheckpointNotFoundError
 from ckpt.convert import import_dcp, read_dcp_metadata, total_tensor_bytes
 from ckpt.inspect_step import run_config
 from ckpt.root import resolve_checkpoint
+from ckpt.storage import is_url
 from ckpt.units import human_bytes
 from .convert_model import MODEL_OPTIONS, add_model_options, with_model_config
 from .cli import DTYPES, EXPECTED_FAILURES, command, fail, implied_format, parse_size, progress, trainer_module
@@ -148,7 +149,7 @@ def _check_arguments(p: argparse.ArgumentParser, args) -> None:
         p.error("give --config or --model-args, not both")
     if args.step is not None and args.step < 0:
         p.error(f"--step must be >= 0, not {args.step}")
-    if (args.to == "hf" or args.from_ == "hf") and "://" in (args.dst if args.to == "hf" else args.src):
+    if (args.to == "hf" or args.from_ == "hf") and is_url(args.dst if args.to == "hf" else args.src):
         p.error(f"--{'to' if args.to else 'from'} hf needs a local directory, not {args.dst if args.to else args.src}")
     if args.to in ("torch", "safetensors"):
         suffix, implied = implied_format(args.dst)
@@ -193,7 +194,7 @@ def _export(args, dtype: torch.dtype | None) -> tuple[list[str], dict]:
     try:
         source = resolve_checkpoint(args.src, args.step)
     except CheckpointNotFoundError as exc:
-        local = Path(args.src) if "://" not in args.src else None
+        local = Path(args.src) if not is_url(args.src) else None
         if local is not None and (local / "config.json").is_file() and any(local.glob("*.safetensors*")):
             raise CheckpointNotFoundError(f"{exc}; it is a Hugging Face model directory: import it with --from hf",
                                           path=exc.path) from None

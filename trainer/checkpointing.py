@@ -27,7 +27,7 @@ import ckpt
 from ckpt.committed import looks_like_dcp
 from ckpt.format import step_name
 from ckpt.root import resolve_checkpoint
-from ckpt.storage import locate
+from ckpt.storage import is_url, locate
 from ckpt.units import human_bytes
 from . import exits
 from .config import Config
@@ -36,7 +36,7 @@ from .config import Config
 def checkpoint_folder(cfg: Config) -> str:
     """``checkpoint.folder``, under ``job.dump_folder`` unless absolute or a URL."""
     folder = cfg.checkpoint.folder
-    return folder if "://" in folder or os.path.isabs(folder) else str(Path(cfg.job.dump_folder) / folder)
+    return folder if is_url(folder) or os.path.isabs(folder) else str(Path(cfg.job.dump_folder) / folder)
 
 
 def commit_line(info: ckpt.CommitInfo) -> str:
@@ -54,7 +54,7 @@ _OUR_KEY = re.compile(r"^model\.((tok_embeddings|norm|output)\.weight|layers\.\d
 def convert_hint(path: str) -> str:
     """How to convert ``path`` when it is a checkpoint another trainer wrote: a DCP directory, or a
     folder of torchtitan's ``step-N`` DCP directories ("" otherwise)."""
-    if "://" in path or not os.path.isdir(path):
+    if is_url(path) or not os.path.isdir(path):
         return ""
     if looks_like_dcp(locate(path)):
         return (f"; it is a plain DCP checkpoint (torchtitan's step-N directories are): convert it with "

@@ -58,6 +58,7 @@ from torchtitan.config import TORCH_DTYPE_MAP, derive, override  # noqa: E402
 
 from .. import CheckpointManager as EngineManager, SaveOptions, load as load_checkpoint, read_manifest  # noqa: E402
 from ..format import MANIFEST_NAME, step_name  # noqa: E402
+from ..storage import is_url  # noqa: E402
 from . import _titan_state as titan_state  # noqa: E402
 from ._titan_state import DATALOADER, MODEL  # noqa: E402
 
@@ -117,7 +118,7 @@ class CheckpointManager(BaseCheckpointManager):
         if not self.enable:
             return
         self.config = config
-        self.folder = os.path.join(base_folder, config.folder) if "://" not in config.folder else config.folder
+        self.folder = os.path.join(base_folder, config.folder) if not is_url(config.folder) else config.folder
         self.states = states
         self.states.update({MODEL: ModelWrapper(model_parts), "optimizer": optimizers, DATALOADER: dataloader,
                             "lr_scheduler": lr_schedulers})
@@ -215,7 +216,7 @@ class CheckpointManager(BaseCheckpointManager):
             return
         model_only = config.initial_load_model_only  # the model's keys, any step's other states unread
         strict = not config.exclude_from_loading and not model_only
-        if os.path.isfile(os.path.join(path, MANIFEST_NAME)) or "://" in path:
+        if os.path.isfile(os.path.join(path, MANIFEST_NAME)) or is_url(path):
             manifest = read_manifest(path)
             dtypes = {key: entry.dtype for key, entry in manifest.tensors.items()} if model_only else None
             tree = titan_state.training_tree(self.states, model_only=model_only, dtype=dtypes,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ..errors import CorruptCheckpointError
 from ..format import Manifest
 from ..redact import redact
-from ..storage import Location
+from ..storage import Location, is_url
 from .replica_states import ACTIVE, ReplicaState
 
 SCHEMA_VERSION = 2  # 2: every value carries the CRC-32 of its key and body
@@ -55,7 +55,7 @@ def mount_id(mount: str | os.PathLike | Location) -> str:
     text = os.fspath(mount)
     if text.startswith("file://"):
         text = text[len("file://"):]
-    if "://" not in text:
+    if not is_url(text):
         return os.path.abspath(text)
     return redact(text).rstrip("/")  # userinfo and query values out (ckpt.redact)
 

@@ -50,6 +50,8 @@ _remote_lock = threading.Lock()
 
 
 def is_url(target) -> bool:
+    """Whether ``target`` names a mount by URL (``s3://bucket/run``; fsspec's storage), not a local
+    path or a :class:`Location`: the one test for it (the trainer, the tools and the plug-ins ask here)."""
     return not isinstance(target, Location) and "://" in os.fspath(target)
 
 

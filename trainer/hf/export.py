@@ -25,7 +25,7 @@ import torch
 from ckpt import CheckpointError, CheckpointExistsError, read_manifest
 from ckpt.convert import TensorSpec, full_tensors, select_keys, step_metadata, tensor_specs, write_output
 from ckpt.format import Manifest
-from ckpt.storage import Location, locate
+from ckpt.storage import Location, is_url, locate
 from ..config.schema import is_byte_tokenizer
 from .config import generation_config, hf_config
 from .mixtral import check as check_mixtral
@@ -69,7 +69,7 @@ def export_hf(source: str | Location, dst: str | os.PathLike, *, dtype: torch.dt
     (:func:`ckpt.convert.write_output` with the config files beside the shards)."""
     source = locate(source)
     manifest = read_manifest(source) if manifest is None else manifest
-    if "://" in os.fspath(dst):
+    if is_url(dst):
         raise CheckpointError(f"{dst}: a Hugging Face export is written to a local directory")
     target = locate(os.fspath(dst))
     if target.exists() and not overwrite:
