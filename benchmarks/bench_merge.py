@@ -16,9 +16,9 @@ tensor; random values) is saved twice, once by ``ckpt.save`` and once by DCP's `
 * DCP: ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save(src, "x.pt")`` (loads the whole
   state, then ``torch.save``), followed by an ``fsync`` of the file inside the timing (ours fsyncs).
 
-Every run is a fresh process, forked from a ``multiprocessing`` fork server that has only imported
-the modules (torch, DCP's ``format_utils``, ``ckpt.convert``), so a run pays no import time and
-inherits no other run's heap. In the run: every page of the file-backed mappings (the libraries'
+Every run is a fresh process (``merge_process.py``), forked from a ``multiprocessing`` fork server
+that has only imported the modules (torch, DCP's ``format_utils``, ``ckpt.convert``), so a run pays
+no import time and inherits no other run's heap. In the run: every page of the file-backed mappings (the libraries'
 code and data) is mapped in (``madvise(MADV_POPULATE_READ)``), so that library code touched for the
 first time during the call does not count as the call's memory (a forked child maps its libraries'
 pages lazily: without this, every method's growth read ~7 MiB higher than in a freshly exec'd
@@ -43,34 +43,19 @@ in the goal's detail for contrast. ``--json`` also writes, per system ("ours →
 
 from __future__ import annotations
 
-import ctypes
-import os
 import shutil
 import time
-import traceback
 import warnings
 from pathlib import Path
 
-from harness import (
-    REPO,
-    Load,
-    argument_parser,
-    drop_caches,
-    git_state,
-    machine_description,
-    median,
-    rotated,
-    settle,
-    work_dir,
-)
+from harness import Load, argument_parser, git_state, machine_description, median, rotated, settle, work_dir  # first
 
 import torch  # noqa: E402  (after harness: the checkout's ckpt first on sys.path)
 import xxhash  # noqa: E402
 
-from probes import proc_status, reset_peak  # noqa: E402
+from merge_process import fork_server, run  # noqa: E402
 from report import command_line, goal, median_span, metric, provenance, publish, table_head, write_json  # noqa: E402
 from states import MERGE_MATRIX, merge_state, state_bytes  # noqa: E402
-from tests.support.launch import start_forkserver  # noqa: E402
 
 BENCH_NAME = "merge"
 METHODS = {
@@ -85,92 +70,8 @@ FULL_SIZES = [256, 1024, 2048, 4096]
 QUICK = {"sizes": [32, 64, 128], "repeats": 1}  # ~15 s on a quiet 2-core box
 TINY = {"sizes": [8], "repeats": 1}  # the tests' smoke run
 GOAL_SLACK_MIB = 64  # ours' peak growth <= largest tensor + this
-# The modules a run uses, imported once by the fork server (``__main__`` is this script, where the
-# Python version honours it; 3.11 drops the main path on the way).
-PRELOAD = ["__main__", "harness", "ckpt", "ckpt.convert", "torch.distributed.checkpoint.format_utils", "safetensors",
-           "xxhash"]
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DCP without a process group
-
-
-# -- one run, in a fresh process ---------------------------------------------------------------
-MADV_POPULATE_READ = 22  # Linux >= 5.14
-
-
-def populate_file_mappings() -> None:
-    """Map in every page of this process's readable file-backed mappings (libraries' code and data:
-    shared page-cache pages, no new memory). A forked child maps those pages lazily, so without this
-    the code a call runs for the first time would count as the call's RSS growth."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    with open("/proc/self/maps") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) < 6 or not parts[5].startswith("/") or not parts[1].startswith("r"):
-                continue
-            start, end = (int(x, 16) for x in parts[0].split("-"))
-            libc.madvise(start, end - start, MADV_POPULATE_READ)  # best effort: an old kernel says EINVAL
-
-
-def worker(method: str, source: str, out: str, cold: bool) -> dict:
-    """One timed consolidation in this (fresh) process: seconds, CPU seconds and peak RSS growth."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    from ckpt.convert import merge
-
-    populate_file_mappings()
-    settle()
-    dropped = drop_caches(cold)
-    if not reset_peak():  # VmHWM := current RSS (Linux >= 4.0)
-        raise RuntimeError("cannot reset VmHWM (/proc/self/clear_refs): peak memory is not measurable here")
-    base = proc_status("VmRSS")
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    if method == "dcp":
-        dcp_to_torch_save(source, out)
-        fd = os.open(out, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    else:
-        merge(source, out, format="torch" if method == "ours-torch" else "safetensors")
-    seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    return {"seconds": seconds, "cpu": cpu, "base": base, "peak": proc_status("VmHWM") - base,
-            "out_bytes": os.path.getsize(out), "cold": dropped}
-
-
-def _child(method: str, source: str, out: str, cold: bool, conn) -> None:
-    try:
-        conn.send(worker(method, source, out, cold))
-    except BaseException:  # noqa: BLE001 - reported by the parent
-        conn.send({"error": traceback.format_exc()})
-    finally:
-        conn.close()
-
-
-def fork_server():
-    """The fork server's context, its process started: it imports ``PRELOAD`` from this checkout."""
-    return start_forkserver(PRELOAD, [str(REPO), str(REPO / "benchmarks")])
-
-
-def run(ctx, method: str, source: Path, out: Path, cold: bool) -> dict:
-    """``worker`` in a fresh process forked from the fork server; its result or its error."""
-    if out.exists():
-        out.unlink()
-    receiver, sender = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=_child, args=(method, str(source), str(out), cold, sender), name=f"merge-{method}")
-    process.start()
-    sender.close()
-    try:
-        result = receiver.recv()
-    except EOFError:  # it died without a word (killed, out of memory)
-        result = None
-    process.join()
-    if result is None:
-        result = {"error": f"the run's process died (exit code {process.exitcode})"}
-    if "error" in result:
-        raise RuntimeError(f"{method} failed:\n{result['error'][-3000:]}")
-    return result
 
 
 # -- checking ----------------------------------------------------------------------------------
