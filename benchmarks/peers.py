@@ -2,8 +2,8 @@
 
 A peer here is the library calls that make one save (or load) of that system, exactly as the tables
 describe them; what a benchmark measures around them (which part is stall, when a save counts as
-durable, what is checked afterwards) stays in the benchmark. Optional peers (``torchsnapshot``) are
-imported when first used, so a benchmark that does not run them does not need them.
+durable, what is checked afterwards) stays in the benchmark. Optional peers (``torchsnapshot``,
+``zipnn``) are imported when first used, so a benchmark that does not run them does not need them.
 
 bare copy       :class:`BareCopy`: ``dst.copy_(src)`` of every tensor into buffers preallocated
                 and faulted in (``fill_(0)``) at set-up — the limit of a copy not overlapped with
@@ -28,11 +28,20 @@ safetensors     :func:`safetensors_save` (``save_file`` + ``fsync``) / :func:`sa
 torchsnapshot   :func:`snapshot_take` (``Snapshot.take`` + ``fsync`` of every file it wrote: it never
                 fsyncs itself) / :func:`snapshot_restore` (``Snapshot(dir).restore``, in place), and
                 :class:`SnapshotAsyncTake` (``Snapshot.async_take``, one in flight).
+zipnn           :func:`zipnn_compress` / :func:`zipnn_decompress`: ``ZipNN(input_format="byte",
+                bytearray_dtype="float32"|"bfloat16", threads=1)`` of one tensor's bytes, or its XOR
+                delta against a base (``delta_compressed_type="byte"``); :func:`zipnn_missing` says
+                why it cannot be imported, if it cannot.
+
+The asynchronous peers tell when a save is done through ``on_done(perf_counter time)``, and their
+``wait_previous`` returns the seconds it waited, so that every benchmark counts them alike.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -132,7 +141,8 @@ STAGERS = {
 class DCPAsyncSave:
     """``dcp.async_save`` with the stager ``STAGERS[stager]``, one save in flight.
 
-    Per save: :meth:`wait_previous` (the previous upload), :meth:`save` (returns the upload future),
+    Per save: :meth:`wait_previous` (the previous upload; returns the seconds waited), :meth:`save`
+    (returns the upload future; ``on_done(t)`` is told the ``perf_counter`` time the upload finished),
     :meth:`wait_staged` before the state changes (the caching/pinned stagers copy in the background);
     :meth:`drain` waits for everything, :meth:`close` closes the stager. ``returned`` collects the
     type names ``async_save`` answered with (``AsyncSaveResponse`` with a stager, else ``Future``)."""
@@ -145,11 +155,13 @@ class DCPAsyncSave:
         self.staging: Future | None = None
         self.returned: set[str] = set()
 
-    def wait_previous(self) -> None:
+    def wait_previous(self) -> float:
+        start = time.perf_counter()
         if self.upload is not None:
             self.upload.result()  # DCP's contract: the previous save must be finished
+        return time.perf_counter() - start
 
-    def save(self, state: dict, path: Path) -> Future:
+    def save(self, state: dict, path: Path, on_done=None) -> Future:
         resp = dcp.async_save(state, storage_writer=dcp.FileSystemWriter(path), async_stager=self.stager,
                               process_group=self.process_group, no_dist=self.no_dist)
         if isinstance(resp, AsyncSaveResponse):
@@ -158,6 +170,8 @@ class DCPAsyncSave:
         else:
             self.returned.add(type(resp).__name__)
             self.staging, self.upload = None, resp
+        if on_done is not None:
+            self.upload.add_done_callback(lambda _f: on_done(time.perf_counter()))
         return self.upload
 
     def wait_staged(self) -> None:
@@ -244,24 +258,87 @@ def snapshot_restore(state: dict, path: Path) -> None:
 
 
 class SnapshotAsyncTake:
-    """``Snapshot.async_take``, one in flight: :meth:`wait_previous` before :meth:`take`. It stages (a
-    CPU copy of every tensor) inside the call and writes on the ``PendingSnapshot``'s thread; its
-    file-system plug-in never fsyncs."""
+    """``Snapshot.async_take``, one in flight: :meth:`wait_previous` (returns the seconds waited) before
+    :meth:`take`. It stages (a CPU copy of every tensor) inside the call and writes on the
+    ``PendingSnapshot``'s thread; its file-system plug-in never fsyncs. ``PendingSnapshot`` has no
+    callback: with ``on_done``, a watcher thread (it only blocks in ``join``) tells the
+    ``perf_counter`` time that thread ended (its files and metadata written)."""
 
     def __init__(self):
         self.pending = None
+        self.watchers: list[threading.Thread] = []
 
-    def wait_previous(self) -> None:
+    def wait_previous(self) -> float:
+        start = time.perf_counter()
         if self.pending is not None:
             self.pending.wait()
             self.pending = None  # what it holds may go before the next clones are made
+        return time.perf_counter() - start
 
-    def take(self, path: Path, app_state: dict):
+    def take(self, path: Path, app_state: dict, on_done=None):
         import torchsnapshot
 
         self.pending = torchsnapshot.Snapshot.async_take(str(path), app_state=app_state)
+        if on_done is not None:
+            watcher = threading.Thread(target=self._watch, args=(self.pending.thread, on_done), daemon=True)
+            watcher.start()
+            self.watchers.append(watcher)
         return self.pending
+
+    @staticmethod
+    def _watch(thread: threading.Thread, on_done) -> None:
+        thread.join()
+        on_done(time.perf_counter())
 
     def drain(self) -> None:
         if self.pending is not None:
             self.pending.wait()
+        for watcher in self.watchers:
+            watcher.join()
+        self.watchers.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# zipnn (reorders a float input's bits in place: it always gets a private copy)
+# ---------------------------------------------------------------------------------------------
+ZIPNN_DTYPE = {4: "float32", 2: "bfloat16"}  # element width -> zipnn's bytearray_dtype
+
+
+def zipnn_missing() -> str | None:
+    """Why zipnn cannot be imported (an optional peer: the bench extra), or None when it can."""
+    try:
+        import zipnn  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any failure to import leaves the peer out
+        return f"zipnn is not importable ({type(exc).__name__}: {exc}); `pip install zipnn` (or the bench extra) to include it"
+    return None
+
+
+def zipnn_codec(width: int, delta: bool = False):
+    """One thread, bytes in, the dtype of ``width``-byte elements; with ``delta``, XOR against a base."""
+    import zipnn
+
+    extra = {"delta_compressed_type": "byte"} if delta else {}
+    return zipnn.ZipNN(input_format="byte", bytearray_dtype=ZIPNN_DTYPE[width], threads=1, **extra)
+
+
+def zipnn_compress(data, width: int, base=None) -> bytes:
+    """zipnn's output for ``data`` (a full tensor's bytes), or for its XOR delta against ``base``."""
+    if base is None:
+        return zipnn_codec(width).compress(bytearray(memoryview(data)))
+    # the delta mode XORs into a new buffer first: the inputs stay as they are
+    return zipnn_codec(width, delta=True).compress(memoryview(data), delta_second_data=memoryview(base))
+
+
+def zipnn_decompress(stored, width: int, base=None) -> bytes:
+    if base is None:
+        return zipnn_codec(width).decompress(stored)
+    return zipnn_codec(width, delta=True).decompress(stored, delta_second_data=memoryview(base))
+
+
+def zipnn_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("zipnn")
+    except Exception:  # noqa: BLE001
+        return "?"
