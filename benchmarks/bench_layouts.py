@@ -5,11 +5,12 @@
     python benchmarks/bench_layouts.py --quick                         # < 2 min, a smoke run
     python benchmarks/bench_layouts.py --tiny                          # the tests' run: 2-rank rows, 5 + 5 steps
 
-For each world size (2, then 4) the script spawns that many CPU ranks (``torch.multiprocessing``
-spawn, gloo on loopback, as ``tests/support/launch.py``'s ``run_ranks`` does; ``OMP_NUM_THREADS=1`` and
-``torch.set_num_threads(1)`` in every rank, so 4 ranks oversubscribe the 2-vCPU box 2x) and runs, in
-those same processes, every variant of that world size once per repeat, in an order rotated per
-repeat (slow drifts of the shared machine hit all alike; process start-up is paid once):
+For each world size (2, then 4) the script starts that many CPU ranks with ``tests/support/launch.py``'s
+``run_ranks`` (forked from a fork server that imported torch and the trainer once, gloo on loopback;
+``OMP_NUM_THREADS=1`` and ``torch.set_num_threads(1)`` in every rank, so 4 ranks oversubscribe the
+2-vCPU box 2x) and runs, in those same processes (``layout_runs.py``), every variant of that world
+size once per repeat, in an order rotated per repeat (slow drifts of the shared machine hit all
+alike; process start-up is paid once):
 
 trainer rows   ``Trainer(load_config(argv))``, ``fit()``, ``close()`` on every rank, with
                ``--config configs/debug.toml --training.steps W+N --training.device cpu
@@ -42,10 +43,7 @@ layouts train the same model on the same data, so they agree to float reassociat
 
 from __future__ import annotations
 
-import json
 import os
-import pickle
-import shutil
 import sys
 import time
 import warnings
@@ -53,26 +51,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-import torch.nn.functional as F
 
-from harness import (  # first: puts this checkout's root on sys.path
-    REPO, Load, argument_parser, git_state, machine_description, median, rotated, work_dir,
-)
+from harness import REPO, Load, argument_parser, git_state, machine_description, median, work_dir  # first: sys.path
 
+from layout_runs import BASE_CONFIG, CKPT_INTERVAL, LOG_FREQ, run_plan  # noqa: E402
 from report import command_line, goal, median_span, metric, provenance, publish, table_head, write_json  # noqa: E402
-from tests.support.launch import free_port, rank_env  # noqa: E402
+from tests.support.launch import run_ranks  # noqa: E402
 from trainer import data as data_mod  # noqa: E402
 from trainer import model as model_mod  # noqa: E402
 from trainer.config import load_config  # noqa: E402
-from trainer.optim import lr_lambda  # noqa: E402
-from trainer.train import Trainer  # noqa: E402
 
 SECTION = "## Trainer layouts (issue 13)"
-BASE_CONFIG = "configs/debug.toml"
-LOG_FREQ = 5
-CKPT_INTERVAL = 10
+RANKS_HANG_SECONDS = 3 * 3600  # a guard against hung ranks, far above a full run's half hour
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", category=UserWarning)
@@ -125,162 +115,15 @@ def variants_for(ranks: int, pp_microbatches: int) -> list[Variant]:
     return [Variant(key, name, ranks, flags) for key, name, flags in rows]
 
 
-def trainer_argv(steps: int, dump: Path, flags: list[str]) -> list[str]:
-    return ["--config", BASE_CONFIG, "--training.steps", str(steps), "--training.device", "cpu",
-            "--metrics.log_freq", str(LOG_FREQ), "--checkpoint.enable", "false", "--job.dump_folder", str(dump),
-            *flags]
-
-
-# ---------------------------------------------------------------------------------------------
-# One run, on every rank (inside the spawned processes)
-# ---------------------------------------------------------------------------------------------
-def run_trainer(flags: list[str], steps: int, warmup: int, dump: Path) -> dict:
-    start = time.perf_counter()
-    tr = Trainer(load_config(trainer_argv(steps, dump, flags)))
-    setup = time.perf_counter() - start
-    stalls: list[float] = []  # manager.stats.stall_s at the start of each step (the ckpt row)
-    if tr.manager is not None:
-        inner = tr.train_step
-
-        def marked_step():
-            stalls.append(tr.manager.stats.stall_s)
-            return inner()
-
-        tr.train_step = marked_step
-    try:
-        losses = tr.fit()
-        if tr.manager is not None:
-            stalls.append(tr.manager.stats.stall_s)  # after the final step's save(), before close()
-    finally:
-        tr.close()
-    out = {"setup_s": setup, "losses": losses}
-    if dist.get_rank() == 0:
-        records = [json.loads(line) for line in (dump / "metrics.jsonl").read_text().splitlines()]
-        records = [r for r in records if "tokens_per_sec" in r]  # the step records, not the {"event": ...} ones
-        timed = [r for r in records if r["step"] > warmup]
-        # each record covers the steps since the previous one (LOG_FREQ, as steps are multiples of it)
-        t = tr.cfg.training
-        step_tokens = t.batch_size * t.seq_len
-        prev = [warmup] + [r["step"] for r in timed[:-1]]
-        tok = [(r["step"] - p) * step_tokens for r, p in zip(timed, prev)]
-        secs = [n / r["tokens_per_sec"] for n, r in zip(tok, timed)]
-        out["tps"] = sum(tok) / sum(secs)
-        out["window_s"] = sum(secs)
-        logged_s = sum(r["ckpt_stall_ms"] / 1e3 * (r["step"] - p) for r, p in zip(timed, prev))
-        saves = sum(1 for s in range(warmup + 1, steps + 1) if s % CKPT_INTERVAL == 0 or s == steps)  # + final
-        out["stall_ms_per_save"] = out["manager_stall_ms_per_save"] = None
-        if tr.manager is not None and saves:
-            out["stall_ms_per_save"] = 1e3 * logged_s / saves  # as metrics.jsonl reports it
-            # the manager's own count over the same steps: save() + the snapshot waits in the
-            # optimizer pre-hook (of the first window step, for the save that ended the warm-up, too)
-            out["manager_stall_ms_per_save"] = 1e3 * (stalls[-1] - stalls[warmup]) / saves
-    return out
-
-
-def run_minimal(steps: int, warmup: int, sharded: bool = True) -> dict:
-    """Plain FSDP2 over all ranks: the trainer's model, data and hyper-parameters, nothing else.
-    ``sharded=False``: the unwrapped model on the whole batch in this one process (the reference)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    start = time.perf_counter()
-    cfg = load_config(trainer_argv(steps, Path("unused"), []))
-    t = cfg.training
-    rank, world = (dist.get_rank(), dist.get_world_size()) if sharded else (0, 1)
-    tokenizer, tokens = data_mod.load_training_tokens(cfg.model.tokenizer, t.dataset, t.seq_len)
-    torch.manual_seed(cfg.job.seed)
-    model = model_mod.build(cfg.model_args(tokenizer.vocab_size))
-    if sharded:
-        mesh = init_device_mesh("cpu", (world,))
-        for block in model.layers.values():
-            fully_shard(block, mesh=mesh, reshard_after_forward=True)
-        fully_shard(model, mesh=mesh, reshard_after_forward=False)
-    opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(0.9, 0.95), weight_decay=t.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(t.warmup_steps, t.steps, t.min_lr_ratio))
-    loader = data_mod.DataLoader(tokens, t.seq_len, t.batch_size, rank, world, cfg.job.seed)
-    setup = time.perf_counter() - start
-    marks, losses = [], []
-    for _ in range(steps):
-        marks.append(time.perf_counter())
-        inputs, labels = loader.next_batch()
-        loss = F.cross_entropy(model(inputs).flatten(0, 1).float(), labels.flatten())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), t.max_norm, foreach=True)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.detach())
-    marks.append(time.perf_counter())
-    mean = torch.stack(losses)  # outside the timing: the data-parallel mean, as the trainer reports it
-    if sharded:
-        dist.all_reduce(mean)
-    window = marks[steps] - marks[warmup]
-    return {"setup_s": setup, "losses": (mean / world).tolist(), "window_s": window,
-            "tps": (steps - warmup) * t.batch_size * t.seq_len / window, "stall_ms_per_save": None}
-
-
-def _rank_entry(rank: int, world: int, port: int, plan: dict) -> None:
-    os.environ.update(rank_env(rank, world, port), OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
-    os.chdir(REPO)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    work = Path(plan["work"])
-    results: dict[str, list[dict]] = {}
-    try:
-        def one(key: str, flags, steps: int, warmup: int, tag: str) -> dict:
-            dump = work / f"{key}-{tag}"
-            dist.barrier()
-            try:
-                if key == "single":  # rank 0 alone; the others wait in the barrier below (blocked, not spinning)
-                    cpu = time.process_time()
-                    r = run_minimal(steps, warmup, sharded=False) if rank == 0 else {}
-                    idle = torch.tensor([0.0 if rank == 0 else time.process_time() - cpu])
-                    dist.all_reduce(idle, op=dist.ReduceOp.MAX)  # the busiest waiting rank's CPU seconds
-                    r["idle_rank_cpu_s"] = idle.item()
-                    return r
-                if flags is None:
-                    return run_minimal(steps, warmup)
-                return run_trainer(flags, steps, warmup, dump)
-            finally:
-                dist.barrier()
-                if rank == 0:
-                    shutil.rmtree(dump, ignore_errors=True)
-
-        if plan["warmup_round"]:  # untimed: first-call costs of every code path in these processes
-            for key, _, flags in plan["variants"]:
-                start = time.perf_counter()
-                one(key, flags, 3, 0, "warmup")
-                if rank == 0:
-                    print(f"[{world} ranks] untimed warm-up {key}: {time.perf_counter() - start:.1f}s", flush=True)
-        for rep in range(plan["repeats"]):
-            for key, name, flags in rotated(plan["variants"], rep):
-                r = one(key, flags, plan["steps"], plan["warmup"], f"r{rep}")
-                results.setdefault(key, []).append(r)
-                if rank == 0:
-                    stall = (f"  stall {r['stall_ms_per_save']:.1f} ms/save "
-                             f"(manager {r['manager_stall_ms_per_save']:.1f})"
-                             if r.get("stall_ms_per_save") is not None else "")
-                    print(f"[{world} ranks {rep + 1}/{plan['repeats']}] {name:34s} {r['tps']:8.0f} tok/s  "
-                          f"window {r['window_s']:6.2f}s  setup {r['setup_s']:5.2f}s{stall}  "
-                          f"load {os.getloadavg()[0]:.1f}", flush=True)
-        if rank == 0:
-            Path(plan["out"]).write_bytes(pickle.dumps(results))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
 def run_group(ranks: int, variants: list[Variant], args, work: Path) -> float:
-    """All variants of one world size in one set of spawned ranks; returns the wall seconds."""
-    out = work / f"results-{ranks}.pkl"
-    plan = {"work": str(work), "out": str(out), "repeats": args.repeats, "steps": args.warmup + args.window,
+    """All variants of one world size in one set of ranks (``run_ranks``); returns the wall seconds."""
+    plan = {"work": str(work), "repeats": args.repeats, "steps": args.warmup + args.window,
             "warmup": args.warmup, "warmup_round": not args.no_warmup,
             "variants": [(v.key, v.name, v.flags) for v in variants]}
-    os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned ranks before they import torch
+    os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the fork server and the ranks before they import torch
     start = time.perf_counter()
-    mp.start_processes(_rank_entry, args=(ranks, free_port(), plan), nprocs=ranks, start_method="spawn")
+    results = run_ranks(ranks, run_plan, plan, hang_seconds=RANKS_HANG_SECONDS)[0]
     elapsed = time.perf_counter() - start
-    results = pickle.loads(out.read_bytes())
     minimal = baseline(variants)
     for v in variants:
         for r, m in zip(results[v.key], results[minimal.key]):
@@ -310,8 +153,8 @@ def report(groups: list[tuple[int, list[Variant], float, Load]], args, info: dic
         SECTION,
         "",
         f"The `debug` llama ({params / 1e6:.2f}M parameters), global batch {t.batch_size} × seq_len {t.seq_len} = "
-        f"{t.batch_size * t.seq_len} tokens/step, fp32, on N CPU ranks (gloo on loopback) spawned with "
-        f"`torch.multiprocessing` as the tests' `run_ranks` does; **one intra-op thread per rank** "
+        f"{t.batch_size * t.seq_len} tokens/step, fp32, on N CPU ranks (gloo on loopback) started by "
+        f"the tests' `run_ranks` (forked from a fork server); **one intra-op thread per rank** "
         f"(`OMP_NUM_THREADS=1`, `torch.set_num_threads(1)`), so the 4-rank rows run 4 processes on 2 vCPUs "
         f"(oversubscribed 2×) and the 2-rank rows one per vCPU. Trainer rows: `Trainer(load_config(argv))` + "
         f"`fit()` + `close()` in the ranks with `--config {BASE_CONFIG} --training.steps {args.warmup + args.window} "
@@ -323,7 +166,7 @@ def report(groups: list[tuple[int, list[Variant], float, Load]], args, info: dic
         f"over all N ranks (`fully_shard` per block + root, as zero_stage 3), AdamW with the trainer's "
         f"hyper-parameters and LR schedule, the trainer's data loader; forward, `cross_entropy`, `backward`, "
         f"`clip_grad_norm_`, `step`, `zero_grad`; no checkpointing, no metrics, no per-step loss all-reduce; timed "
-        f"on rank 0 over the same steps. Per world size all rows run in the same spawned processes, one after "
+        f"on rank 0 over the same steps. Per world size all rows run in the same processes, one after "
         f"another, the order rotated per repeat; median (min–max) over {args.repeats} repeat(s)"
         + (", after an untimed warm-up run (3 steps) of every row." if not args.no_warmup else "."),
         "",
@@ -381,7 +224,7 @@ def report(groups: list[tuple[int, list[Variant], float, Load]], args, info: dic
                      "all_reduces and suggests flattening the `dp_shard`, `tp` mesh dimensions: the gradient norm "
                      "of `clip_grad_norm_` over the 2-D mesh, one extra collective per step.")
     for ranks, variants, elapsed, load in groups:
-        notes.append(f"- {ranks} ranks: {elapsed / 60:.1f} min (spawn to exit); other load during it: "
+        notes.append(f"- {ranks} ranks: {elapsed / 60:.1f} min (start to exit); other load during it: "
                      f"{load.describe()}.")
     lines += ["Notes:", *notes, ""]
     lines += provenance(info["machine"], command, load=info["load"], extra=[f"Code: {info['git']}"])
