@@ -22,7 +22,7 @@ every repeat plans every (layout, world) once, in an order rotated per repeat, t
                   (ckpt.format.validate)
         metadata  ``Reader.read_metadata``: DCP's ``Metadata`` rebuilt from the manifest
         plan      ``SafeLoadPlanner``: ``set_up_planner`` + ``create_local_plan`` (the compatibility
-                  report, the saved chunks indexed: ckpt/_local_plan.py)
+                  report, the saved chunks indexed: ckpt/read/local_plan.py)
   DCP   metadata  the equivalent ``Metadata`` read from its ``.metadata`` file and unpickled (what
                   DCP's FileSystemReader does)
         plan      ``DefaultLoadPlanner``: ``set_up_planner`` + ``create_local_plan``
@@ -32,7 +32,7 @@ smallest, against the world ratio (8 for 1k → 8k: linear). Goals (``report.goa
 most linearly (growth ≤ 1.25 × the world ratio: a shared box's noise); ours per rank at the largest
 world no slower than DCP's in the same run; and under ``--bound`` CPU seconds (default 1.5 for 8
 tensors at 8,192 ranks — 65,536 saved chunks, about 23 µs each). The cyclic garbage collector is
-paused while the manifest is parsed and the plan built (ckpt/_gc.py): with it on, both grow
+paused while the manifest is parsed and the plan built (ckpt/read/gc_pause.py): with it on, both grow
 superlinearly (each full collection walks every object built so far).
 """
 
@@ -51,7 +51,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner  # n
 from ckpt import read_manifest  # noqa: E402
 from ckpt.dcp import Reader  # noqa: E402
 from ckpt.format import MANIFEST_NAME  # noqa: E402
-from ckpt.planner import SafeLoadPlanner  # noqa: E402
+from ckpt.read.planner import SafeLoadPlanner  # noqa: E402
 from report import command_line, goal, goal_line, metric, provenance, publish, table_head, write_json  # noqa: E402
 from tests.support.big_manifest import rank_state, sharded_manifest  # noqa: E402
 

@@ -81,7 +81,7 @@ from ckpt import commit  # noqa: E402
 from ckpt.root import copy_step  # noqa: E402
 from ckpt.storage import locate  # noqa: E402
 from ckpt.storage import remote as ckpt_remote  # noqa: E402
-from ckpt import prefetch as ckpt_prefetch  # noqa: E402
+from ckpt.read import prefetch as ckpt_prefetch  # noqa: E402
 from report import (  # noqa: E402
     command_line, goal, goal_line, median_span, metric, provenance, publish, table_head, write_json,
 )

@@ -233,7 +233,7 @@ def host_allocated(ctx: Context) -> int | None:
 def pinned(ctx: Context, figures: dict) -> None:
     torch = ctx.torch
     from ckpt.device import empty_host_cache
-    from ckpt.staging import DoubleBufferStager
+    from ckpt.write.staging import DoubleBufferStager
 
     empty_host_cache()
     before = host_allocated(ctx)
@@ -269,7 +269,7 @@ def pinned(ctx: Context, figures: dict) -> None:
 
 def ordering(ctx: Context, figures: dict) -> None:
     torch = ctx.torch
-    from ckpt.staging import DoubleBufferStager
+    from ckpt.write.staging import DoubleBufferStager
 
     junit = ctx.work / "junit.xml"
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "accelerator", "-p", "no:cacheprovider",
@@ -313,7 +313,7 @@ def dtensor(ctx: Context, figures: dict) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-    from ckpt.staging import DoubleBufferStager
+    from ckpt.write.staging import DoubleBufferStager
 
     mesh = init_device_mesh(ctx.device_type, (1,))
     rows = 256 if ctx.dry else 1 << 18  # 1 GiB of fp32 in two DTensors
@@ -408,7 +408,7 @@ def median(values: list[float]) -> float:
 def overlap(ctx: Context, figures: dict) -> None:
     torch = ctx.torch
     from ckpt.state import export_state
-    from ckpt.staging import DoubleBufferStager
+    from ckpt.write.staging import DoubleBufferStager
 
     job = Job(ctx)
     for _ in range(3):

@@ -19,8 +19,8 @@ import logging
 
 from . import dcp
 from .api import load, save
-from .committed import read_manifest
-from .delta import DeltaBase
+from .read.committed import read_manifest
+from .write.delta import DeltaBase
 from .errors import (
     CheckpointError,
     CheckpointExistsError,
@@ -43,9 +43,9 @@ from .format import FORMAT_VERSION, Manifest
 from .manager import CheckpointManager
 from .outcomes import CommitInfo, LoadStats, SaveStats
 from .options import AsyncMode, BusyPolicy, Compression, FailurePolicy, SaveOptions
-from .planner import SafeLoadPlanner
+from .read.planner import SafeLoadPlanner
 from .root import CheckpointRoot
-from .staging import DoubleBufferStager
+from .write.staging import DoubleBufferStager
 from .state import RNGState
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())  # the application decides what is shown

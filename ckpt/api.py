@@ -1,7 +1,7 @@
 """``ckpt.save`` / ``ckpt.load``: one call each, with or without torch.distributed.
 
 Both run DCP with our :class:`~ckpt.dcp.Writer`/:class:`~ckpt.dcp.Reader` and
-:class:`~ckpt.planner.SafeLoadPlanner`; every rank of the default (or given) process group calls
+:class:`~ckpt.read.planner.SafeLoadPlanner`; every rank of the default (or given) process group calls
 them collectively. Errors come out as :class:`~ckpt.errors.CheckpointError` subclasses, unwrapped
 from DCP's per-rank ``CheckpointException``.
 """
@@ -18,13 +18,13 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from .committed import read_manifest
+from .read.committed import read_manifest
 from .dcp import Reader, Writer
 from .errors import CheckpointError, CheckpointWriteError, IncompatibleCheckpointError
 from .format import Manifest
 from .outcomes import LoadStats
-from ._rollback import Rollback
-from .planner import SafeLoadPlanner
+from .read.rollback import Rollback
+from .read.planner import SafeLoadPlanner
 from .state import export_state, stored_whole
 from .storage import Location, locate
 
@@ -150,7 +150,7 @@ def load_with_manifest(state: dict[str, Any], path: Location, manifest: Manifest
     """:func:`load` of the checkpoint at ``path`` whose ``manifest`` the caller has just read and
     validated (the manager's resume, from its listing: parsed once, not twice). No rollback unless
     asked: after a failed load the manager loads an older step in full (or raises), so a host copy
-    of the whole state (:mod:`ckpt._rollback`) would buy it nothing."""
+    of the whole state (:mod:`ckpt.read.rollback`) would buy it nothing."""
     whole = stored_whole(set(manifest.values), [*manifest.values, *manifest.tensors])
     state_dict, restore = export_state(state, whole)
     distributed = not no_dist and _distributed()

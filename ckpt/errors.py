@@ -19,7 +19,7 @@ type; CLIs turn it into a single readable line and a non-zero exit.
     ├── DeviceUnavailableError       the requested device type is not present on this machine
     └── PeerLostError                another rank of a load died or stopped answering mid-exchange
 
-Errors cross ranks as objects (pickled by :mod:`ckpt._collective`), so every rank raises the same
+Errors cross ranks as objects (pickled by :mod:`ckpt.collective`), so every rank raises the same
 type with the same attributes.
 """
 

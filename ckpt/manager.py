@@ -11,10 +11,10 @@
 The manager only schedules; each concept lives in its module. One save, top to bottom:
 
 1. ``save`` (training thread): is the step due? export the state (:mod:`ckpt.state`); decide, with
-   every rank, whether it is a delta (:mod:`ckpt.delta`); start the snapshot into a free staging
-   buffer set (:mod:`ckpt.staging`; plain values are captured synchronously); queue the write.
+   every rank, whether it is a delta (:mod:`ckpt.write.delta`); start the snapshot into a free staging
+   buffer set (:mod:`ckpt.write.staging`; plain values are captured synchronously); queue the write.
 2. the writer thread: wait for the snapshot; write it through DCP and our writer
-   (:mod:`ckpt.dcp` → :mod:`ckpt.write` → :mod:`ckpt.commit`) on its own gloo process group, so
+   (:mod:`ckpt.dcp` → :mod:`ckpt.write.files` → :mod:`ckpt.commit`) on its own gloo process group, so
    its collectives never interleave with training's;
 3. rank 0 applies retention (:mod:`ckpt.root.retention`) to the root (:mod:`ckpt.root.steps`: step
    names, lock, start-up clean-up, delta bases; the run identity every manifest records and every
@@ -38,18 +38,18 @@ import torch
 import torch.distributed as dist
 
 from .api import load_with_manifest, write_tree
-from ._collective import Agreement, any_rank, broadcast_value, run_on_src
+from .collective import Agreement, any_rank, broadcast_value, run_on_src
 from .dcp import Writer
-from .delta import DeltaBase, DeltaChain, tensor_signature
+from .write.delta import DeltaBase, DeltaChain, tensor_signature
 from .errors import CheckpointError
 from .options import AsyncMode, BusyPolicy, SaveOptions
 from .outcomes import BackgroundFailures, CommitInfo, LoadStats, SavesInFlight, SaveStats, tell_commit
 from .root import resume, retention
-from .root.catalog_updates import CatalogUpdates
+from .root.catalog.updates import CatalogUpdates
 from .root.claim import claim_primary
 from .root.mounts import open_mounts, start_replicator
-from ._snapshot_copy import single_threaded_aten
-from .staging import DoubleBufferStager
+from .write.snapshot_copy import single_threaded_aten
+from .write.staging import DoubleBufferStager
 from .state import buffer_owners, export_state
 
 log = logging.getLogger(__name__)

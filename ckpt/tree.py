@@ -6,7 +6,7 @@
 
 Containers are rebuilt as plain dicts, lists and tuples; ``path`` is the tuple of keys and list
 indices from the root. Everything that walks user state (export and restore in :mod:`ckpt.state`,
-snapshots in :mod:`ckpt.staging`) goes through these two functions.
+snapshots in :mod:`ckpt.write.staging`) goes through these two functions.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ if __package__ in (None, ""):  # run as a script: the repository root on the pat
 import torch
 
 import ckpt
-from ckpt.root.catalog import Catalog, mount_id, open_catalog
+from ckpt.root.catalog.store import Catalog, mount_id, open_catalog
 from ckpt.format import MANIFEST_NAME, data_file_name, step_name
 from ckpt.storage import locate
 from tools import inspection

@@ -435,7 +435,7 @@ def load_step(path: Path):
     (manifest, {key: tensor}, {key: value})."""
     import ckpt
     from ckpt.convert import full_tensors
-    from ckpt.read import ChunkSource
+    from ckpt.read.source import ChunkSource
     from ckpt.storage import locate
 
     manifest = ckpt.read_manifest(path)
@@ -514,7 +514,7 @@ def check_mount(path: Path, *, verify: bool = True) -> dict:
 
 def check_after_kill(paths: RunPaths) -> dict:
     """Every check after a kill (module docstring, item 4) on the primary and the replica."""
-    from ckpt.committed import read_manifest_bytes
+    from ckpt.read.committed import read_manifest_bytes
     from ckpt.storage import locate
 
     started = time.monotonic()

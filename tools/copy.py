@@ -30,7 +30,7 @@ import sys
 import threading
 
 from ckpt import CheckpointNotFoundError, CheckpointRoot, read_manifest
-from ckpt.committed import read_manifest_bytes
+from ckpt.read.committed import read_manifest_bytes
 from ckpt.root import copy_step, open_root
 from ckpt.root.copy import holds_copy
 from ckpt.root.claim import foreign, read_claim

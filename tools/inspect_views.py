@@ -1,8 +1,8 @@
 """What ``ckpt-inspect`` prints for one thing rather than a run: a checkpoint (``ROOT/step-N``), a
 ``.safetensors`` file, a Hugging Face model directory, or two checkpoints compared (``--diff``).
 
-Each view takes the JSON-ready dict the library builds (:func:`ckpt.inspection.summarize`,
-:mod:`ckpt.inspect_files`, :func:`ckpt.inspect_diff.diff`) and prints it as one JSON document
+Each view takes the JSON-ready dict the library builds (:func:`ckpt.inspect.report.summarize`,
+:mod:`ckpt.inspect.weights`, :func:`ckpt.inspect.diff.diff`) and prints it as one JSON document
 (``--json``) or as text: a header line, totals, the sizes per prefix, the tensor table, the values
 with their previews and the recorded run config (at most :data:`CONFIG_LINES` lines). Text is
 printed with what the terminal cannot encode escaped (:func:`printable`): a key holding a lone surrogate
@@ -15,7 +15,7 @@ import json
 import sys
 import time
 
-from ckpt.inspect_step import config_lines
+from ckpt.inspect.step import config_lines
 from ckpt.units import human_bytes
 
 CONFIG_LINES = 80
@@ -54,7 +54,7 @@ def _emit(doc: dict, as_json: bool) -> bool:
 
 
 def checkpoint(doc: dict, as_json: bool) -> None:
-    """One checkpoint of ours (:func:`ckpt.inspection.summarize`)."""
+    """One checkpoint of ours (:func:`ckpt.inspect.report.summarize`)."""
     if _emit(doc, as_json):
         return
     version, totals, tensors, values = doc["format_version"], doc["totals"], doc["tensors"], doc["values"]
@@ -90,7 +90,7 @@ def checkpoint(doc: dict, as_json: bool) -> None:
 
 
 def weights(doc: dict, as_json: bool) -> None:
-    """A .safetensors file or a Hugging Face directory (:mod:`ckpt.inspect_files`)."""
+    """A .safetensors file or a Hugging Face directory (:mod:`ckpt.inspect.weights`)."""
     if _emit(doc, as_json):
         return
     totals = doc["totals"]
@@ -117,7 +117,7 @@ def _step(side: dict) -> str:
 
 
 def diff(doc: dict, as_json: bool) -> None:
-    """Two checkpoints compared (:func:`ckpt.inspect_diff.diff`)."""
+    """Two checkpoints compared (:func:`ckpt.inspect.diff.diff`)."""
     if _emit(doc, as_json):
         return
     counts = doc["counts"]

@@ -30,11 +30,11 @@ import math
 import sys
 
 from ckpt import CheckpointNotFoundError, CheckpointRoot, read_manifest
-from ckpt.committed import is_committed
-from ckpt.inspect_diff import diff
-from ckpt.inspect_files import hf_summary, is_hf_directory, is_weights_file, safetensors_summary
+from ckpt.read.committed import is_committed
+from ckpt.inspect.diff import diff
+from ckpt.inspect.weights import hf_summary, is_hf_directory, is_weights_file, safetensors_summary
 from ckpt.root import Catalog, mount_id, open_catalog, open_root, resolve_checkpoint
-from ckpt.inspection import (
+from ckpt.inspect.report import (
     compare_mounts,
     mount_list,
     open_manifests,

@@ -19,7 +19,7 @@ import argparse
 import json
 
 from ckpt.root import open_root
-from ckpt.root.catalog_sync import record_deleted
+from ckpt.root.catalog.sync import record_deleted
 from ckpt.root.retention import apply, steps_to_delete
 from .cli import EXPECTED_FAILURES, command, doc_parser, fail
 

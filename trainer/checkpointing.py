@@ -24,7 +24,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 import ckpt
-from ckpt.committed import looks_like_dcp
+from ckpt.read.committed import looks_like_dcp
 from ckpt.format import step_name
 from ckpt.root import resolve_checkpoint
 from ckpt.storage import is_url, locate

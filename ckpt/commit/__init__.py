@@ -42,13 +42,13 @@ file, e.g. :mod:`ckpt.merged`'s) and :class:`PendingDirectory` (a directory of f
 export) — the offline converters' publish API.
 
 Whether a directory is committed (:func:`is_committed`, :func:`uncommitted_reason`) is the reader's
-side of this protocol; it lives in :mod:`ckpt.committed`, below this package and the read side, and is
+side of this protocol; it lives in :mod:`ckpt.read.committed`, below this package and the read side, and is
 importable from here too. Every name above is made in :mod:`ckpt.format.names`.
 """
 
 from __future__ import annotations
 
-from ..committed import is_committed, read_manifest, uncommitted_reason
+from ..read.committed import is_committed, read_manifest, uncommitted_reason
 from ..format import OLD_MARK, TMP_MARK
 from .base import Attempt, CommitStrategy, DirectoryAttempt, new_tag
 from .object_store import ManifestLastCommit

@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..committed import MAX_MANIFEST_BYTES, read_manifest
+from ..read.committed import MAX_MANIFEST_BYTES, read_manifest
 from ..errors import CheckpointError, CheckpointLockedError
 from ..format import DATA_DIR, MANIFEST_NAME, Manifest, parse_manifest
 from ..storage import Location

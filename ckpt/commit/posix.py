@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..committed import is_committed
+from ..read.committed import is_committed
 from ..errors import CheckpointExistsError
 from ..format import DATA_DIR, MANIFEST_NAME, OLD_MARK, TMP_MARK, aside_name, attempt_name
 from ..storage import Location

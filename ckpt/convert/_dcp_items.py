@@ -29,11 +29,11 @@ import torch
 import zstandard
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-from ..committed import DCP_METADATA_NAME as METADATA_NAME
+from ..read.committed import DCP_METADATA_NAME as METADATA_NAME
 from ..errors import CheckpointError, CorruptCheckpointError, UnsafeCheckpointError, UnsupportedFormatError
 from ..format import ValueEntry, values
 from ..storage import Location
-from ..write import tensor_bytes
+from ..write.files import tensor_bytes
 from ._bounds import check_structure, element_budget
 
 MAX_VALUE_BYTES = 1 << 30  # a decompressed non-tensor value

@@ -4,7 +4,7 @@ every export (``ckpt-merge``, ``ckpt-convert``; written out by :mod:`ckpt.conver
 1. choose   :func:`select_keys` picks tensor keys (all, ``model``, ``optim`` or any key prefix) and
             :func:`tensor_specs` describes them (key, dtype, global shape) from the manifest alone;
 2. read     :func:`full_tensors` assembles one tensor at a time from its chunks through
-            :class:`ckpt.read.ChunkSource` (so every chunk is verified, deltas are replayed through
+            :class:`ckpt.read.source.ChunkSource` (so every chunk is verified, deltas are replayed through
             their chain and every mount works): the global shape is allocated once
             (:func:`empty_tensor`) and each decoded chunk is copied into its slice (a raw chunk is
             read straight into it).
@@ -20,10 +20,10 @@ from typing import Iterable, Iterator
 
 import torch
 
-from ..committed import read_manifest
+from ..read.committed import read_manifest
 from ..errors import CheckpointError
 from ..format import Manifest
-from ..read import ChunkSource
+from ..read.source import ChunkSource
 from ..storage import Location, locate
 from .formats import TensorSpec
 

@@ -9,7 +9,7 @@ checkpoint when DCP itself reads them; here what would need code execution raise
 place in the metadata (each declared chunk and value stored exactly once, inside its shape, in a
 data file below the directory), checks every chunk against the metadata (dtype, box), stores it
 raw with DCP's chunk boxes (so the result reshards like any of ours), and commits the result
-(:class:`ckpt.assemble.NewCheckpoint`: nothing partial is ever visible).
+(:class:`ckpt.write.assemble.NewCheckpoint`: nothing partial is ever visible).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from typing import Callable
 
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
 
-from ..assemble import NewCheckpoint, new_manifest
-from ..committed import DCP_METADATA_NAME as METADATA_NAME
+from ..write.assemble import NewCheckpoint, new_manifest
+from ..read.committed import DCP_METADATA_NAME as METADATA_NAME
 from ..errors import CheckpointExistsError, CorruptCheckpointError, InvalidManifestError, UnsupportedFormatError
 from ..format import Manifest, ValueEntry, dtype_name, parse_step_name
 from ..storage import Location, locate
-from ..write import Payload, Place
+from ..write.files import Payload, Place
 from ._bounds import check_memory
 from ._dcp_items import STREAM_SLACK, Item, ItemReader, transform
 from .dcp_metadata import read_dcp_metadata

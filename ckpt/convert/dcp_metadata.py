@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from ..committed import DCP_METADATA_NAME as METADATA_NAME, read_metadata_file
+from ..read.committed import DCP_METADATA_NAME as METADATA_NAME, read_metadata_file
 from ..errors import CheckpointError, CorruptCheckpointError, InvalidManifestError, UnsafeCheckpointError
 from ..format import MAX_BYTES, MAX_DIMS
 from ..storage import Location, locate

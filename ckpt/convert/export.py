@@ -24,11 +24,11 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from .. import commit
-from ..committed import read_manifest
+from ..read.committed import read_manifest
 from ..errors import CheckpointError, CheckpointExistsError, CheckpointWriteError, UnsupportedFormatError
 from ..format import Manifest
 from ..storage import Location, locate
-from ..write import tensor_bytes
+from ..write.files import tensor_bytes
 from .consolidate import full_tensors, select_keys, tensor_specs
 from .formats import FORMATS, SAFETENSORS_DTYPES, TensorSpec, TorchZipWriter, safetensors_header
 

@@ -20,13 +20,13 @@ import torch.distributed as dist
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.tensor import DTensor
 
-from .._collective import broadcast_error
+from ..collective import broadcast_error
 from ..commit import PendingFile
 from ..errors import CheckpointError, CheckpointWriteError, UnsupportedFormatError
 from ..format import values
 from ..state import export_state
 from ..storage import locate
-from ..write import tensor_bytes
+from ..write.files import tensor_bytes
 from .formats import safetensors_header
 
 

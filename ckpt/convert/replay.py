@@ -2,7 +2,7 @@
 
 Every chunk is decoded through its chain (all links verified) and stored raw in a data file of the
 same name as before, so the layout (ranks, chunks) is unchanged; values are copied. The result is
-committed with the usual protocol (:class:`ckpt.assemble.NewCheckpoint`), at a new path or in place
+committed with the usual protocol (:class:`ckpt.write.assemble.NewCheckpoint`), at a new path or in place
 of the source (atomically; deltas that use the source as their base stay valid because the raw
 bytes are identical). An output named as a step (``step-00000400``) must be the source's step:
 step 450 is never stored under step 400's name (refused before anything is written).
@@ -14,12 +14,12 @@ import os
 from collections import defaultdict
 from typing import Callable
 
-from ..assemble import NewCheckpoint, new_manifest
+from ..write.assemble import NewCheckpoint, new_manifest
 from ..errors import CheckpointError
 from ..format import Chunk, Manifest, numbered_file_name, parse_step_name, step_name
-from ..read import ChunkSource
+from ..read.source import ChunkSource
 from ..storage import locate
-from ..write import Payload, Place
+from ..write.files import Payload, Place
 
 
 def materialize(source_path: str | os.PathLike, out: str | os.PathLike | None = None, *,

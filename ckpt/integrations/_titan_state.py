@@ -8,7 +8,7 @@ DCP checkpoints hold, with one change: the dataloader's state is put under one k
 own ``dp_rank_<r>``; as one tensor-free value per rank under a single ``dataloader`` key, all but one
 rank's position would be dropped (the engine writes a plain value once), while as separate keys every
 rank's is written and each rank asks for its own on load (rank-local state, which the strict
-:class:`~ckpt.planner.SafeLoadPlanner` accepts because some rank asks for every key).
+:class:`~ckpt.read.planner.SafeLoadPlanner` accepts because some rank asks for every key).
 
 A step is *model-only* (torchtitan's step 0, a seed checkpoint, a last step saved with
 ``last_save_model_only``) when it holds none of the non-model states: :func:`model_only_dtypes` reads
@@ -18,7 +18,7 @@ there: :func:`require_keys`) and leaves the step's other states unread, as torch
 
 A foreign (torchtitan's own) DCP step is read pickle-free: its ``.metadata`` through the allow-list
 unpickler of :mod:`ckpt.convert.dcp_metadata` (DCP's reader would ``pickle.load`` it), its values
-through the :class:`~ckpt.planner.SafeLoadPlanner`.
+through the :class:`~ckpt.read.planner.SafeLoadPlanner`.
 """
 
 from __future__ import annotations

@@ -7,16 +7,16 @@
 | :mod:`~ckpt.root.resolve` | which checkpoint an argument means (:func:`resolve_checkpoint`, :func:`open_root`) |
 | :mod:`~ckpt.root.retention` | which steps a policy deletes, applied the same way on the primary and every replica |
 | :mod:`~ckpt.root.resume` | which step to load, from which mount, falling back past damage |
-| :mod:`~ckpt.root.catalog` | the LMDB catalog: a cache of the mounts' manifests, never an authority |
-| :mod:`~ckpt.root.catalog_sync` | the catalog kept true when a tool rewrote a step (:func:`record_replaced`) |
+| :mod:`~ckpt.root.catalog.store` | the LMDB catalog: a cache of the mounts' manifests, never an authority |
+| :mod:`~ckpt.root.catalog.sync` | the catalog kept true when a tool rewrote a step (:func:`record_replaced`) |
 | :mod:`~ckpt.root.copy` | one step copied to another mount, verified as it streams (:func:`copy_step`) |
 | :mod:`~ckpt.root.replicate` | the background :class:`Replicator` (per-mount workers, backoff, catch-up, clean-up, retention) |
 
 Below the manager, above the commit protocol and the read side; nothing here imports the manager.
 """
 
-from .catalog import Catalog, StepInfo, mount_id, open_catalog
-from .catalog_sync import record_replaced
+from .catalog.store import Catalog, StepInfo, mount_id, open_catalog
+from .catalog.sync import record_replaced
 from .copy import SourceCorruptError, copy_step
 from .replicate import Replicator
 from .resolve import open_root, resolve_checkpoint

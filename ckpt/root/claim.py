@@ -27,7 +27,7 @@ import uuid
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, ForeignRunError
 from ..format import is_run_id
 from ..storage import Location
-from ._catalog_records import mount_id
+from .catalog.records import mount_id
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ Contract of one copy (:func:`copy_step`):
    finished, and a version-3 blob's block table, as copied, must be the table of those verified
    bytes, so corruption on the source is never committed on a replica. Each written file is
    finished durably and its size checked; with ``read_back=True`` every blob is then read back from
-   the replica and verified (:func:`ckpt.read.verify_blobs`).
+   the replica and verified (:func:`ckpt.read.source.verify_blobs`).
 3. Only when every rank succeeded does rank 0 write the manifest — the primary's bytes, unchanged —
    on the replica: the commit point. Otherwise — a failure on any rank or at the commit point, or an
    interrupt (Ctrl-C; ``ckpt-copy`` turns SIGTERM into one) — the attempt is removed before the error
@@ -37,13 +37,13 @@ from typing import Callable
 import torch.distributed as dist
 
 from .. import commit
-from .._collective import any_rank, broadcast_error, broadcast_value
-from ..committed import read_manifest_bytes
+from ..collective import any_rank, broadcast_error, broadcast_value
+from ..read.committed import read_manifest_bytes
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, StorageError
 from ..format import Blob, Manifest, data_file_rank
 from ..format.blocks import StreamDigest, pack
 from ..format.digest import unseal
-from ..read import DataFiles, verify_blobs
+from ..read.source import DataFiles, verify_blobs
 from ..storage import Location
 
 SLICE = 16 << 20

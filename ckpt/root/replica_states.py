@@ -1,6 +1,6 @@
 """The states of a step on a replica mount: one enum shared by the replicator
-(:mod:`ckpt.root.replicate`, which sets them), the catalog (:mod:`ckpt.root.catalog`, which stores
-them) and ``ckpt inspect`` (:mod:`ckpt.inspection`, which shows them), so a state one of them knows
+(:mod:`ckpt.root.replicate`, which sets them), the catalog (:mod:`ckpt.root.catalog.store`, which stores
+them) and ``ckpt inspect`` (:mod:`ckpt.inspect.report`, which shows them), so a state one of them knows
 always reaches the others.
 
     pending    queued for a copy

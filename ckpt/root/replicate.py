@@ -38,11 +38,11 @@ from typing import Callable
 
 import torch.distributed as dist
 
-from ..committed import read_manifest_bytes
-from .._collective import any_rank, broadcast_error, broadcast_value
+from ..read.committed import read_manifest_bytes
+from ..collective import any_rank, broadcast_error, broadcast_value
 from ..errors import CheckpointError, CheckpointLockedError, CheckpointNotFoundError, ForeignRunError, StorageError
 from . import retention
-from ._catalog_records import mount_id
+from .catalog.records import mount_id
 from .claim import claim_replica, foreign, read_claim
 from .copy import SourceCorruptError, TargetConflictError, copy_step, holds_copy
 from .replica_states import FINAL, ReplicaState

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from ..committed import is_committed, read_manifest, uncommitted_reason
+from ..read.committed import is_committed, read_manifest, uncommitted_reason
 from ..errors import CheckpointNotFoundError
 from ..format import is_leftover, parse_step_name
 from ..storage import Location, locate

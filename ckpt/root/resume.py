@@ -3,7 +3,7 @@
     load_step(mounts, state, step, load, run=)   that step, or CheckpointNotFoundError naming the committed ones
     load_latest(mounts, state, load, run=)       the newest step that loads in full; None only when no mount has one
 
-Every rank decides together (``agree``: :class:`ckpt._collective.Agreement` over the manager's
+Every rank decides together (``agree``: :class:`ckpt.collective.Agreement` over the manager's
 control group): rank 0 lists the candidates and the mounts holding each for every rank, and each
 load attempt fails on every rank or on none (the first failing rank's error), so no rank resumes
 from a step another refused. A step that fails as damaged on every mount holding it, as every rank
@@ -19,7 +19,7 @@ as this run's.
 
 ``mounts`` are the run's roots, the primary first, then its replicas (:mod:`ckpt.root.replicate`). A step
 is tried on each mount that holds it, in that order; a delta's base links may come from any mount,
-link by link (``mirrors``: :class:`~ckpt.read.ChunkSource`). When the primary's copy is missing or
+link by link (``mirrors``: :class:`~ckpt.read.source.ChunkSource`). When the primary's copy is missing or
 fails verification the state comes from the next mount whose copy verifies (bitwise the same), and a
 warning says which. When no mount has a good copy, the next older step is tried (newest first: on a
 single mount, :meth:`~ckpt.root.steps.CheckpointRoot.steps` already leaves out deltas whose chain lost a
@@ -38,7 +38,7 @@ import logging
 import warnings
 from typing import Any, Callable
 
-from .._collective import LOCAL, Agreement
+from ..collective import LOCAL, Agreement
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, ForeignRunError, StorageError
 from ..storage import Location
 from .claim import read_claim

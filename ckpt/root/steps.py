@@ -34,7 +34,7 @@ import threading
 from typing import Callable
 
 from .. import commit
-from ..committed import is_committed, read_manifest
+from ..read.committed import is_committed, read_manifest
 from ..errors import CheckpointError, StorageError
 from ..format import Manifest, parse_step_name, step_name
 from ..storage import Location, holder_text, locate
@@ -163,7 +163,7 @@ class CheckpointRoot:
     def bases(self, steps: list[int]) -> dict[int, int | None]:
         """Base step of each of ``steps``: None for a full one, :data:`UNREADABLE` when its manifest
         cannot be read; read from the manifest, once (the steps being written are the manager's
-        :class:`~ckpt.delta.DeltaChain`'s to tell)."""
+        :class:`~ckpt.write.delta.DeltaChain`'s to tell)."""
         return {step: header[0] for step, header in self._read_headers(steps).items()}
 
     def runs(self, steps: list[int]) -> dict[int, str | None]:
@@ -175,7 +175,7 @@ class CheckpointRoot:
         """The manifest of committed ``step``: the newest one read for the listing when it is
         ``step``'s and its directory is still the one read (a committed step does not change in
         place; deleting or rewriting it here forgets it: :meth:`forget`), else read now. Raises as
-        :func:`~ckpt.committed.read_manifest`."""
+        :func:`~ckpt.read.committed.read_manifest`."""
         with self._bases_lock:
             newest = self._newest
         path = self.step_path(step)

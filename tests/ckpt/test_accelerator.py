@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 import ckpt
 from ckpt.device import accelerator_module, process_group_backend, resolve_device_type
-from ckpt.staging import DoubleBufferStager
+from ckpt.write.staging import DoubleBufferStager
 
 DEVICE_TYPE = resolve_device_type("auto")
 ACCEL = accelerator_module(DEVICE_TYPE)

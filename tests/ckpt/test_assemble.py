@@ -1,4 +1,4 @@
-"""ckpt.assemble: the one manifest builder — a header from the delta base, entries from (key, dtype,
+"""ckpt.write.assemble: the one manifest builder — a header from the delta base, entries from (key, dtype,
 shape) — and a checkpoint written by one process committed whole or not at all."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import ckpt
-from ckpt.assemble import NewCheckpoint, new_manifest
-from ckpt.delta import DeltaBase
+from ckpt.write.assemble import NewCheckpoint, new_manifest
+from ckpt.write.delta import DeltaBase
 from ckpt.format import ValueEntry
 from ckpt.storage import locate
-from ckpt.write import Payload, Place, tensor_bytes
+from ckpt.write.files import Payload, Place, tensor_bytes
 
 
 def _leftovers(directory) -> list[str]:

@@ -4,7 +4,7 @@ rank that does not need it loads — decided so: each rank checks what it uses, 
 --verify`` checks everything); version-2 checkpoints (written the old way) still read and verify
 whole; hostile block fields are refused before anything is allocated.
 
-Single process: a partial read is driven through :func:`ckpt.prefetch.read_chunks` with the box a
+Single process: a partial read is driven through :func:`ckpt.read.prefetch.read_chunks` with the box a
 rank of another layout would want (the multi-rank reshards are tests/ckpt/test_reshard.py and
 tests/ckpt/test_load_memory.py).
 """
@@ -17,10 +17,10 @@ import pytest
 import torch
 
 import ckpt
-from ckpt import prefetch
+from ckpt.read import prefetch
 from ckpt.format.blocks import BLOCK_SIZE
-from ckpt.prefetch import Want, read_chunks
-from ckpt.read import ChunkSource, verify_blobs
+from ckpt.read.prefetch import Want, read_chunks
+from ckpt.read.source import ChunkSource, verify_blobs
 from ckpt.storage import local, locate
 from tests.support.checkpoints import reseal
 from tests.support.old_format import downgrade_to_v2

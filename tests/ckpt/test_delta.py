@@ -85,7 +85,7 @@ def test_the_delta_chain_tells_what_each_step_in_flight_builds_on():
     write failed is stored whole; the next save after a failure is a full."""
     from concurrent.futures import Future
 
-    from ckpt.delta import DeltaChain
+    from ckpt.write.delta import DeltaChain
 
     chain = DeltaChain(full_every=3)
     staged = Future()

@@ -16,8 +16,8 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ckpt import device
-from ckpt._snapshot_copy import SnapshotCopy
-from ckpt.staging import DoubleBufferStager
+from ckpt.write.snapshot_copy import SnapshotCopy
+from ckpt.write.staging import DoubleBufferStager
 
 REAL_ACCELERATOR = torch.cuda.is_available() or device.npu_available()
 SOURCE_DEVICE = "npu:1"  # where the stand-in's "device" sources live; the current device stays 0

@@ -1,5 +1,5 @@
 """Memory on resume is bounded: a resharded load's peak host memory is the live state plus the read
-buffer (``ckpt.prefetch.BUFFER_BYTES``), never a whole stored chunk.
+buffer (``ckpt.read.prefetch.BUFFER_BYTES``), never a whole stored chunk.
 
 Two spawned ranks save a 200 MB fp32 matrix as ``Shard(0)`` (one 100 MB chunk each), then load it
 as ``Shard(1)``: each rank needs half of every row of both chunks, the layout that used to stage a
@@ -7,7 +7,7 @@ whole chunk per read. Each rank measures its own peak resident set during the lo
 after resetting it through ``/proc/self/clear_refs``) against its resident set before it; the bound
 asserted is the read buffer plus 32 MiB for threads and allocator slack — well below one chunk
 (100 MB), so staging a chunk fails the test. A bound, not a timing. Measured with
-``rollback=False``: the undo copy ``ckpt.load`` keeps by default (:mod:`ckpt._rollback`) is by
+``rollback=False``: the undo copy ``ckpt.load`` keeps by default (:mod:`ckpt.read.rollback`) is by
 design as large as the bytes a rank loads.
 """
 
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import ckpt
-from ckpt.prefetch import BUFFER_BYTES
+from ckpt.read.prefetch import BUFFER_BYTES
 from tests.support.launch import run_ranks
 
 pytestmark = pytest.mark.slow  # 2 ranks, 200 MB saved and loaded

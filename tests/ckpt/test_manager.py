@@ -426,7 +426,7 @@ def test_discard_after_leaves_one_history_on_every_mount(tmp_path):
 
 
 def test_a_resume_parses_the_manifest_it_loads_once_and_never_a_stale_one(tmp_path, monkeypatch):
-    import ckpt.committed as committed
+    import ckpt.read.committed as committed
 
     parsed = []
     real = committed.read_manifest_bytes

@@ -1,4 +1,4 @@
-"""ckpt.planner: an incompatible live state fails with one error listing every problem, before a single
+"""ckpt.read.planner: an incompatible live state fails with one error listing every problem, before a single
 byte is read; strict=False tolerates missing and unexpected keys but never a shape or dtype mismatch.
 Strict mode accepts state each rank saved for itself (a key some rank asks for) and refuses keys no
 rank saved or no rank asks for."""
@@ -106,7 +106,7 @@ def test_rank_local_state_of_a_larger_job_is_unexpected_alone(tmp_path):
     """One process loading what two ranks saved: the other rank's own key is asked for by no one."""
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 
-    from ckpt.planner import SafeLoadPlanner
+    from ckpt.read.planner import SafeLoadPlanner
 
     saved = Metadata(state_dict_metadata={"rank0": BytesStorageMetadata(), "rank1": BytesStorageMetadata()})
     planner = SafeLoadPlanner()

@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan
 
 from ckpt.errors import IncompatibleCheckpointError
-from ckpt.planner import SafeLoadPlanner
+from ckpt.read.planner import SafeLoadPlanner
 from tests.support.big_manifest import rank_state, sharded_manifest
 
 TENSORS = 4

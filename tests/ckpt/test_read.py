@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import ckpt
-from ckpt.read import verify_blobs
+from ckpt.read.source import verify_blobs
 from ckpt.storage import locate
 from tests.support.checkpoints import (
     BIAS,

@@ -1,4 +1,4 @@
-"""Small chunks read together from an object store (:mod:`ckpt._read_batch`): a load of many small
+"""Small chunks read together from an object store (:mod:`ckpt.read.batch`): a load of many small
 tensors from the S3 server makes one ranged GET per span of neighbours, not one per tensor, and
 each tensor is still verified against its own checksum before it is used; large chunks keep their
 own ranged GETs; a local load does not batch. Real moto server on loopback.
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ckpt
-from ckpt import _read_batch
+from ckpt.read import batch
 from ckpt.storage import remote
 from tests.support.s3server import bucket_fs
 
@@ -91,5 +91,5 @@ def test_only_small_neighbours_in_one_file_are_grouped():
                 request("a", 50_000_200, 10), request("a", 50_000_210 + (1 << 20), 10),  # gap too wide
                 request("b", 0, 10), request("b", 10, 10, into=None),  # not direct: alone
                 request("c", 0, 6 << 20), request("c", 6 << 20, 6 << 20), request("c", 12 << 20, 6 << 20)]
-    shapes = [len(r) if isinstance(r, list) else 1 for r in _read_batch.batched(requests, 16 << 20)]
+    shapes = [len(r) if isinstance(r, list) else 1 for r in batch.batched(requests, 16 << 20)]
     assert shapes == [2, 1, 1, 1, 1, 1, 2, 1]  # the last: 18 MiB would exceed one GET

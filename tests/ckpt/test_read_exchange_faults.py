@@ -4,7 +4,7 @@
 * a damaged chunk that several ranks need whole (read by one, sent to the others), or its data
   file cut inside its block tables;
 * bytes damaged between the reader and a receiver (a flipped byte put into what the reader's send
-  hands to gloo, at :meth:`ckpt._read_share.Exchange.send`): the receiver's hash of what it got
+  hands to gloo, at :meth:`ckpt.read.exchange.Exchange.send`): the receiver's hash of what it got
   must refuse them, and every rank fails with that error;
 * a peer whose process is SIGKILLed in the middle of the exchange: the survivor fails with a
   :class:`~ckpt.errors.PeerLostError` naming the dead rank, not gloo's RuntimeError.
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.slow  # gloo ranks
 def _replicated(seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
     # w (2 MiB) is read by rank 0 and v (1.5 MiB) by rank 1, each sent to the other; the small ones
-    # travel in one batch (ckpt._read_assign)
+    # travel in one batch (ckpt.read.assignment)
     return {"w": torch.randn(512, 1024, generator=g), "v": torch.randn(384, 1024, generator=g),
             "b": torch.randn(32, generator=g), "step": seed}
 
@@ -74,7 +74,7 @@ def _resharded(rank: int, world: int, path: str):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from ckpt import prefetch
+    from ckpt.read import prefetch
 
     def staged(*args, **kwargs):
         raise AssertionError("window staged: this test is about scatter reads")
@@ -108,7 +108,7 @@ def test_a_damaged_block_of_a_scatter_read_fails_every_rank_and_leaves_its_state
 
 # -- chunks shared between ranks -------------------------------------------------------------------
 def _shared(rank: int, world: int, path: str, damage: str):
-    from ckpt import _read_share
+    from ckpt.read import exchange
 
     ckpt.save(_replicated(0), path)
     torch.distributed.barrier()
@@ -120,7 +120,7 @@ def _shared(rank: int, world: int, path: str, damage: str):
         os.truncate(f"{path}/{blob.file}", blob.block_table + 8)  # every payload whole, w's table cut
     torch.distributed.barrier()
     if damage == "in transit":
-        send = _read_share.Exchange.send
+        send = exchange.Exchange.send
 
         def damaging_send(self, receivers, header, raw, what):
             if raw is not None:  # what gloo carries differs from what the reader verified and hashed
@@ -128,7 +128,7 @@ def _shared(rank: int, world: int, path: str, damage: str):
                 raw.view(torch.uint8).reshape(-1)[raw.numel() // 3] ^= 0x20
             return send(self, receivers, header, raw, what)
 
-        _read_share.Exchange.send = damaging_send
+        exchange.Exchange.send = damaging_send
     return _load(_replicated(7), path)
 
 
@@ -144,7 +144,7 @@ def test_a_damaged_shared_chunk_fails_every_rank_and_leaves_its_state(tmp_path, 
 
 # -- a peer killed mid-exchange --------------------------------------------------------------------
 def _killed_mid_exchange(rank: int, world: int, path: str):
-    from ckpt import _read_share
+    from ckpt.read import exchange
 
     ckpt.save(_replicated(0), path)
     torch.distributed.barrier()
@@ -152,7 +152,7 @@ def _killed_mid_exchange(rank: int, world: int, path: str):
         def die(*args, **kwargs):  # rank 1 got w from rank 0; about to send v, its process is killed
             os.kill(os.getpid(), signal.SIGKILL)
 
-        _read_share.Exchange.send = die
+        exchange.Exchange.send = die
     live = _replicated(7)
     before = _snapshot(live)
     try:

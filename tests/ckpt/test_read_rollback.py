@@ -1,4 +1,4 @@
-"""A refused load leaves the live state as it was, on every read path (:mod:`ckpt._rollback`).
+"""A refused load leaves the live state as it was, on every read path (:mod:`ckpt.read.rollback`).
 
 Each test damages what one read path reads last (a flipped byte in a chunk, a data file cut inside
 its block tables) so that the load has written other tensors — and, reading straight into the live

@@ -1,5 +1,5 @@
 """Replicated bytes read once: a stored chunk several ranks need whole is read from storage by one
-of them and sent to the others (ckpt._read_assign decides, ckpt._read_share moves and verifies).
+of them and sent to the others (ckpt.read.assignment decides, ckpt.read.exchange moves and verifies).
 
 Counted at the storage layer (tests/support/read_counting.py): a 4-rank DDP-style load and an HSDP
 (2 replicate x 2 shard) load read one copy of the checkpoint's bytes in total, not one per replica,
@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
 import ckpt
-from ckpt._read_assign import RankShares, assign_shared_reads
+from ckpt.read.assignment import RankShares, assign_shared_reads
 from ckpt.format import Blob, Chunk
 from tests.support.launch import run_ranks
 from tests.support.read_counting import counting_reads
@@ -88,7 +88,7 @@ def test_files_several_ranks_read_in_part_are_read_together_when_a_rank_has_two(
 
 def _state(seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
-    # w and v travel alone (1 MiB or more), the small ones in one batch (ckpt._read_assign.SMALL_BYTES)
+    # w and v travel alone (1 MiB or more), the small ones in one batch (ckpt.read.assignment.SMALL_BYTES)
     return {"w": torch.randn(512, 1024, generator=g), "v": torch.randn(384, 1024, generator=g),
             "b": torch.randn(32, generator=g),
             "e": torch.randint(0, 100, (17, 5), generator=g), "h": torch.randn(8, 8, generator=g).bfloat16(),

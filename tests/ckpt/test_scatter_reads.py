@@ -1,11 +1,11 @@
-"""Partial reads straight into the live tensor (:mod:`ckpt._scatter`): a resharded load whose box
+"""Partial reads straight into the live tensor (:mod:`ckpt.read.scatter`): a resharded load whose box
 is whole rows, or rows of long runs, reads the blocks it needs with scatter reads into the target
 itself (what no want needs into scratch), each block still verified; nothing else of the live
 tensor is touched; short runs, strided rows and overlapping boxes are staged and copied instead, each staged window's
 blocks checked against the block table before a byte of it is copied out.
 
 Single process: the boxes another layout's rank would want are driven through
-:func:`ckpt.prefetch.read_chunks` (the multi-rank reshards are tests/ckpt/test_reshard.py).
+:func:`ckpt.read.prefetch.read_chunks` (the multi-rank reshards are tests/ckpt/test_reshard.py).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import pytest
 import torch
 
 import ckpt
-from ckpt import _scatter, prefetch
+from ckpt.read import prefetch, scatter
 from ckpt.format.blocks import BLOCK_SIZE
-from ckpt.prefetch import Want, read_chunks
-from ckpt.read import ChunkSource
+from ckpt.read.prefetch import Want, read_chunks
+from ckpt.read.source import ChunkSource
 from ckpt.storage import locate
 from ckpt.storage import _posix_io
 from ckpt.storage.base import read_scatter
@@ -110,10 +110,10 @@ def test_a_damaged_block_fails_short_rows_read_into_a_strided_target(tmp_path, n
 
 def test_piece_buffers_tile_the_piece_and_start_each_block():
     memory = memoryview(bytearray(64 << 20))
-    maps = [_scatter.RowMap(0, 1000, 0, 12288, 0, 12288, memory, 0, 2 * 12288)]  # rows into every other slot
+    maps = [scatter.RowMap(0, 1000, 0, 12288, 0, 12288, memory, 0, 2 * 12288)]  # rows into every other slot
     scratch = memoryview(bytearray(4 << 20))
     start, stop = 2 << 20, (4 << 20) + 5000
-    buffers, starts = _scatter.piece_buffers(maps, scratch, start, start, stop, BLOCK_SIZE)
+    buffers, starts = scatter.piece_buffers(maps, scratch, start, start, stop, BLOCK_SIZE)
     assert sum(len(b) for b in buffers) == stop - start
     ends = [start]
     for b in buffers:
@@ -153,18 +153,18 @@ def test_short_runs_strided_rows_and_overlaps_are_staged_instead(tmp_path):
         return Want(offsets, lengths, lambda: target, lambda t: None)
 
     short = want((0, 512), (100, 512), torch.empty(100, 512))  # 2 KiB runs
-    assert _scatter.row_maps([short], sizes, torch.float32) is None
+    assert scatter.row_maps([short], sizes, torch.float32) is None
     short_rows = want((0, 0), (100, 1024), torch.empty(100, 2048)[:, 1024:])  # whole 4 KiB rows, strided
-    assert _scatter.row_maps([short_rows], sizes, torch.float32) is None
+    assert scatter.row_maps([short_rows], sizes, torch.float32) is None
     rows = want((0, 0), (100, 2048), torch.empty(100, 4096)[:, 2048:])  # whole 8 KiB rows, strided
-    assert _scatter.row_maps([rows], (100, 2048), torch.float32) is not None
+    assert scatter.row_maps([rows], (100, 2048), torch.float32) is not None
     strided = want((0, 0), (100, 1024), torch.empty(1024, 100).t())
-    assert _scatter.row_maps([strided], sizes, torch.float32) is None
+    assert scatter.row_maps([strided], sizes, torch.float32) is None
     other_dtype = want((0, 0), (100, 1024), torch.empty(100, 1024, dtype=torch.bfloat16))
-    assert _scatter.row_maps([other_dtype], sizes, torch.float32) is None
+    assert scatter.row_maps([other_dtype], sizes, torch.float32) is None
     overlapping = [want((0, 0), (60, 1024), torch.empty(60, 1024)), want((50, 0), (50, 1024), torch.empty(50, 1024))]
-    assert _scatter.row_maps(overlapping, sizes, torch.float32) is None
-    assert _scatter.row_maps(overlapping[:1], sizes, torch.float32) is not None
+    assert scatter.row_maps(overlapping, sizes, torch.float32) is None
+    assert scatter.row_maps(overlapping[:1], sizes, torch.float32) is not None
     state = torch.randn(*sizes).repeat(4, 1)  # staged path still exact
     path = _save(tmp_path, state)
     out = torch.empty(400, 512)

@@ -1,4 +1,4 @@
-"""ckpt.staging: DoubleBufferStager under plain dcp.async_save (exact snapshot, buffer sets reused and
+"""ckpt.write.staging: DoubleBufferStager under plain dcp.async_save (exact snapshot, buffer sets reused and
 bounded), a delta's base buffer set held until the delta's write ends, staged DTensors that stay on
 the host on a device mesh, and host buffers (power-of-two pinned segments, freed on a layout change)."""
 
@@ -14,8 +14,8 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.multiprocessing.reductions import StorageWeakRef
 
 import ckpt
-from ckpt._host_buffers import plan_layout
-from ckpt.staging import DoubleBufferStager
+from ckpt.write.host_buffers import plan_layout
+from ckpt.write.staging import DoubleBufferStager
 
 
 def test_stager_with_plain_dcp_async_save(tmp_path):
@@ -124,7 +124,7 @@ def test_pinned_sets_are_power_of_two_segments_with_little_waste():
 
 
 def test_a_layout_change_frees_the_old_set_first(monkeypatch):
-    import ckpt._host_buffers as _host_buffers
+    import ckpt.write.host_buffers as _host_buffers
 
     emptied = []
     monkeypatch.setattr(_host_buffers, "empty_host_cache", lambda: emptied.append(True))

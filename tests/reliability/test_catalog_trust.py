@@ -26,7 +26,7 @@ import torch
 import ckpt
 from ckpt.errors import CorruptCheckpointError
 from ckpt.root import CheckpointRoot
-from ckpt.root.catalog import Catalog
+from ckpt.root.catalog.store import Catalog
 from tools import inspection
 
 

@@ -33,9 +33,9 @@ import pytest
 
 import ckpt
 from ckpt.format import MANIFEST_NAME, step_name
-from ckpt.read import DataFiles
+from ckpt.read.source import DataFiles
 from ckpt.root import CheckpointRoot
-from ckpt.root.catalog import Catalog, open_catalog
+from ckpt.root.catalog.store import Catalog, open_catalog
 from ckpt.storage import locate
 from ckpt.format import parse_manifest
 from tools import inspection

@@ -44,7 +44,7 @@ import torch
 
 import ckpt
 from ckpt import commit
-from ckpt.read import ChunkSource
+from ckpt.read.source import ChunkSource
 from ckpt.root.replicate import COMMITTED
 from ckpt.root import CheckpointRoot
 from tests.support.checkpoints import assert_state_equal

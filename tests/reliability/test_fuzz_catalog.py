@@ -2,9 +2,9 @@
 ``data.mdb`` and ``lock.mdb`` of a replicated run's catalog (scripts/corruption_campaign.py's run).
 
 Each damaged copy is opened in a forked child (a SIGBUS or a hang there is the finding, and must not
-end the test run): a plain read-only :class:`~ckpt.root.catalog.Catalog` listing raises only
+end the test run): a plain read-only :class:`~ckpt.root.catalog.store.Catalog` listing raises only
 :class:`ckpt.CheckpointError` or returns a listing; ``ckpt-inspect ROOT --catalog COPY`` exits 0;
-:func:`~ckpt.root.catalog.open_catalog` with the run's mounts never raises and lists exactly what the
+:func:`~ckpt.root.catalog.store.open_catalog` with the run's mounts never raises and lists exactly what the
 undamaged catalog listed (damage is discarded and rebuilt from the manifests, never served).
 
 Sizes: ``CKPT_FUZZ_EXAMPLES`` scales the number of examples (default 150 -> 60 here);
@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ckpt.errors import CheckpointError
-from ckpt.root.catalog import Catalog, open_catalog
+from ckpt.root.catalog.store import Catalog, open_catalog
 from ckpt.storage import locate
 from tests.support import REPO
 

@@ -1,13 +1,13 @@
 """Every read path detects a flipped byte (issue 22, item 17): "0 silent loads" for every layout, not only
 the same-layout one. Each case saves a small checkpoint, flips one byte of one blob, reads through
-one path of :mod:`ckpt.read`, and expects :class:`CorruptCheckpointError` naming the data file and the
+one path of :mod:`ckpt.read.source`, and expects :class:`CorruptCheckpointError` naming the data file and the
 tensor (or value).
 
 The paths: a raw chunk read straight into the live tensor; the indirect raw read (a new tensor, then
 copied: a non-contiguous target, a device target, a resharded load on 2 ranks, a Shard(1) merge of a
 2-rank save, a dtype conversion — which only the consolidating reader does: ``ckpt.load`` refuses a
 live tensor of another dtype); ``DataFiles.read`` (zstd chunks, ``torch.save`` values,
-:func:`~ckpt.read.verify_blobs`); a delta chain (the delta's own blob, its base's blob, replay); the
+:func:`~ckpt.read.source.verify_blobs`); a delta chain (the delta's own blob, its base's blob, replay); the
 consolidating reader (:func:`ckpt.convert.consolidate.full_tensors`, direct and with a dtype).
 
 Each case also names the one check it relies on (:data:`tests.support.read_checks.CHECKS`):
@@ -87,7 +87,7 @@ def torch_save_value(tmp: Path):
 
 
 def verify_blobs(tmp: Path):
-    from ckpt.read import verify_blobs as verify
+    from ckpt.read.source import verify_blobs as verify
     from ckpt.storage import locate
 
     path = _save(tmp / "c")

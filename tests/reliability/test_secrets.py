@@ -113,7 +113,7 @@ def test_credentials_in_mount_urls_never_land_on_disk_or_in_a_line(s3_bucket, aw
 
 def test_locate_takes_userinfo_as_credentials_and_refuses_a_query():
     from ckpt.errors import CheckpointError, StorageError
-    from ckpt.root.catalog import mount_id
+    from ckpt.root.catalog.store import mount_id
     from ckpt.storage import locate
 
     location = locate(f"s3://{URL_KEY}:{URL_SECRET}@bucket/run")

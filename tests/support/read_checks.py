@@ -3,16 +3,16 @@
     flip_blob(path, key)                   # one byte of the first blob of ``key`` flipped; its file's name
     with_check_removed(monkeypatch, "indirect")   # ChunkSource.tensor no longer verifies
 
-:data:`CHECKS` names the places :mod:`ckpt.read` and :mod:`ckpt.prefetch` compare a blob with its checksum:
+:data:`CHECKS` names the places :mod:`ckpt.read.source` and :mod:`ckpt.read.prefetch` compare a blob with its checksum:
 
-* ``"direct"``: ``ckpt.prefetch._Direct.finish``, a raw chunk a load reads straight into the live tensor
+* ``"direct"``: ``ckpt.read.prefetch._Direct.finish``, a raw chunk a load reads straight into the live tensor
   (in parallel pieces, verified before the want is told);
 * ``"direct_stream"``: :meth:`ChunkSource.read_tensors`, the same for the consolidating reader (hashed
   while the next chunk is read, verified before it is yielded);
 * ``"indirect"``: :meth:`ChunkSource.tensor`, a raw chunk read into a new tensor (resharded loads,
   Shard(1) merges, dtype conversion, non-contiguous or device targets);
 * ``"data_files"``: :meth:`DataFiles.read`, the stored bytes of a blob (zstd and delta chunks, a delta's
-  base, ``torch.save`` values, :func:`~ckpt.read.verify_blobs`, replay).
+  base, ``torch.save`` values, :func:`~ckpt.read.source.verify_blobs`, replay).
 
 :func:`with_check_removed` re-compiles that one method from its source without the line that
 verifies (an assertion fails if the line moved: the proof must not silently stop proving).
@@ -27,7 +27,8 @@ from pathlib import Path
 
 import sys
 
-from ckpt import prefetch, read
+from ckpt import read
+from ckpt.read import prefetch
 
 CHECKS = {  # name -> (class, method, the verifying line, what replaces it)
     "direct": (prefetch._Direct, "finish", "self.files.verify(self.blob, digest, what=self.key)", "pass"),

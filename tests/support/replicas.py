@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ckpt.read import ChunkSource
+from ckpt.read.source import ChunkSource
 
 FAST_RETRY = {"replica_retry_initial": 0.05, "replica_retry_max": 0.2}
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import ckpt
-from ckpt.root.catalog import Catalog, open_catalog
+from ckpt.root.catalog.store import Catalog, open_catalog
 from ckpt.storage import locate
 from tools.inspection import main
 from tests.support import REPO

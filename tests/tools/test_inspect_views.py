@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import ckpt
-from ckpt.inspect_files import safetensors_header
+from ckpt.inspect.weights import safetensors_header
 from tools.inspection import main
 
 CONFIG = {"config": {"model": {"flavor": "debug", "dim": 64}, "training": {"lr": 0.001, "seq_len": 128}}}

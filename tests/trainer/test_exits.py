@@ -181,7 +181,7 @@ def _fail_on_one_rank(rank: int, world: int, root: str) -> tuple[int, int]:
     import errno
 
     import ckpt
-    import ckpt.write
+    import ckpt.write.files
     from trainer.train import main
 
     real_write, real_save = ckpt.write.write_file, ckpt.CheckpointManager.save

@@ -5,7 +5,7 @@ read; only ``.safetensors``, which need no unpickling) and refuses, with a Check
 why, what our model cannot represent or what is not such a directory; :func:`import_hf` writes the
 weights under ``model.<our key>`` (q/k rows permuted back to our rotary layout, floats as
 ``dtype``) one tensor at a time as step ``step`` of a new checkpoint root, committed by the engine's
-protocol (:func:`write_step`, through :class:`ckpt.assemble.NewCheckpoint`), recording the model's
+protocol (:func:`write_step`, through :class:`ckpt.write.assemble.NewCheckpoint`), recording the model's
 exact arguments and, when a flavor builds it, the trainer's ``model`` config section.
 """
 
@@ -22,11 +22,11 @@ import torch
 from safetensors import safe_open
 
 from ckpt import CheckpointError, CheckpointExistsError, CheckpointNotFoundError, CheckpointRoot
-from ckpt.assemble import NewCheckpoint, new_manifest
+from ckpt.write.assemble import NewCheckpoint, new_manifest
 from ckpt.convert import converted_dtype
 from ckpt.format import Manifest
 from ckpt.storage import Location
-from ckpt.write import Payload, Place, tensor_bytes
+from ckpt.write.files import Payload, Place, tensor_bytes
 from .checks import MAX_INDEX_ENTRIES, HFInputError, check_plain_file, read_json, weights_file
 from .config import UnsupportedHFConfig, args_from_hf_config
 from .names import HF_IGNORED, our_name
@@ -208,7 +208,7 @@ def write_step(path: Location, specs: list[tuple[str, torch.dtype, tuple[int, ..
                overwrite: bool) -> Manifest:
     """A full checkpoint at ``path`` holding each spec's tensor (key, dtype, shape) as one chunk,
     produced one at a time while it is written (one data file), committed by the engine's protocol
-    (:class:`ckpt.assemble.NewCheckpoint`)."""
+    (:class:`ckpt.write.assemble.NewCheckpoint`)."""
     manifest = new_manifest(specs, step=step, world_size=1, user=user,
                             paths={key: tuple(key.split(".", 1)) for key, _dtype, _shape in specs})
     with NewCheckpoint(path, manifest, overwrite=overwrite) as new:

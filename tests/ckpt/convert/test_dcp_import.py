@@ -20,7 +20,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
 import ckpt
-from ckpt.committed import looks_like_dcp
+from ckpt.read.committed import looks_like_dcp
 from ckpt.convert import import_dcp, read_dcp_metadata, total_tensor_bytes
 from ckpt.storage import locate
 from tests.support import dcp_sources, models

@@ -1,4 +1,4 @@
-"""ckpt.root.catalog: records and states, rebuild == incremental recording, automatic rebuilds (missing,
+"""ckpt.root.catalog.store: records and states, rebuild == incremental recording, automatic rebuilds (missing,
 garbage, other schema, inconsistent with the primary), readers beside a writer, no credentials."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import ckpt
-from ckpt.root.catalog import Catalog, MountState, mount_id, open_catalog
+from ckpt.root.catalog.store import Catalog, MountState, mount_id, open_catalog
 from ckpt.errors import CheckpointError
 from ckpt.storage import locate
 from tests.support import REPO
@@ -61,7 +61,7 @@ class _Records(logging.Handler):
 
 @pytest.fixture
 def warnings_logged():
-    handler, logger = _Records(), logging.getLogger("ckpt.root.catalog")
+    handler, logger = _Records(), logging.getLogger("ckpt.root.catalog.store")
     logger.addHandler(handler)
     yield handler.messages
     logger.removeHandler(handler)

@@ -10,7 +10,7 @@ import pytest
 
 import ckpt
 from ckpt.root import CheckpointRoot
-from ckpt.root.catalog import Catalog
+from ckpt.root.catalog.store import Catalog
 from tests.support.checkpoints import assert_state_equal, step_path
 from tests.support.replicas import FAST_RETRY
 from tests.support.replicas import blank as _blank

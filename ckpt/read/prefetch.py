@@ -6,7 +6,7 @@ in a bounded read buffer.
 and turns each into jobs, started in order on a pool of reader threads while earlier jobs finish.
 Files that other ranks read too (``together``: Shard(0) → Shard(1), where every rank needs part
 of every block of every file) are read side by side, a job (a window of ~16 MiB) of each in turn,
-each rank starting at another file (the caller's order, :meth:`ckpt.dcp.Reader._read_order`): the
+each rank starting at another file (the caller's order, :mod:`ckpt.read.items`): the
 pages another rank is pulling from storage are then copied from the page cache *while* storage
 works on the next window (1 GiB of Shard(0) → Shard(1), cold, 10 loads each way alternated: 0.62 s
 median against 0.79 s file by file). Other files are read one after another (side by side made no
@@ -23,13 +23,13 @@ difference for one process reading a pipeline's two files). The jobs:
   (read once, itself checked against the manifest's checksum) before its want is told; blocks the
   rank does not need are never read (so a damaged block another rank needs does not fail this
   rank's load). Where the boxes allow (whole rows, or rows of long runs, into CPU targets:
-  :mod:`ckpt._scatter`) a window is a scatter read straight into the targets, else it is staged
+  :mod:`ckpt.read.scatter`) a window is a scatter read straight into the targets, else it is staged
   and the boxes copied out;
 * **whole** (anything else: a compressed or delta chunk, which decodes only whole; a version-1/2
   chunk, whose one checksum covers the whole blob; a scalar): the chunk read and verified whole
   (:meth:`ChunkSource.tensor`), then copied into each want's box;
 * **batches** (object stores only: neighbouring small direct chunks of one file): one ranged GET,
-  each chunk verified before it is copied into its target (:mod:`ckpt._read_batch`).
+  each chunk verified before it is copied into its target (:mod:`ckpt.read.batch`).
 
 Memory: the windows and whole chunks in flight hold at most ``BUFFER_BYTES`` (64 MiB) — or one job,
 when a single one is larger: a window is at most ``WINDOW_BYTES`` plus two blocks, or one dim-0 row
@@ -49,11 +49,11 @@ from typing import Callable, Iterable
 
 import torch
 
-from .errors import CorruptCheckpointError
-from .format import Blob, Chunk, checksum, codec
-from ._read_batch import Batch, batched
-from ._scatter import ScatterWindow, row_maps
-from .format.blocks import block_hashes, block_span, digest_of_table, pack
+from ..errors import CorruptCheckpointError
+from ..format import Blob, Chunk, checksum, codec
+from .batch import Batch, batched
+from .scatter import ScatterWindow, row_maps
+from ..format.blocks import block_hashes, block_span, digest_of_table, pack
 
 REMOTE_READ_THREADS = 8  # ranged GETs in flight per rank on an object store
 MAX_READ_THREADS = 8  # positional reads in flight per rank on a local mount, side-by-side files included
@@ -99,7 +99,7 @@ class Want:
 def read_chunks(source, requests: Iterable[tuple[str, Chunk, list[Want], torch.Tensor | None]], *,
                 together: frozenset[str] = frozenset(), threads: int | None = None,
                 budget: int = BUFFER_BYTES) -> None:
-    """Load every ``(key, chunk, wants, direct)`` of ``source`` (a :class:`~ckpt.read.ChunkSource`
+    """Load every ``(key, chunk, wants, direct)`` of ``source`` (a :class:`~ckpt.read.source.ChunkSource`
     whose files were checked for truncation): ``direct`` (or None) the contiguous CPU tensor of the
     chunk's dtype and sizes the single want takes it into whole. The chunks of each file are read
     in the order given; first the files named in ``together``, a job of each in turn, then the
@@ -155,7 +155,7 @@ def _in_turn(iterators: list) -> Iterable:
 
 
 def _jobs(source, buffers, request, piece):
-    if isinstance(request, list):  # small neighbours read in one GET (ckpt._read_batch)
+    if isinstance(request, list):  # small neighbours read in one GET (ckpt.read.batch)
         yield Batch(source.files, request)
         return
     key, chunk, wants, direct = request

@@ -21,7 +21,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointNotFoundError, InvalidManifestError
+from ..errors import CheckpointNotFoundError, InvalidManifestError
 
 MAX_HEADER_BYTES = 100 << 20  # the safetensors library's own limit
 MAX_JSON_BYTES = 16 << 20

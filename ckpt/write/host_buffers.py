@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .device import empty_host_cache
+from ..device import empty_host_cache
 
 ALIGN = 64  # bytes between tensors inside one segment
 SEGMENT_MIN = 256 << 20

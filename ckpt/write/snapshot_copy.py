@@ -52,7 +52,7 @@ def _copy_all(pairs) -> None:
 
 
 class SnapshotCopy:
-    """The copy engine of a :class:`~ckpt.staging.DoubleBufferStager` (see the module docstring).
+    """The copy engine of a :class:`~ckpt.write.staging.DoubleBufferStager` (see the module docstring).
 
     ``accel`` is ``torch.cuda``, ``torch.npu`` or None (CPU only)."""
 

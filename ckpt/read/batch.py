@@ -17,9 +17,9 @@ from concurrent.futures import Future
 
 import torch
 
-from .errors import CorruptCheckpointError
-from .format import codec
-from .format.blocks import blob_digest
+from ..errors import CorruptCheckpointError
+from ..format import codec
+from ..format.blocks import blob_digest
 
 MAX_GAP = 64 << 10  # bytes between two chunks read in one GET anyway (alignment, small values)
 

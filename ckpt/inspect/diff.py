@@ -19,10 +19,10 @@ from typing import Iterator
 
 import torch
 
-from .committed import read_manifest
-from .convert import full_tensors
-from .format import Manifest, TensorEntry
-from .storage import Location
+from ..read.committed import read_manifest
+from ..convert import full_tensors
+from ..format import Manifest, TensorEntry
+from ..storage import Location
 
 _BYTE_CODECS = ("raw", "planes")  # the stored bytes are a function of the values alone
 

@@ -1,4 +1,4 @@
-"""The catalog's records (the schema is in :mod:`ckpt.root.catalog`'s docstring): their keys, how
+"""The catalog's records (the schema is in :mod:`ckpt.root.catalog.store`'s docstring): their keys, how
 they are encoded and parsed back (a record that does not parse is
 :class:`~ckpt.errors.CorruptCheckpointError`), what a read returns (:class:`StepInfo`,
 :class:`MountState`), and how a mount is named (:func:`mount_id`). Internal to the catalog, which
@@ -12,11 +12,11 @@ import os
 import zlib
 from dataclasses import dataclass, field
 
-from ..errors import CorruptCheckpointError
-from ..format import Manifest
-from ..redact import redact
-from ..storage import Location, is_url
-from .replica_states import ACTIVE, ReplicaState
+from ...errors import CorruptCheckpointError
+from ...format import Manifest
+from ...redact import redact
+from ...storage import Location, is_url
+from ..replica_states import ACTIVE, ReplicaState
 
 SCHEMA_VERSION = 2  # 2: every value carries the CRC-32 of its key and body
 STATES = tuple(ReplicaState)  # the replicator's states, all of them (ckpt.root.replica_states)

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import os
 
-from ._gc import paused_gc
-from .errors import CheckpointError, CheckpointNotFoundError, InvalidManifestError
-from .format import MANIFEST_NAME, Manifest, is_leftover
-from .storage import Location, locate
+from .gc_pause import paused_gc
+from ..errors import CheckpointError, CheckpointNotFoundError, InvalidManifestError
+from ..format import MANIFEST_NAME, Manifest, is_leftover
+from ..storage import Location, locate
 
 MAX_MANIFEST_BYTES = 1 << 30
 # A plain DCP checkpoint (FileSystemWriter): a ``.metadata`` pickle beside ``*.distcp`` data files.
@@ -75,7 +75,7 @@ def read_manifest_bytes(path: Location) -> tuple[Manifest, bytes]:
         raise CheckpointNotFoundError(reason, path=str(path), file=MANIFEST_NAME)
     raw = read_metadata_file(path, MANIFEST_NAME, MAX_MANIFEST_BYTES, InvalidManifestError)
     try:
-        with paused_gc():  # acyclic, and superlinear with the collector on (ckpt/_gc.py)
+        with paused_gc():  # acyclic, and superlinear with the collector on (ckpt/read/gc_pause.py)
             return Manifest.from_json(raw, source=str(path / MANIFEST_NAME)), raw
     except CheckpointError as exc:
         exc.path = str(path)

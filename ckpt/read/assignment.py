@@ -4,7 +4,7 @@ need whole, made by DCP's coordinator over every rank's load plan (``prepare_glo
 A stored chunk is *shared* when two or more ranks of the load each have a read item covering all
 of it (DDP replicas, the replicate dimension of HSDP, a plain tensor every rank holds, a same-layout
 tensor replicated over part of the mesh). One of those ranks reads it from storage and sends it to
-the others (:mod:`ckpt._read_share`); a rank that needs only part of a chunk (a resharded load)
+the others (:mod:`ckpt.read.exchange`); a rank that needs only part of a chunk (a resharded load)
 reads its part itself. The readers are spread: shared chunks are taken largest first, each by the
 rank among its takers with the fewest bytes assigned so far (ties: the lowest rank), so replicas
 split the reading rather than leaving it on rank 0. Chunks smaller than ``SMALL_BYTES`` (an
@@ -18,7 +18,7 @@ global order every rank follows (sorted by the global position ``op``), so every
 meets at each exchange in the same order and none waits on a peer that waits on it (the lowest
 unfinished exchange always has both ends at it); and the data files it reads in part that other
 ranks read too (``together``: Shard(0) → Shard(1), where every rank needs some of every block),
-which it reads side by side (:func:`ckpt.prefetch.read_chunks`) when there are two or more. The
+which it reads side by side (:func:`ckpt.read.prefetch.read_chunks`) when there are two or more. The
 work is linear in the plans' items.
 
 Before any of that the coordinator checks that every rank opened the same checkpoint (each plan
@@ -36,8 +36,8 @@ from typing import Any
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
-from .errors import CheckpointError
-from .format import Chunk
+from ..errors import CheckpointError
+from ..format import Chunk
 
 
 SMALL_BYTES = 1 << 20  # shared chunks below this travel in batches

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .format import Manifest, ValueEntry
+from ..format import Manifest, ValueEntry
 
 PREVIEW_CHARS = 120
 INLINE_ITEMS = 8  # a flat container of at most this many scalars is shown whole

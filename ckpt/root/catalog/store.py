@@ -29,7 +29,7 @@ reused). Writers within one process are serialised by a :class:`threading.Lock` 
 transaction (LMDB's own writer mutex serialises processes). Manifests are read before a rebuild's
 transaction begins, so the lock is never held across mount I/O.
 
-Opening: the directory and its files are checked first (:mod:`ckpt.root._catalog_files`: a real
+Opening: the directory and its files are checked first (:mod:`ckpt.root.catalog.files`: a real
 directory of regular files, never a symlink followed; ``data.mdb`` as long as its meta pages say), and
 :func:`open_catalog` reads every record; any damage is discarded and rebuilt, never followed.
 Nothing does I/O by the catalog: the mounts a caller lists come from its own configuration.
@@ -48,17 +48,17 @@ from contextlib import contextmanager
 
 import lmdb
 
-from ..committed import read_manifest
-from ..errors import CheckpointError, CorruptCheckpointError
-from ..format import Manifest
-from ..redact import redact
-from ..storage import Location
-from ._catalog_files import DAMAGE, discard, open_env
-from ._catalog_records import (ACTIVE_STATES, DIR_NAME, MOUNTS_KEY, SCHEMA_KEY, SCHEMA_VERSION, STATES, UNREADABLE,
+from ...read.committed import read_manifest
+from ...errors import CheckpointError, CorruptCheckpointError
+from ...format import Manifest
+from ...redact import redact
+from ...storage import Location
+from .files import DAMAGE, discard, open_env
+from .records import (ACTIVE_STATES, DIR_NAME, MOUNTS_KEY, SCHEMA_KEY, SCHEMA_VERSION, STATES, UNREADABLE,
                                MountState, StepInfo, chunk_records, chunks_key, decode, encode, mount_id, mount_key,
                                mount_state, step_info, step_key, step_record)
-from .replica_states import ReplicaState
-from .steps import CheckpointRoot
+from ..replica_states import ReplicaState
+from ..steps import CheckpointRoot
 
 __all__ = ["Catalog", "open_catalog", "MountState", "StepInfo", "mount_id", "STATES", "ACTIVE_STATES",
            "SCHEMA_VERSION", "DIR_NAME"]

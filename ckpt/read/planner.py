@@ -28,10 +28,10 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.tensor import DTensor
 
-from ._gc import paused_gc
-from ._local_plan import local_load_plan
-from ._rollback import Rollback
-from .errors import IncompatibleCheckpointError, UnsafeCheckpointError
+from .gc_pause import paused_gc
+from .local_plan import local_load_plan
+from .rollback import Rollback
+from ..errors import IncompatibleCheckpointError, UnsafeCheckpointError
 
 try:  # private in torch; only used to put values back where they came from
     from torch.distributed.checkpoint._traverse import set_element
@@ -47,7 +47,7 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             must be asked for by some rank; when False, keys missing from the checkpoint keep their
             current values and keys only in the checkpoint are ignored. Shape, dtype and kind
             mismatches always fail.
-        rollback: a :class:`~ckpt._rollback.Rollback` to keep each live region in before it is
+        rollback: a :class:`~ckpt.read.rollback.Rollback` to keep each live region in before it is
             first written (``ckpt.load`` puts them back when the load fails).
     """
 
@@ -75,7 +75,7 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         return LoadPlan(plan.items, plan.storage_data, report)
 
     def _indexed_local_plan(self) -> LoadPlan:
-        """DCP's local plan, its saved chunks indexed (:mod:`ckpt._local_plan`); ``plan_checks``: the
+        """DCP's local plan, its saved chunks indexed (:mod:`ckpt.read.local_plan`); ``plan_checks``: the
         overlap tests it made. DCP's own key fallback for pre-2.4 flattened checkpoints is kept."""
         if self.flatten_state_dict:
             missing = self.metadata.state_dict_metadata.keys() - self.state_dict.keys()

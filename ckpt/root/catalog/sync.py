@@ -1,6 +1,6 @@
 """Keeping a root's catalog true when a tool, not the manager, rewrote one of its committed steps
 (``ckpt-replay`` in place or into a root: issue 22, item 14) or deleted some (``ckpt-prune``). The catalog stays a cache: when it
-cannot be updated it is left for its next :func:`~ckpt.root.catalog.open_catalog` to rebuild.
+cannot be updated it is left for its next :func:`~ckpt.root.catalog.store.open_catalog` to rebuild.
 """
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from __future__ import annotations
 import logging
 import os
 
-from ..errors import CheckpointError
-from ..format import Manifest, parse_step_name
-from ..storage import Location
-from .catalog import Catalog, mount_id
+from ...errors import CheckpointError
+from ...format import Manifest, parse_step_name
+from ...storage import Location
+from .store import Catalog, mount_id
 
 __all__ = ["record_replaced", "record_deleted"]
 

@@ -1,4 +1,4 @@
-"""One checkpoint's data files, read and verified: the read side's bytes (see :mod:`ckpt.read`).
+"""One checkpoint's data files, read and verified: the read side's bytes (see :mod:`ckpt.read.source`).
 
 :class:`DataFiles` opens a checkpoint's data files below its directory without following links
 (names as validated in its manifest, each opened once), refuses a blob or a block table that does
@@ -14,10 +14,10 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from .errors import CheckpointError, CorruptCheckpointError, InvalidManifestError
-from .format import Blob, Manifest, is_data_file_name
-from .format.blocks import blob_digest, block_hashes, check_blocks, digest_of_table, table_bytes, table_entries
-from .storage import Location, ReadHandle
+from ..errors import CheckpointError, CorruptCheckpointError, InvalidManifestError
+from ..format import Blob, Manifest, is_data_file_name
+from ..format.blocks import blob_digest, block_hashes, check_blocks, digest_of_table, table_bytes, table_entries
+from ..storage import Location, ReadHandle
 
 
 class DataFiles:

@@ -1,14 +1,14 @@
-"""Replicated bytes read once, the exchange: each rank walks its :class:`~ckpt._read_assign.RankShares`
+"""Replicated bytes read once, the exchange: each rank walks its :class:`~ckpt.read.assignment.RankShares`
 in the global order, reading and sending the chunks it was given, receiving the others.
 
 Transport: point-to-point sends on the load's process group (``group_dst``/``group_src``: ranks of
 that group), on the accelerator when the group's backend is an accelerator's (NCCL, HCCL: the
 training backend's collectives), else on CPU (gloo). Per receiver, one exchange is a header
 (status, digest) and, when the status is good, the chunk's decoded bytes — or a batch's: small
-chunks (:data:`~ckpt._read_assign.SMALL_BYTES`) travel together, one buffer per batch.
+chunks (:data:`~ckpt.read.assignment.SMALL_BYTES`) travel together, one buffer per batch.
 
 Verification: the reader verifies the stored bytes against the manifest as every read does
-(:class:`~ckpt.read.ChunkSource`), decodes them, and only then takes the xxh3-64 of the very
+(:class:`~ckpt.read.source.ChunkSource`), decodes them, and only then takes the xxh3-64 of the very
 buffer it sends; the receiver hashes what it received and refuses a mismatch
 (:class:`~ckpt.errors.CorruptCheckpointError`). So the bytes a receiver uses are the bytes the
 reader verified, whatever happened in between.
@@ -23,7 +23,7 @@ on with the others (:attr:`Exchange.lost`, which ``ckpt.load`` raises when DCP's
 then fail on the dead rank).
 
 What a receiver takes into a live tensor before its hash is checked, and everything else a
-failed load wrote, is put back by the load's rollback (:mod:`ckpt._rollback`).
+failed load wrote, is put back by the load's rollback (:mod:`ckpt.read.rollback`).
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ import torch
 import torch.distributed as dist
 import xxhash
 
-from ._read_assign import RankShares
-from .errors import CorruptCheckpointError, PeerLostError
-from .outcomes import LoadStats
+from .assignment import RankShares
+from ..errors import CorruptCheckpointError, PeerLostError
+from ..outcomes import LoadStats
 
 _OK, _FAILED = 1, 0
 _ACCELERATOR_BACKENDS = {"nccl": "cuda", "hccl": "npu"}

@@ -2,9 +2,9 @@
 
 ``DoubleBufferStager`` implements DCP's ``AsyncStager``. Each ``stage(state_dict)`` takes a free buffer
 set (two at most, allocated lazily at first use, reallocated only when the state's layout changes,
-pinned where the accelerator has pinned memory: :mod:`ckpt._host_buffers`), captures every non-tensor
+pinned where the accelerator has pinned memory: :mod:`ckpt.write.host_buffers`), captures every non-tensor
 value synchronously (deep copy), and starts copying the tensors (a DTensor's local shard) into the
-set (:mod:`ckpt._snapshot_copy`: device tensors on a side stream of their device, host tensors on a
+set (:mod:`ckpt.write.snapshot_copy`: device tensors on a side stream of their device, host tensors on a
 copier thread). The staged tree holds the host views; a DTensor is re-wrapped around its host view
 with its own spec, never moved back to the mesh's device.
 
@@ -32,13 +32,13 @@ import torch
 from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.tensor import DTensor
 
-from .device import accelerator_module
-from .errors import SnapshotSkipped
-from ._host_buffers import HostBuffers, signature
-from .options import BusyPolicy, as_enum
-from ._snapshot_copy import SnapshotCopy
-from .tree import CONTAINERS, DESCEND, descend_containers, transform
-from .format.values import Leaf
+from ..device import accelerator_module
+from ..errors import SnapshotSkipped
+from .host_buffers import HostBuffers, signature
+from ..options import BusyPolicy, as_enum
+from .snapshot_copy import SnapshotCopy
+from ..tree import CONTAINERS, DESCEND, descend_containers, transform
+from ..format.values import Leaf
 
 _HELD = Future()  # marks a set kept as a base until the next track(): earlier writes must not free it
 
@@ -91,7 +91,7 @@ class DoubleBufferStager(AsyncStager):
         ``keep_previous``: the set staged last is not overwritten and stays busy until the next
         :meth:`track`'ed write completes (a delta checkpoint reads it as its base). ``release``: the
         write that will read this snapshot, when the caller knows it now (as :meth:`track` after).
-        ``signature``: the state's :func:`~ckpt.delta.tensor_signature`, when the caller has it."""
+        ``signature``: the state's :func:`~ckpt.write.delta.tensor_signature`, when the caller has it."""
         if self._closed:
             raise RuntimeError("stager is closed")
         self.wait_snapshot()  # one snapshot at a time: the previous copy must be complete

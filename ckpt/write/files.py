@@ -13,7 +13,7 @@ Each rank writes its share of DCP's plan (:func:`write_rank`):
             after the file's last blob, writeback started early, the file fsync'd at the end;
 4. record   every payload's blob becomes a record at its :class:`Place` (a
             :class:`~ckpt.format.Chunk` or :class:`~ckpt.format.ValueEntry`); the coordinator
-            assembles the manifest from all ranks' records (:func:`ckpt.assemble.build_manifest`)
+            assembles the manifest from all ranks' records (:func:`ckpt.write.assemble.build_manifest`)
             and :mod:`ckpt.commit` publishes it.
 """
 
@@ -33,14 +33,14 @@ from torch.distributed.checkpoint.planner import SavePlanner, WriteItem, WriteIt
 from torch.distributed.checkpoint.storage import WriteResult
 
 from .delta import DeltaBase
-from .errors import UnsafeCheckpointError
-from .format import Blob, Chunk, ValueEntry, codec, data_file_name, values
-from .format.blobs import aligned
-from .format.blocks import BLOCK_SIZE, hash_blob
-from .format.codec import Encoded
-from .format.values import Leaf
-from .options import Compression, SaveOptions
-from .storage import Location
+from ..errors import UnsafeCheckpointError
+from ..format import Blob, Chunk, ValueEntry, codec, data_file_name, values
+from ..format.blobs import aligned
+from ..format.blocks import BLOCK_SIZE, hash_blob
+from ..format.codec import Encoded
+from ..format.values import Leaf
+from ..options import Compression, SaveOptions
+from ..storage import Location
 
 
 def tensor_bytes(tensor: torch.Tensor) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Rank 0's updates of the run's catalog (:mod:`ckpt.root.catalog`), best effort: the catalog is a
+"""Rank 0's updates of the run's catalog (:mod:`ckpt.root.catalog.store`), best effort: the catalog is a
 cache of the mounts' manifests, so an update that fails is logged and never fails a save, a
 deletion or a replication. Without a catalog (``SaveOptions.catalog=""``, or one that cannot be
 opened) every update is a no-op."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 import logging
 import os
 
-from ..errors import CheckpointError
-from ..storage import Location
-from .catalog import Catalog, open_catalog
+from ...errors import CheckpointError
+from ...storage import Location
+from .store import Catalog, open_catalog
 
 log = logging.getLogger(__name__)
 

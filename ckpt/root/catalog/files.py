@@ -31,7 +31,7 @@ import struct
 
 import lmdb
 
-from ..errors import CheckpointError, CorruptCheckpointError
+from ...errors import CheckpointError, CorruptCheckpointError
 
 LMDB_FILES = ("data.mdb", "lock.mdb")
 MAGIC, DATA_VERSION, P_META = 0xBEEFC0DE, 1, 0x08

@@ -26,10 +26,10 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.utils import find_state_dict_object
 from torch.distributed.tensor import DTensor
 
-from .errors import InvalidOptionError
-from .format import is_sibling_name, step_name
-from ._host_buffers import signature
-from .tree import leaves
+from ..errors import InvalidOptionError
+from ..format import is_sibling_name, step_name
+from .host_buffers import signature
+from ..tree import leaves
 
 
 def tensor_signature(state_dict: Any) -> tuple:

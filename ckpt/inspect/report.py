@@ -11,10 +11,10 @@ catalog ignored, a replica that cannot be listed) goes to its ``note`` callback.
   refused): the mounts are the truth; the catalog is only read
   (:func:`read_catalog`: nothing when it is absent, unreadable or another primary's).
 * one checkpoint: :func:`summarize` (totals, tensors, values previewed, sizes per prefix, the run
-  config: a JSON-ready dict; :mod:`ckpt.inspect_step`). A diff of two: :mod:`ckpt.inspect_diff`;
-  a ``.safetensors`` file or a Hugging Face directory: :mod:`ckpt.inspect_files`.
+  config: a JSON-ready dict; :mod:`ckpt.inspect.step`). A diff of two: :mod:`ckpt.inspect.diff`;
+  a ``.safetensors`` file or a Hugging Face directory: :mod:`ckpt.inspect.weights`.
 * verify: :func:`open_manifests`, then :func:`verify_one` per checkpoint: every blob read and
-  checked against its checksum (:func:`ckpt.read.verify_blobs`) and a delta's whole chain walked, link
+  checked against its checksum (:func:`ckpt.read.source.verify_blobs`) and a delta's whole chain walked, link
   by link down to a full checkpoint, each link committed and readable on some mount and of the same
   run (:func:`chain_failures`); then :func:`compare_mounts`: each replica's manifest against the
   primary's (the same run, the same digest: a replica holds the primary's manifest bitwise); each
@@ -27,16 +27,16 @@ import json
 import os
 from typing import Callable
 
-from .root import Catalog, CheckpointRoot, StepInfo, mount_id
-from .committed import is_committed, read_manifest, read_manifest_bytes
-from .errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, ForeignRunError
-from .format import MANIFEST_NAME, Manifest, unseal
-from .inspect_step import prefix_sizes, preview, run_config
-from .root.claim import read_claim
-from .root.damaged import damaged_steps
-from .root.replica_states import ReplicaState
-from .read import verify_blobs
-from .storage import Location, locate
+from ..root import Catalog, CheckpointRoot, StepInfo, mount_id
+from ..read.committed import is_committed, read_manifest, read_manifest_bytes
+from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, ForeignRunError
+from ..format import MANIFEST_NAME, Manifest, unseal
+from .step import prefix_sizes, preview, run_config
+from ..root.claim import read_claim
+from ..root.damaged import damaged_steps
+from ..root.replica_states import ReplicaState
+from ..read.source import verify_blobs
+from ..storage import Location, locate
 
 Note = Callable[[str], None]
 
@@ -160,7 +160,7 @@ def stored_bytes(manifest: Manifest) -> int:
 def summarize(path: Location) -> dict:
     """The checkpoint at ``path`` described: its header, totals, each tensor (dtype, shape, chunks,
     stored and raw bytes, codecs), each value's encoding and preview, the sizes per prefix and the
-    recorded run config (:mod:`ckpt.inspect_step`)."""
+    recorded run config (:mod:`ckpt.inspect.step`)."""
     manifest, raw = read_manifest_bytes(path)
     version = json.loads(raw).get("format_version")
     tensors = {}
@@ -204,7 +204,7 @@ def open_manifests(checkpoints: list[tuple[str, int | None, Location]], failures
 
 def verify_one(url: str, step: int, path: Location, manifest: Manifest, advance,
                roots: list[Location]) -> list[dict]:
-    """Every blob of one checkpoint read and checked against its checksum (:func:`ckpt.read.verify_blobs`);
+    """Every blob of one checkpoint read and checked against its checksum (:func:`ckpt.read.source.verify_blobs`);
     a delta's whole chain must resolve (:func:`chain_failures`)."""
     found = []
     verify_blobs(path, manifest, progress=advance,

@@ -1,7 +1,7 @@
 """A failed load puts the live tensors back: an undo copy of each region a load is about to write.
 
 A load writes into the caller's tensors as it goes (straight into them where the layouts allow:
-``ckpt/prefetch.py``, ``ckpt/_scatter.py``, ``ckpt/_read_share.py``), and whether it succeeds is
+``ckpt/read/prefetch.py``, ``ckpt/read/scatter.py``, ``ckpt/read/exchange.py``), and whether it succeeds is
 known only at its end, on every rank together (a damaged block one rank finds, a peer that dies,
 fails the load on all of them). So before the first byte of a region lands, the planner's
 ``resolve_tensor`` — the one place every read path gets its target from — hands the region here,

@@ -29,10 +29,10 @@ import numpy as np
 import torch
 import xxhash
 
-from .errors import CorruptCheckpointError
-from .format import Chunk
-from .format.blocks import block_span
-from .storage.base import read_scatter
+from ..errors import CorruptCheckpointError
+from ..format import Chunk
+from ..format.blocks import block_span
+from ..storage.base import read_scatter
 
 MIN_RUN_BYTES = 64 << 10  # shorter runs: copying out of a staged window costs less than a buffer each
 MIN_ROW_BYTES = 8 << 10  # whole rows into a strided target (FSDP×TP → FSDP): shorter, staging wins

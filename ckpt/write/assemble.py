@@ -4,14 +4,14 @@
   size; creation time; DCP version; user metadata; DCP's flatten mapping) and one entry, without
   chunks yet, per tensor (key, dtype, global shape). Every record (a
   :class:`~ckpt.format.Chunk` or :class:`~ckpt.format.ValueEntry` per written blob, see
-  :class:`ckpt.write.Place`) then goes in with :meth:`Manifest.add_record`.
+  :class:`ckpt.write.files.Place`) then goes in with :meth:`Manifest.add_record`.
 * :func:`build_manifest`: a save's manifest, from DCP's global metadata and every rank's write
   results (:class:`ckpt.dcp.Writer` on the coordinator, which then commits it with
   :func:`ckpt.commit.finish`: the ranks' writes span processes).
 * :class:`NewCheckpoint`: a checkpoint one process writes outside a save — the offline
   converters (:mod:`ckpt.convert.replay`, :mod:`ckpt.convert.dcp_import`, the Hugging Face import
   of :mod:`trainer.hf.importer`): a fresh commit attempt (:func:`ckpt.commit.begin`), data files
-  written into it (:func:`ckpt.write.write_file`), each blob recorded at its place, then the
+  written into it (:func:`ckpt.write.files.write_file`), each blob recorded at its place, then the
   manifest committed last (:func:`ckpt.commit.finish`) — or, on any failure, everything the
   attempt wrote removed (:func:`ckpt.commit.abort`).
 """
@@ -25,11 +25,11 @@ import torch
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.storage import WriteResult
 
-from . import commit
+from .. import commit
 from .delta import DeltaBase
-from .format import Manifest, TensorEntry, data_file_name
-from .storage import Location
-from .write import Payload, write_file
+from ..format import Manifest, TensorEntry, data_file_name
+from ..storage import Location
+from .files import Payload, write_file
 
 
 def new_manifest(tensors: Iterable[tuple[str, torch.dtype, Sequence[int]]], *, step: int | None, world_size: int,

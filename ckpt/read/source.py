@@ -1,16 +1,16 @@
 """The read side: locate → read → verify → decode, delta chains included. The one path every
 load, replay and tool takes to a checkpoint's bytes.
 
-1. locate  :func:`~ckpt.committed.read_manifest` opens a committed checkpoint and validates its
+1. locate  :func:`~ckpt.read.committed.read_manifest` opens a committed checkpoint and validates its
            manifest before anything in it is used (:mod:`ckpt.format.validate`);
-2. read    :class:`~ckpt.data_files.DataFiles` reads a blob with positional reads straight into the caller's buffer
+2. read    :class:`~ckpt.read.files.DataFiles` reads a blob with positional reads straight into the caller's buffer
            (the live tensor when the layouts match), confined to the checkpoint directory, refusing
            blobs beyond the end of their file before allocating for them;
 3. verify  every blob's checksum, before its bytes are handed on (a direct read into a live
            tensor is hashed while the next chunk is read, and committed only once it verifies): the
            xxh3-64 of its bytes, or, for a version-3 blob longer than a block, of its per-block
            checksums (:mod:`ckpt.format.blocks`); :func:`verify_blobs` checks a whole checkpoint
-           that way without decoding it. A load reads through :mod:`ckpt.prefetch` (parallel reads,
+           that way without decoding it. A load reads through :mod:`ckpt.read.prefetch` (parallel reads,
            only the blocks a rank needs, each verified);
 4. decode  :class:`ChunkSource` turns stored bytes back into raw ones (:mod:`ckpt.format.codec`); a
            ``delta``/``unchanged`` chunk is decoded against the chunk at the same offsets in the
@@ -31,16 +31,16 @@ import numpy as np
 import torch
 
 from .committed import read_manifest
-from .errors import (
+from ..errors import (
     CheckpointError,
     CorruptCheckpointError,
     InvalidManifestError,
     UnsafeCheckpointError,
 )
-from .format import MANIFEST_NAME, Chunk, Manifest, ValueEntry, codec, values
-from .format.blocks import blob_digest
-from .storage import Location
-from .data_files import DataFiles, verify_blobs  # noqa: F401  (ckpt.read.DataFiles, .verify_blobs)
+from ..format import MANIFEST_NAME, Chunk, Manifest, ValueEntry, codec, values
+from ..format.blocks import blob_digest
+from ..storage import Location
+from .files import DataFiles, verify_blobs  # noqa: F401  (ckpt.read.DataFiles, .verify_blobs)
 
 log = logging.getLogger(__name__)
 
