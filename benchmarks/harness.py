@@ -8,14 +8,18 @@ No benchmark lives here, and every script imports what it needs from this module
   ``python benchmarks/bench_x.py`` measures the ``ckpt``/``trainer`` of the checkout it is run from
   rather than whichever checkout is pip-installed (editable). Import it before ``ckpt``/``trainer``.
 - Command line: ``argument_parser`` (the script's docstring as description, plus the ``--dir``,
-  ``--out``, ``--json`` and optionally ``--keep`` options every script has).
+  ``--out``, ``--json`` and optionally ``--keep`` options every script has), ``add_modes`` /
+  ``apply_mode`` (``--tiny``, ``--quick`` and the full run as presets of the options: a preset
+  fills what the command line left unset), ``package_version``.
 - Machine description: ``cpu_model``, ``memory_description``, ``filesystem_of``, ``machine_description``
   (CPU, memory, filesystem of the work dir, kernel, Python/torch and other versions),
   ``git_state`` (the code measured), ``pressure_totals`` (PSI), ``top_other_processes`` and
   ``Load`` (the machine's other load over a stretch of the run: load average, PSI stall
   percentages, other busy processes).
 - Timing: ``timed`` (one call, after ``gc.collect``), ``rotated`` (the order of the methods in a
-  repeat, rotated so that slow drifts of the machine hit all alike), ``median``.
+  repeat, rotated so that slow drifts of the machine hit all alike), ``median``, ``paired`` (the
+  per-repeat ratios of two methods timed in the same repeats).
+- Checks: ``check_equal`` (a loaded state bitwise equal to the saved one).
 - Clean-up: ``drop_caches`` (``sync`` and, when permitted, dropping the page cache), ``fsync_path``,
   ``remove``, ``settle`` (``gc.collect`` + glibc ``malloc_trim``), ``work_dir`` (a temporary work
   dir under ``benchmarks/_work/`` or ``--dir``, removed afterwards with its parent when empty).
@@ -63,6 +67,43 @@ def argument_parser(doc: str, keep: bool = False) -> argparse.ArgumentParser:
     if keep:
         parser.add_argument("--keep", action="store_true", help="keep the work dir (debugging)")
     return parser
+
+
+def preset_text(preset: dict) -> str:
+    """A preset as the options it stands for: ``--gib 0.25 --repeats 1``."""
+    def shown(value) -> str:
+        return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+    return " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {shown(v)}")
+                    for k, v in preset.items() if v is not False)
+
+
+def add_modes(parser: argparse.ArgumentParser, tiny: dict, quick: dict, quick_note: str = "",
+              tiny_note: str = "") -> None:
+    """``--quick`` and ``--tiny`` (the tests' smoke run through every part), each described by the
+    options of its preset."""
+    parser.add_argument("--quick", action="store_true",
+                        help=f"smoke run{quick_note}: {preset_text(quick)} unless given")
+    parser.add_argument("--tiny", action="store_true",
+                        help=f"the tests' smoke run{tiny_note}: {preset_text(tiny)} unless given")
+
+
+def apply_mode(args: argparse.Namespace, tiny: dict, quick: dict, full: dict) -> None:
+    """Fill every option the command line left unset (None) from the preset of the mode: ``tiny``
+    with ``--tiny``, else ``quick`` with ``--quick``, else ``full``; an option given always wins."""
+    for key, value in (tiny if args.tiny else quick if args.quick else full).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+
+
+def package_version(package: str) -> str:
+    """The installed version of ``package``, or 'not installed' (an optional peer)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,6 +259,22 @@ def rotated(items: Sequence[T], rep: int) -> list[T]:
 
 def median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
+
+
+def paired(numerators: Sequence[float], denominators: Sequence[float]) -> list[float]:
+    """Per repeat, ``numerators[i] / denominators[i]``: two methods timed in the same repeat (a
+    peer's seconds over ours is ours' speed in multiples of the peer's)."""
+    return [a / b for a, b in zip(numerators, denominators)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks
+# ---------------------------------------------------------------------------------------------
+def check_equal(live: dict, reference: dict, what: str) -> None:
+    """Raise unless every tensor of the flat state ``reference`` equals ``live``'s bitwise."""
+    for key, t in reference.items():
+        if not torch.equal(live[key], t):
+            raise RuntimeError(f"{what}: {key} differs after load")
 
 
 # ---------------------------------------------------------------------------------------------
