@@ -36,26 +36,20 @@ their spread is noise), and of the load alone. The goal, per layout: ours' time 
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import REPO, Load, argument_parser, machine_description, median, rotated, work_dir  # first
+from harness import Load, argument_parser, machine_description, median, rotated, work_dir  # first
 
 from report import command_line, goal, metric, provenance, publish, ratio_span, table_head, write_json  # noqa: E402
-from tests.support.launch import job_env  # noqa: E402
+from resume_jobs import PARTS, JobFailed, dir_bytes, evict, parts_of, rank_records, torchrun  # noqa: E402
 
 BENCH_NAME = "resume"
 SECTION = "## Time to first step after resume (issue 27)"
-RANK_SCRIPT = Path(__file__).resolve().parent / "resume_rank.py"
 SYSTEMS = {"ours": "ours", "dcp": "DCP", "titan": "torchtitan"}  # key (resume_rank --system) -> label
-PARTS = (("started", "launcher + interpreter"), ("imported", "imports"), ("built", "process group + build"),
-         ("loaded", "checkpoint load"), ("stepped", "first step"))
 GOAL_X_DCP = 1.0  # ours' time to first step not above DCP's, in every layout
 
 
@@ -79,7 +73,6 @@ BY_KEY = {c.key: c for c in CASES}
 QUICK = {"dim": 256, "layers": 4, "repeats": 1, "cases": ["2-2"]}
 FULL = {"dim": 512, "layers": 4, "repeats": 2, "cases": ["2-2", "2-4", "2-tp2", "4-2"]}
 TINY = {"dim": 64, "layers": 2, "repeats": 1, "cases": ["1-1"]}
-TAIL = 20
 
 
 def titan_available() -> bool:
@@ -87,61 +80,6 @@ def titan_available() -> bool:
         return importlib.util.find_spec("torchtitan.components.checkpointer") is not None
     except ModuleNotFoundError:
         return False
-
-
-# ---------------------------------------------------------------------------------------------
-# Launching jobs
-# ---------------------------------------------------------------------------------------------
-def torchrun(nproc: int, rank_args: list[str], log: Path, timeout: float) -> float:
-    """Start one torchrun job of ``resume_rank.py`` and wait for it; returns the launcher's clock
-    (``time.time()``) taken right before the launch. A failed job raises with its log's tail."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(RANK_SCRIPT), *rank_args]
-    with open(log, "w") as f:
-        launched = time.time()
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=job_env(), timeout=timeout)
-    if proc.returncode != 0:
-        lines = log.read_text(errors="replace").splitlines()
-        causes = [line for line in lines if any(k in line for k in ("Error", "error:", "terminate called", "what():"))]
-        raise JobFailed(f"job failed (exit {proc.returncode}): {' '.join(cmd)}\n"
-                        + "\n".join([*causes[:TAIL], "...", *lines[-TAIL:]]))
-    return launched
-
-
-class JobFailed(RuntimeError):
-    """A torchrun job of the benchmark exited non-zero (its log's error lines and tail in the message)."""
-
-
-def rank_records(out: Path, nproc: int) -> list[dict]:
-    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(nproc)]
-
-
-def evict(path: Path) -> None:
-    """Flush and evict every file under ``path`` from the page cache (the next read comes from storage)."""
-    os.sync()
-    for file in [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()):
-        fd = os.open(file, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def parts_of(launched: float, ranks: list[dict]) -> dict[str, float]:
-    """The parts of one resume (seconds): each boundary is the latest rank's stamp, each part the gap
-    to the boundary before; ``total`` is the last boundary minus the launcher's clock."""
-    parts, previous = {}, launched
-    for stamp, part in PARTS:
-        boundary = max(r["stamps"][stamp] for r in ranks)
-        parts[part] = boundary - previous
-        previous = boundary
-    parts["total"] = previous - launched
-    return parts
-
-
-def dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 # ---------------------------------------------------------------------------------------------
