@@ -51,7 +51,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner  # n
 from ckpt import read_manifest  # noqa: E402
 from ckpt.dcp import Reader  # noqa: E402
 from ckpt.format import MANIFEST_NAME  # noqa: E402
-from ckpt.read.planner import SafeLoadPlanner  # noqa: E402
+from ckpt import SafeLoadPlanner  # noqa: E402
 from report import command_line, goal, goal_line, metric, provenance, publish, table_head, write_json  # noqa: E402
 from tests.support.big_manifest import rank_state, sharded_manifest  # noqa: E402
 

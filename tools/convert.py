@@ -73,7 +73,7 @@ import torch
 import ckpt
 from ckpt import CheckpointError, CheckpointNotFoundError
 from ckpt.convert import import_dcp, read_dcp_metadata, total_tensor_bytes
-from ckpt.inspect.step import run_config
+from ckpt.inspect import run_config
 from ckpt.root import resolve_checkpoint
 from ckpt.storage import is_url
 from ckpt.units import human_bytes

@@ -30,10 +30,9 @@ import sys
 import threading
 
 from ckpt import CheckpointNotFoundError, CheckpointRoot, read_manifest
-from ckpt.read.committed import read_manifest_bytes
+from ckpt.read import read_manifest_bytes
 from ckpt.root import copy_step, open_root
-from ckpt.root.copy import holds_copy
-from ckpt.root.claim import foreign, read_claim
+from ckpt.root import foreign, holds_copy, read_claim
 from ckpt.units import human_bytes
 from .cli import EXPECTED_FAILURES, command, doc_parser, fail, progress
 

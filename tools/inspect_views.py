@@ -15,7 +15,7 @@ import json
 import sys
 import time
 
-from ckpt.inspect.step import config_lines
+from ckpt.inspect import config_lines
 from ckpt.units import human_bytes
 
 CONFIG_LINES = 80

@@ -30,11 +30,14 @@ import math
 import sys
 
 from ckpt import CheckpointNotFoundError, CheckpointRoot, read_manifest
-from ckpt.read.committed import is_committed
-from ckpt.inspect.diff import diff
-from ckpt.inspect.weights import hf_summary, is_hf_directory, is_weights_file, safetensors_summary
+from ckpt.read import is_committed
 from ckpt.root import Catalog, mount_id, open_catalog, open_root, resolve_checkpoint
-from ckpt.inspect.report import (
+from ckpt.inspect import (
+    diff,
+    hf_summary,
+    is_hf_directory,
+    is_weights_file,
+    safetensors_summary,
     compare_mounts,
     mount_list,
     open_manifests,

@@ -19,8 +19,7 @@ import argparse
 import json
 
 from ckpt.root import open_root
-from ckpt.root.catalog.sync import record_deleted
-from ckpt.root.retention import apply, steps_to_delete
+from ckpt.root import apply_retention, record_deleted, steps_to_delete
 from .cli import EXPECTED_FAILURES, command, doc_parser, fail
 
 PROG = "ckpt-prune"
@@ -56,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             root.lock()
             try:
-                deleted = apply(root, keep=args.keep, keep_every=args.keep_every)
+                deleted = apply_retention(root, keep=args.keep, keep_every=args.keep_every)
                 listed = root.steps()
             finally:
                 root.unlock()

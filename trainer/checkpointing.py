@@ -24,8 +24,8 @@ import torch
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 import ckpt
-from ckpt.read.committed import looks_like_dcp
 from ckpt.format import step_name
+from ckpt.read import looks_like_dcp
 from ckpt.root import resolve_checkpoint
 from ckpt.storage import is_url, locate
 from ckpt.units import human_bytes

@@ -14,6 +14,7 @@ Imports nothing above it (only :mod:`ckpt.errors`); everything else in the engin
 The names most callers need are importable from here (``from ckpt.format import Manifest, Chunk``).
 """
 
+from . import codec
 from .blobs import CHECKSUM_ALGORITHM, checksum, is_checksum
 from .digest import seal, unseal
 from .entries import (
@@ -56,7 +57,7 @@ from .names import (
 )
 
 __all__ = [
-    "CHECKSUM_ALGORITHM", "checksum", "is_checksum", "seal", "unseal",
+    "codec", "CHECKSUM_ALGORITHM", "checksum", "is_checksum", "seal", "unseal",
     "DTYPE_NAMES", "DTYPES", "FORMAT_NAME", "FORMAT_VERSION", "KINDS", "MAX_BYTES", "MAX_DIMS", "READABLE_VERSIONS",
     "Blob", "Chunk", "TensorEntry", "ValueEntry", "dtype_name", "Manifest", "parse_manifest",
     "DAMAGED_MARK", "DATA_DIR", "MANIFEST_NAME", "OLD_MARK", "TMP_MARK", "aside_name", "attempt_name", "damaged_name", "data_file_name",

@@ -32,9 +32,10 @@ from .committed import (
 )
 from .files import DataFiles, verify_blobs
 from .planner import SafeLoadPlanner
+from .prefetch import REMOTE_PIECE_BYTES, REMOTE_READ_THREADS
 from .source import MAX_CHAIN, ChunkSource
 from .storage_reader import Reader
 
 __all__ = ["read_manifest", "read_manifest_bytes", "is_committed", "looks_like_dcp", "uncommitted_reason",
            "MAX_MANIFEST_BYTES", "DCP_METADATA_NAME", "ChunkSource", "MAX_CHAIN", "DataFiles", "verify_blobs",
-           "SafeLoadPlanner", "Reader"]
+           "SafeLoadPlanner", "Reader", "REMOTE_PIECE_BYTES", "REMOTE_READ_THREADS"]

@@ -16,12 +16,15 @@ Below the manager, above the commit protocol and the read side; nothing here imp
 """
 
 from .catalog.store import Catalog, StepInfo, mount_id, open_catalog
-from .catalog.sync import record_replaced
-from .copy import SourceCorruptError, copy_step
+from .catalog.sync import record_deleted, record_replaced
+from .claim import foreign, read_claim
+from .copy import SourceCorruptError, copy_step, holds_copy
 from .replicate import Replicator
 from .resolve import open_root, resolve_checkpoint
+from .retention import apply as apply_retention, steps_to_delete
 from .steps import LOCK_NAME, CheckpointRoot, committed_steps, step_path
 
 __all__ = ["CheckpointRoot", "committed_steps", "step_path", "LOCK_NAME", "open_root", "resolve_checkpoint",
-           "Catalog", "StepInfo", "mount_id", "open_catalog", "record_replaced", "copy_step", "SourceCorruptError",
+           "Catalog", "StepInfo", "mount_id", "open_catalog", "record_replaced", "record_deleted", "copy_step", "SourceCorruptError",
+           "holds_copy", "foreign", "read_claim", "apply_retention", "steps_to_delete",
            "Replicator"]

@@ -39,7 +39,16 @@ from .local import LocalStorage, holder_text
 from ..redact import redact, split_userinfo
 
 __all__ = ["Location", "Storage", "ReadHandle", "WriteHandle", "LocalStorage", "locate", "is_url", "holder_text",
-           "wrappers", "wrapped"]
+           "wrappers", "wrapped", "PART_BYTES", "PARALLEL_PARTS", "RANGE_BYTES"]
+
+_OBJECT_STORE_TUNING = ("PART_BYTES", "PARALLEL_PARTS", "RANGE_BYTES")  # ckpt.storage.remote's, imported when asked
+
+
+def __getattr__(name: str):
+    if name in _OBJECT_STORE_TUNING:  # fsspec is imported only by a caller that uses an object store
+        from . import remote
+        return getattr(remote, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 _LOCAL = LocalStorage()
 _USERINFO_OPTIONS = {"s3": ("key", "secret"), "s3a": ("key", "secret")}  # scheme -> fsspec's option names

@@ -1,6 +1,6 @@
 """The import graph of our packages, read from the source: every import statement, lazy ones inside
 functions included (a lazy import that closes a circle is still a circle), and the engine names
-each module imports (for the rule that ``tools/`` reaches no internal one)."""
+each module imports (for the rule that code outside the engine uses its faces only)."""
 
 from __future__ import annotations
 
@@ -85,19 +85,58 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def private_reaches(package: str, into: str) -> list[str]:
-    """Where a module of ``package`` imports an underscore name of ``into`` (``from ckpt.x import
-    _y``, ``ckpt._x``) or reads an underscore attribute of something it imported from there
-    (``commit._publish``): ``"module: what"`` for each."""
+def engine_faces(into: str = "ckpt") -> set[str]:
+    """The names of ``into`` code outside it may import: the package itself, each top-level module
+    without an underscore, each room (a package, at any depth: its ``__init__`` is its face) and the
+    plug-ins (``ckpt.integrations.<framework>``, each the face its framework meets)."""
+    root = Path(importlib.util.find_spec(into).submodule_search_locations[0])
+    faces = {into}
+    for name, path in modules(into).items():
+        parts = name.split(".")
+        if any(part.startswith("_") for part in parts):
+            continue
+        if path.name == "__init__.py" or len(parts) == 2 or parts[:2] == [into, "integrations"]:
+            faces.add(name)
+    assert root.is_dir()
+    return faces
+
+
+def _bound_submodules(face: Path) -> set[str]:
+    """The names a room's face binds (``from . import codec``, ``from .diff import diff``): importing
+    one of them from the face is through the face, even where a submodule has the same name."""
+    return {alias.asname or alias.name for node in ast.parse(face.read_text()).body
+            if isinstance(node, ast.ImportFrom) and node.level == 1 for alias in node.names}
+
+
+def _source_files(where: str | Path) -> dict[str, Path]:
+    """``where`` is a package (``"trainer"``) or a folder of scripts (``"benchmarks"``, or a path):
+    module name -> file."""
+    if isinstance(where, str):
+        spec = importlib.util.find_spec(where)
+        if spec is not None and spec.submodule_search_locations:
+            return modules(where)
+        where = Path(__file__).resolve().parents[2] / where
+    return {f"{where.name}.{path.stem}": path for path in sorted(where.glob("*.py"))}
+
+
+def reaches_past_faces(where: str | Path, into: str = "ckpt") -> list[str]:
+    """Where code of ``where`` (a package or a folder of scripts) reaches ``into`` past its faces
+    (:func:`engine_faces`): a module inside a room (``from ckpt.read.source import X``, ``import
+    ckpt.root.copy``, ``from ckpt.read import prefetch``), or an underscore module, name or attribute
+    (``from ckpt.x import _y``, ``manager._inflight``): ``"module: what"`` for each."""
+    faces, known = engine_faces(into), modules(into)
+    faces |= {f"{face}.{sub}" for face in list(faces) if known[face].name == "__init__.py"
+              for sub in _bound_submodules(known[face])}
     found = []
-    for name, path in modules(package).items():
+    for name, path in _source_files(where).items():
         bound = set()  # local names that refer to something of ``into``
         for node, base, names in _imports(name, path):
             if base is None or not (base == into or base.startswith(into + ".")):
                 continue
-            private = [part for part in base.split(".") if part.startswith("_")]
-            private += [alias for alias in names if alias.startswith("_")]
-            found += [f"{name}: {base} {part}" for part in private]
+            targets = [base] if isinstance(node, ast.Import) else \
+                [f"{base}.{alias}" for alias in names if f"{base}.{alias}" in known] or [base]
+            found += [f"{name}: {target}" for target in targets if target not in faces]
+            found += [f"{name}: {base} {alias}" for alias in names if alias.startswith("_")]
             if isinstance(node, ast.Import):
                 bound.update(alias.asname or alias.name.split(".")[0] for alias in node.names)
             else:
@@ -109,4 +148,4 @@ def private_reaches(package: str, into: str) -> list[str]:
                     value = value.value
                 if isinstance(value, ast.Name) and value.id in bound:
                     found.append(f"{name}: {ast.unparse(node)}")
-    return found
+    return sorted(set(found))

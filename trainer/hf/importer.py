@@ -22,11 +22,10 @@ import torch
 from safetensors import safe_open
 
 from ckpt import CheckpointError, CheckpointExistsError, CheckpointNotFoundError, CheckpointRoot
-from ckpt.write.assemble import NewCheckpoint, new_manifest
 from ckpt.convert import converted_dtype
 from ckpt.format import Manifest
 from ckpt.storage import Location
-from ckpt.write.files import Payload, Place, tensor_bytes
+from ckpt.write import NewCheckpoint, Payload, Place, new_manifest, tensor_bytes
 from .checks import MAX_INDEX_ENTRIES, HFInputError, check_plain_file, read_json, weights_file
 from .config import UnsupportedHFConfig, args_from_hf_config
 from .names import HF_IGNORED, our_name

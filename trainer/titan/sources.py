@@ -25,7 +25,7 @@ from typing import Any
 import ckpt
 from ckpt import CheckpointNotFoundError
 from ckpt.convert import full_tensors, import_dcp
-from ckpt.read.source import ChunkSource
+from ckpt.read import ChunkSource
 from ckpt.root import resolve_checkpoint
 from ckpt.storage import locate
 
