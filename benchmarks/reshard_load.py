@@ -1,7 +1,7 @@
 """The multi-process part of ``bench_save_load.py``: resharded load against same-layout load.
 
 A state of a few large fp32 matrices is saved once by each system in five source layouts, then
-loaded into the layouts below; each resharded load is compared with the same-layout load of the
+loaded into the layouts below (``reshard_layouts.py``); each resharded load is compared with the same-layout load of the
 layout it loads into — the same ranks loading a checkpoint saved in their own layout, so that the
 ratio is the cost of resharding alone, not of another world size on the same cores:
 
@@ -22,16 +22,15 @@ Systems: ours (``ckpt.save`` / ``ckpt.load`` with the process group) and DCP
 (``dcp.save(storage_writer=FileSystemWriter(dir, sync_files=True))`` / ``dcp.load(storage_reader=
 FileSystemReader(dir))``), both in place into the live DTensors.
 
-One set of 4 processes is started (``torch.multiprocessing`` with the forkserver method: one fresh
-process imports torch and ckpt, the ranks are forked from it, see ``start_forkserver``; gloo on 127.0.0.1,
-``torch.set_num_threads(1)`` in each, as the tests' ``run_ranks`` does) and runs everything, so process
-start-up is paid once. Every repeat times, for each system, each resharded layout right next to a
+One set of 4 processes is started by the tests' ``run_ranks`` (forked from a fork server: one fresh
+process imports torch, ckpt and this module, see ``start_forkserver``; gloo on 127.0.0.1,
+``torch.set_num_threads(1)`` in each) and runs everything, so process start-up is paid once. Every repeat times, for each system, each resharded layout right next to a
 load of its reference layout (``units``: the reference of two resharded layouts is loaded once for
 each), which of the two goes first alternating per repeat, the units and the systems in an order
 rotated per repeat: a resharded load's ratio is to the reference load of the same system a second
 before, not one up to a dozen loads away (the benchmark box's virtual disk swings 0.4-3 GiB/s over
-seconds, with slow spells of 10 s and more). The 2-rank layouts run on ranks 0-1 (a subgroup and its mesh) while ranks 2-3 wait in the
-collective that gathers the times (a blocking gloo receive; their CPU time over those loads is
+seconds, with slow spells of 10 s and more). The 2-rank layouts run on ranks 0-1 (a subgroup and
+its mesh) while ranks 2-3 wait in the collective that gathers the times (a blocking gloo receive; their CPU time over those loads is
 reported). On the 2-vCPU box the 4-rank layout is oversubscribed 2x.
 
 What is timed, per load: every rank of the world meets in a barrier, rank 0 runs ``sync`` and (when
@@ -46,135 +45,39 @@ full tensor after are outside the timing. Each rank also reads ``/proc/self/io``
 from __future__ import annotations
 
 import gc
-import os
-import pickle
-import tempfile
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor
 
 from harness import REPO, drop_caches, rotated  # first: puts this checkout's root on sys.path
 
 import ckpt  # noqa: E402
 import peers  # noqa: E402
+from reshard_layouts import (  # noqa: E402
+    LAYOUTS, SAVED, SOURCE_DIRS, SOURCES, WORLD, Layout, Rank, chosen, sharded_state, source_dir, units, verify,
+)
 from states import reshard_source, state_bytes  # noqa: E402
 from tests.support import launch  # noqa: E402
 
 SYSTEMS = ("ours", "DCP")
-WORLD = 4
 COLS = 4096
+RANKS_HANG_SECONDS = 3 * 3600  # a guard against hung ranks, far above a full run
 
 
-@dataclass(frozen=True)
-class Layout:
-    """How a rank holds the state: ``kind`` "shard" (DTensors, ``Shard(dim)`` over ``ranks``),
-    "fsdp_tp" (a 2×2 mesh: ``Shard(0)`` over dp, ``Shard(1)`` over tp), "pp" (whole tensors, the
-    keys split over the ranks) or "plain" (one process, whole tensors)."""
-
-    name: str
-    ranks: int
-    dim: int = 0
-    kind: str = "shard"
-    source: str = "2 ranks Shard(0) (same)"  # the checkpoint it loads (the name of the layout that saved it)
-    reference: str = "2 ranks Shard(0) (same)"  # the same-layout load it is compared with
+SAVE = {"ours": ckpt.save, "DCP": peers.dcp_save}
+LOAD = {"ours": ckpt.load, "DCP": peers.dcp_load}
 
 
-SAVED = Layout("2 ranks Shard(0) (same)", 2, 0)
-QUAD = Layout("4 ranks Shard(0) (same)", 4, 0, source="4 ranks Shard(0) (same)", reference="4 ranks Shard(0) (same)")
-FSDP_TP = Layout("4 ranks FSDP×TP (saved)", 4, kind="fsdp_tp")
-SINGLE = Layout("1 rank (same)", 1, kind="plain", source="1 rank (same)", reference="1 rank (same)")
-PIPELINE = Layout("2 ranks PP (saved)", 2, kind="pp")
-SOURCES = (SAVED, QUAD, FSDP_TP, SINGLE, PIPELINE)  # saved once per system, each in its own directory
-LAYOUTS = (SAVED, QUAD, Layout("2 → 4 ranks Shard(0)", 4, 0, reference=QUAD.name), Layout("2 ranks Shard(1)", 2, 1),
-           Layout("FSDP×TP 4 → FSDP 2", 2, 0, source=FSDP_TP.name), SINGLE,
-           Layout("PP 2 → 1", 1, kind="plain", source=PIPELINE.name, reference=SINGLE.name))
-REFERENCES = {layout.name for layout in LAYOUTS if layout.reference == layout.name}
-
-
-# ---------------------------------------------------------------------------------------------
-# Inside the ranks
-# ---------------------------------------------------------------------------------------------
-class Rank:
-    """This process's view: its rank, the meshes and groups of both world sizes."""
-
-    def __init__(self, rank: int):
-        self.rank = rank
-        self.pair = dist.new_group([0, 1])  # collective: every rank creates it
-        self.meshes = {4: DeviceMesh.from_group(dist.group.WORLD, "cpu"),
-                       2: DeviceMesh.from_group(self.pair, "cpu") if rank < 2 else None,
-                       (2, 2): DeviceMesh("cpu", torch.arange(WORLD).reshape(2, 2), mesh_dim_names=("dp", "tp"))}
-
-    def group(self, layout: Layout):
-        return None if layout.ranks == WORLD else self.pair
-
-    def member(self, layout: Layout) -> bool:
-        return self.rank < layout.ranks
-
-
-def local_shard(full: torch.Tensor, layout: Layout, rank: int) -> torch.Tensor:
-    """The part of ``full`` that ``rank`` holds in ``layout`` (a view; even chunks)."""
-    if layout.kind == "fsdp_tp":
-        return full.chunk(2, dim=0)[rank // 2].chunk(2, dim=1)[rank % 2]
-    if layout.kind in ("pp", "plain"):
-        return full
-    return full.chunk(layout.ranks, dim=layout.dim)[rank]
-
-
-def keys_of(full: dict, layout: Layout, rank: int) -> list[str]:
-    """The keys ``rank`` holds: a pipeline stage holds its own half of the layers."""
-    keys = sorted(full)
-    return keys[rank::layout.ranks] if layout.kind == "pp" else keys
-
-
-def sharded_state(full: dict, layout: Layout, me: Rank, fill: bool) -> dict:
-    """This rank's state in ``layout`` (DTensors, or plain tensors for "pp"/"plain"): copies of its
-    shards (``fill``) or zeros."""
-    state = {}
-    for key in keys_of(full, layout, me.rank):
-        t = full[key]
-        shard = local_shard(t, layout, me.rank)
-        local = shard.clone(memory_format=torch.contiguous_format) if fill else torch.zeros(shard.shape)
-        if layout.kind in ("pp", "plain"):
-            state[key] = local
-        elif layout.kind == "fsdp_tp":
-            state[key] = DTensor.from_local(local, me.meshes[(2, 2)], [Shard(0), Shard(1)], run_check=False,
-                                            shape=t.shape, stride=t.stride())
-        else:
-            state[key] = DTensor.from_local(local, me.meshes[layout.ranks], [Shard(layout.dim)], run_check=False,
-                                            shape=t.shape, stride=t.stride())
-    return state
-
-
-def save(system: str, state: dict, path: Path, group, layout: Layout = SAVED) -> None:
-    if layout.ranks == 1:
-        group = None
-    if system == "ours":
-        ckpt.save(state, path, process_group=group, no_dist=layout.ranks == 1)
-    else:
-        peers.dcp_save(state, path, process_group=group, no_dist=layout.ranks == 1)
-
-
-def load(system: str, state: dict, path: Path, group, layout: Layout = SAVED) -> None:
-    if layout.ranks == 1:
-        group = None
-    if system == "ours":
-        ckpt.load(state, path, process_group=group, no_dist=layout.ranks == 1)
-    else:
-        peers.dcp_load(state, path, process_group=group, no_dist=layout.ranks == 1)
-
-
-def source_dir(work: Path, system: str, layout: Layout) -> Path:
-    return work / system / SOURCE_DIRS[layout.source]
-
-
-SOURCE_DIRS = {layout.name: f"source-{i}" for i, layout in enumerate(SOURCES)}
+def through(call, state: dict | None, path: Path, group, layout: Layout = SAVED) -> None:
+    """``call`` (a system's save or load) of ``state`` at ``path`` by the ranks of ``layout``: over
+    ``group``, or without a process group for one process."""
+    single = layout.ranks == 1
+    call(state, path, process_group=None if single else group, no_dist=single)
 
 
 def io_counters() -> tuple[int, int]:
@@ -217,33 +120,6 @@ def collective_timed(me: Rank, member: bool, fn, cold: bool) -> tuple[float, tup
     return max(r[0] for r in loaders), read, idle_cpu
 
 
-def verify(state: dict, full: dict, layout: Layout, rank: int, what: str) -> None:
-    for key in keys_of(full, layout, rank):
-        value = state[key]
-        local = value.to_local() if isinstance(value, DTensor) else value
-        if not torch.equal(local, local_shard(full[key], layout, rank)):
-            raise RuntimeError(f"{what}: {key} differs on rank {rank} after load")
-
-
-def chosen(only: tuple[str, ...] | None) -> tuple[Layout, ...]:
-    """The layouts named in ``only`` (all when None) with the references they are compared with."""
-    if not only:
-        return LAYOUTS
-    wanted = {layout.name for layout in LAYOUTS if layout.name in only}
-    wanted |= {layout.reference for layout in LAYOUTS if layout.name in wanted}
-    return tuple(layout for layout in LAYOUTS if layout.name in wanted)
-
-
-def units(layouts: tuple[Layout, ...]) -> list[tuple[Layout, ...]]:
-    """What one repeat times, per system: each resharded layout next to a load of its reference
-    layout (``(reference, resharded)``: a reference two layouts use is loaded once for each), and
-    alone each reference no chosen resharded layout uses."""
-    by_name = {layout.name: layout for layout in layouts}
-    pairs = [(by_name[layout.reference], layout) for layout in layouts if layout.reference != layout.name]
-    paired = {reference.name for reference, _ in pairs}
-    return pairs + [(layout,) for layout in layouts if layout.reference == layout.name and layout.name not in paired]
-
-
 def save_sources(me: Rank, full: dict, work: Path, system: str, timed: bool, cold: bool,
                  layouts: tuple[Layout, ...] = LAYOUTS) -> float | None:
     """Save ``full`` once in every source layout ``layouts`` load; the seconds of the 2-rank
@@ -253,7 +129,7 @@ def save_sources(me: Rank, full: dict, work: Path, system: str, timed: bool, col
     for layout in (s for s in SOURCES if s.name in sources):
         saved = sharded_state(full, layout, me, fill=True) if me.member(layout) else None
         path = work / system / SOURCE_DIRS[layout.name]
-        fn = lambda: save(system, saved, path, me.group(layout), layout)  # noqa: E731
+        fn = lambda: through(SAVE[system], saved, path, me.group(layout), layout)  # noqa: E731
         if timed and layout is SAVED:
             seconds, _, _ = collective_timed(me, me.member(layout), fn, cold)
         else:
@@ -272,14 +148,16 @@ def warm_up(me: Rank, work: Path, layouts: tuple[Layout, ...]) -> None:
         for layout in layouts:
             if me.member(layout):
                 state = sharded_state(tiny, layout, me, fill=False)
-                load(system, state, source_dir(work / "warmup", system, layout), me.group(layout), layout)
+                through(LOAD[system], state, source_dir(work / "warmup", system, layout), me.group(layout), layout)
                 verify(state, tiny, layout, me.rank, f"warm-up {system} {layout.name}")
             dist.barrier()
 
 
-def rank_main(rank: int, full: dict, work: str, repeats: int, cold: bool, check: bool,
+def rank_main(rank: int, world: int, full: dict, work: str, repeats: int, cold: bool, check: bool,
               only: tuple[str, ...] | None = None) -> dict | None:
-    """Everything one rank does; rank 0 returns the measurements."""
+    """Everything one rank does (``run_ranks``' function, on :data:`WORLD` ranks); rank 0 returns the
+    measurements."""
+    warnings.filterwarnings("ignore", category=FutureWarning)
     me = Rank(rank)
     layouts = chosen(only)
     work = Path(work)
@@ -311,7 +189,8 @@ def rank_main(rank: int, full: dict, work: str, repeats: int, cold: bool, check:
                             (t.to_local() if isinstance(t, DTensor) else t).zero_()
                     seconds, read, idle_cpu = collective_timed(
                         me, state is not None,
-                        lambda: load(system, state, source_dir(work, system, layout), me.group(layout), layout), cold)
+                        lambda: through(LOAD[system], state, source_dir(work, system, layout), me.group(layout), layout),
+                        cold)
                     if state is not None and check:
                         verify(state, full, layout, rank, f"{system} {layout.name}")
                     seconds_of[layout.name] = seconds
@@ -328,20 +207,6 @@ def rank_main(rank: int, full: dict, work: str, repeats: int, cold: bool, check:
                         (seconds_of[resharded.name], seconds_of[reference.name]))
     out["clock"]["loaded"] = time.time()
     return out if rank == 0 else None
-
-
-def _entry(rank: int, port: int, out_dir: str, args: tuple) -> None:
-    os.environ.update(launch.rank_env(rank, WORLD, port))
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    try:
-        result = rank_main(rank, *args)
-        if result is not None:
-            Path(out_dir, "result.pkl").write_bytes(pickle.dumps(result))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -375,11 +240,9 @@ def run(gib: float, repeats: int, work: Path, cold: bool, check: bool = True,
     start = time.perf_counter()
     full = reshard_source(gib, cols=COLS)
     started = time.time()
-    with tempfile.TemporaryDirectory() as out_dir:
-        start_forkserver()  # no-op if the benchmark started it already
-        mp.start_processes(_entry, args=(launch.free_port(), out_dir, (full, str(work), repeats, cold, check, only)),
-                           nprocs=WORLD, start_method="forkserver")
-        result = pickle.loads(Path(out_dir, "result.pkl").read_bytes())
+    start_forkserver()  # no-op if the benchmark started it already
+    result = launch.run_ranks(WORLD, rank_main, full, str(work), repeats, cold, check, only,
+                              hang_seconds=RANKS_HANG_SECONDS)[0]
     result["nbytes"] = state_bytes(full)
     result["shapes"] = [tuple(t.shape) for t in full.values()]
     result["wall_s"] = time.perf_counter() - start
