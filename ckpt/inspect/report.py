@@ -34,7 +34,7 @@ from ..format import MANIFEST_NAME, Manifest, unseal
 from .step import prefix_sizes, preview, run_config
 from ..root.claim import read_claim
 from ..root.damaged import damaged_steps
-from ..root.replica_states import ReplicaState
+from ..root.replica_states import MISSING, UNKNOWN, ReplicaState
 from ..read.source import verify_blobs
 from ..storage import Location, locate
 
@@ -114,14 +114,14 @@ def step_rows(mounts, listed, catalog: dict[int, StepInfo]) -> list[dict]:
         for url, _location in mounts:
             recorded = info.mounts.get(url) if info else None
             if listed[url] is None:
-                states[url] = "unknown"
+                states[url] = UNKNOWN
             elif step in listed[url]:
                 states[url] = ReplicaState.COMMITTED.value
             elif recorded is not None and recorded.state != ReplicaState.COMMITTED:
                 states[url] = recorded.state.value  # any replica state, refused included
             else:
-                states[url] = "missing"
-        if all(state in ("missing", ReplicaState.DELETED, "unknown") for state in states.values()):
+                states[url] = MISSING
+        if all(state in (MISSING, ReplicaState.DELETED, UNKNOWN) for state in states.values()):
             continue
         row = {"step": step, "kind": None, "base_step": None, "bytes": None, "created": None, "mounts": states,
                "error": None}

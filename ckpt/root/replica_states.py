@@ -12,6 +12,9 @@ always reaches the others.
     deleted    retention (or a stale copy's replacement) removed it from the mount
 
 Members are strings (``ReplicaState.COMMITTED == "committed"``), stored and printed as their value.
+``ckpt inspect`` shows two more words for a mount, never stored nor set: :data:`MISSING` (the mount
+lists no such step, and the catalog knows nothing of it in flight) and :data:`UNKNOWN` (the mount
+cannot be listed).
 """
 
 from __future__ import annotations
@@ -37,3 +40,4 @@ class ReplicaState(str, Enum):
 
 ACTIVE = (ReplicaState.PENDING, ReplicaState.COPYING, ReplicaState.COMMITTED)  # the step is kept while a mount is in one
 FINAL = (ReplicaState.COMMITTED, ReplicaState.DROPPED, ReplicaState.REFUSED)  # nothing more will happen to it
+MISSING, UNKNOWN = "missing", "unknown"  # shown by ckpt inspect only (see the module docstring)

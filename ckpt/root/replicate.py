@@ -61,14 +61,14 @@ class _MountWorker:
         self.owner, self.mount, self.group = owner, mount, group
         self.url = str(mount.path)
         self.queue: deque[int] = deque()
-        self.states: dict[int, str] = {}
+        self.states: dict[int, ReplicaState] = {}
         self.cleaned = False  # claimed for the run and cleaned up (rank 0)
         self.foreign: ForeignRunError | None = None  # rank 0 found the mount is another run's
         self.refused: ForeignRunError | None = None  # ... and every rank knows it: final
         self.unclaimed: BaseException | None = None  # why the last claim failed (rank 0)
         self.thread = threading.Thread(target=self._run, name=f"ckpt-replica-{self.url}", daemon=True)
 
-    def set_state(self, step: int, state: str, detail: str = "") -> None:
+    def set_state(self, step: int, state: ReplicaState, detail: str = "") -> None:
         with self.owner.lock:
             if self.states.get(step) == state:
                 return
@@ -279,7 +279,7 @@ class Replicator:
     def __init__(self, primary: CheckpointRoot, replicas: list[CheckpointRoot], *, groups: list | None = None,
                  distributed: bool = False, keep: int | None = None, keep_every: int | None = None,
                  read_back: bool = False, backlog: int = 16, retry_initial: float = 1.0, retry_max: float = 60.0,
-                 on_state: Callable[[str, int, str, str], None] | None = None, run: str | None = None):
+                 on_state: Callable[[str, int, ReplicaState, str], None] | None = None, run: str | None = None):
         self.primary, self.distributed, self.run = primary, distributed, run
         self.rank = dist.get_rank() if distributed else 0
         self.keep, self.keep_every, self.read_back, self.backlog = keep, keep_every, read_back, max(1, backlog)

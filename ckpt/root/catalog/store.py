@@ -4,7 +4,7 @@ of another schema version, or disagrees with the primary's listing.
 
     catalog = open_catalog(Catalog.default_path(primary), [primary, replica])
     catalog.record_commit(str(primary), 100, manifest)       # the manager, after a commit
-    catalog.set_state(str(replica), 100, "copying")            # replication, as it goes
+    catalog.set_state(str(replica), 100, ReplicaState.COPYING)  # replication, as it goes
     for info in catalog.steps(): print(info.step, info.kind, info.mounts)
 
 Records are JSON (utf-8) values in LMDB's main database (schema :data:`SCHEMA_VERSION`), each
@@ -175,9 +175,10 @@ class Catalog:
         if mount == primary or txn.get(step_key(step)) is None:
             _put(txn, step_key(step), step_record(manifest))
             _put(txn, chunks_key(step), chunk_records(manifest))
-        _put(txn, mount_key(mount, step), {"state": "committed", "when": when, "detail": ""})
+        _put(txn, mount_key(mount, step), {"state": ReplicaState.COMMITTED.value, "when": when, "detail": ""})
 
-    def set_state(self, mount, step: int, state: str, when: float | None = None, detail: str = "") -> None:
+    def set_state(self, mount, step: int, state: ReplicaState | str, when: float | None = None,
+                  detail: str = "") -> None:
         if state not in STATES:
             raise ValueError(f"catalog state {state!r} is not one of {', '.join(STATES)}")
         with self._write() as txn:
@@ -267,13 +268,14 @@ class Catalog:
                 if isinstance(manifest, Manifest):
                     self._put_commit(txn, mount, step, manifest, manifest.created or now)
                 else:
-                    _put(txn, mount_key(mount, step), {"state": "failed", "when": now, "detail": UNREADABLE + manifest})
+                    _put(txn, mount_key(mount, step), {"state": ReplicaState.FAILED.value, "when": now,
+                                                             "detail": UNREADABLE + manifest})
 
     def listed_on(self, mount) -> set[int]:
         """Steps the catalog believes ``mount`` lists: committed, or committed but unreadable."""
         mount = mount_id(mount)
         return {step for step, states in self._mount_states_now().items()
-                if mount in states and (states[mount].state == "committed"
+                if mount in states and (states[mount].state is ReplicaState.COMMITTED
                                         or states[mount].detail.startswith(UNREADABLE))}
 
     def _mount_states_now(self):

@@ -10,6 +10,7 @@ import os
 
 from ...errors import CheckpointError
 from ...storage import Location
+from ..replica_states import ReplicaState
 from .store import Catalog, open_catalog
 
 log = logging.getLogger(__name__)
@@ -39,9 +40,9 @@ class CatalogUpdates:
     def forget(self, mount: Location | str, step: int) -> None:
         self._call("forget", mount, step)
 
-    def replica_state(self, mount: str, step: int, state: str, detail: str) -> None:
+    def replica_state(self, mount: str, step: int, state: ReplicaState, detail: str) -> None:
         """The replicator's report (:mod:`ckpt.root.replicate`): a deleted step is forgotten."""
-        if state == "deleted":
+        if state == ReplicaState.DELETED:
             self._call("forget", mount, step)
         else:
             self._call("set_state", mount, step, state, None, detail[:500])
