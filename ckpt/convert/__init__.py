@@ -8,16 +8,15 @@ Each module states its contract; each imports only the engine below it and the r
                    ``merge``: ckpt-merge's library call
     merged         ``ckpt.save(..., merged=True)``: the live state gathered into one .safetensors file
     replay         a delta chain's step materialised as a full checkpoint (ckpt-replay)
-    dcp_metadata   DCP's ``.metadata`` read by an allow-list unpickler, its shape checked
-    _dcp_items      the items of DCP's data files read with ``torch.load(weights_only=True)``, checked
-    dcp_import     a plain DCP checkpoint converted chunk by chunk into ours (ckpt-convert --from dcp)
+    dcp/           a plain DCP checkpoint converted chunk by chunk into ours (ckpt-convert --from dcp):
+                   its ``.metadata`` by an allow-list unpickler, its data files' items with
+                   ``torch.load(weights_only=True)``, both bounded (its own room)
 
 The names callers need are importable from here (``from ckpt.convert import merge, import_dcp``).
 """
 
 from .consolidate import GROUPS, MMAP_MIN_BYTES, converted_dtype, empty_tensor, full_tensors, select_keys, tensor_specs
-from .dcp_import import import_dcp
-from .dcp_metadata import read_dcp_metadata, total_tensor_bytes
+from .dcp import import_dcp, read_dcp_metadata, total_tensor_bytes
 from .export import HF_NAMES, merge, plan_shards, step_metadata, write_output
 from .formats import FORMATS, SAFETENSORS_DTYPES, TensorSpec, TorchZipWriter, safetensors_header
 from .merged import save_merged

@@ -17,7 +17,7 @@ load* (``initial_load_model_only``) of any step, full or not, takes every model 
 there: :func:`require_keys`) and leaves the step's other states unread, as torchtitan's does.
 
 A foreign (torchtitan's own) DCP step is read pickle-free: its ``.metadata`` through the allow-list
-unpickler of :mod:`ckpt.convert.dcp_metadata` (DCP's reader would ``pickle.load`` it), its values
+unpickler of :mod:`ckpt.convert.dcp.metadata` (DCP's reader would ``pickle.load`` it), its values
 through the :class:`~ckpt.read.planner.SafeLoadPlanner`.
 """
 

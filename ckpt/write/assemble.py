@@ -9,7 +9,7 @@
   results (:class:`ckpt.dcp.Writer` on the coordinator, which then commits it with
   :func:`ckpt.commit.finish`: the ranks' writes span processes).
 * :class:`NewCheckpoint`: a checkpoint one process writes outside a save — the offline
-  converters (:mod:`ckpt.convert.replay`, :mod:`ckpt.convert.dcp_import`, the Hugging Face import
+  converters (:mod:`ckpt.convert.replay`, :mod:`ckpt.convert.dcp.importer`, the Hugging Face import
   of :mod:`trainer.hf.importer`): a fresh commit attempt (:func:`ckpt.commit.begin`), data files
   written into it (:func:`ckpt.write.files.write_file`), each blob recorded at its place, then the
   manifest committed last (:func:`ckpt.commit.finish`) — or, on any failure, everything the

@@ -263,7 +263,7 @@ def test_help(capsys):
 
 
 def test_from_dcp(tmp_path, capsys):
-    pytest.importorskip("ckpt.convert.dcp_import")
+    pytest.importorskip("ckpt.convert.dcp.importer")
     import torch.distributed.checkpoint as dcp
 
     state = {"model": {"w": torch.arange(12.0).reshape(3, 4)}, "step": 7}

@@ -16,7 +16,7 @@ import torch
 
 import ckpt
 from ckpt.convert import import_dcp
-from ckpt.convert._bounds import available_memory
+from ckpt.convert.dcp.bounds import available_memory
 from tests.support import dcp_hostile as hostile
 from tests.support import dcp_sources
 from tests.support.hangs import ends

@@ -1,4 +1,4 @@
-"""ckpt.convert.dcp_import: a plain DCP (FileSystemWriter) checkpoint becomes one of ours — bitwise,
+"""ckpt.convert.dcp.importer: a plain DCP (FileSystemWriter) checkpoint becomes one of ours — bitwise,
 reshardable — and ckpt.load on a raw DCP directory says how to convert it.
 
 The source is a real ``dcp.save`` of an FSDP2 model and its AdamW state on 2 ranks (state dicts from

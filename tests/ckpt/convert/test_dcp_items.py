@@ -1,4 +1,4 @@
-"""ckpt.convert._dcp_items: the items of DCP's data files are loaded with ``torch.load(weights_only=True)``
+"""ckpt.convert.dcp.items: the items of DCP's data files are loaded with ``torch.load(weights_only=True)``
 only — a value that needs ``weights_only=False`` is refused, naming it, and nothing of it runs."""
 
 from __future__ import annotations

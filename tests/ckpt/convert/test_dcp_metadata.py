@@ -1,4 +1,4 @@
-"""ckpt.convert.dcp_metadata: DCP's ``.metadata`` pickle read without running code from it — a
+"""ckpt.convert.dcp.metadata: DCP's ``.metadata`` pickle read without running code from it — a
 ``.metadata`` whose unpickling would run ``os.system``/``exec`` (directly, or through
 ``builtins.getattr``) or monkeypatch a class is refused, and nothing runs."""
 

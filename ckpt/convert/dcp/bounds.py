@@ -19,7 +19,7 @@ import pickletools
 
 import torch
 
-from ..errors import CheckpointError, CorruptCheckpointError
+from ...errors import CheckpointError, CorruptCheckpointError
 
 ELEMENTS_PER_BYTE = 4  # a pickle spends >= 1 byte per element; a memo GET (2 bytes) may stand for a small Size
 SLACK_ELEMENTS = 4096

@@ -12,8 +12,8 @@ item's bytes (:class:`~ckpt.errors.UnsafeCheckpointError` for what it refuses), 
 decompression may yield, and checks every chunk against the metadata's dtype and box
 (:class:`~ckpt.errors.CorruptCheckpointError`): an item is checked from its first and last bytes
 before it is read whole, a declared zstd content size before it is decompressed, a value's
-structure within :mod:`ckpt.convert._bounds`' limits before it is walked. One :class:`Item` per stored chunk or value is
-matched to its place in the metadata by :mod:`ckpt.convert.dcp_import`.
+structure within :mod:`ckpt.convert.dcp.bounds`' limits before it is walked. One :class:`Item` per stored chunk or value is
+matched to its place in the metadata by :mod:`ckpt.convert.dcp.importer`.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ import torch
 import zstandard
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-from ..read.committed import DCP_METADATA_NAME as METADATA_NAME
-from ..errors import CheckpointError, CorruptCheckpointError, UnsafeCheckpointError, UnsupportedFormatError
-from ..format import ValueEntry, values
-from ..storage import Location
-from ..write.files import tensor_bytes
-from ._bounds import check_structure, element_budget
+from ...read.committed import DCP_METADATA_NAME as METADATA_NAME
+from ...errors import CheckpointError, CorruptCheckpointError, UnsafeCheckpointError, UnsupportedFormatError
+from ...format import ValueEntry, values
+from ...storage import Location
+from ...write.files import tensor_bytes
+from .bounds import check_structure, element_budget
 
 MAX_VALUE_BYTES = 1 << 30  # a decompressed non-tensor value
 MAX_VALUE_DEPTH = 100  # nesting of a value (a training state's values nest a few levels)

@@ -1,8 +1,8 @@
 """Import a checkpoint written by plain ``torch.distributed.checkpoint`` (DCP's ``FileSystemWriter``,
 what torchtitan and most PyTorch trainers write) as a checkpoint of our format.
 
-DCP's directory: ``.metadata`` (a pickle: :mod:`ckpt.convert.dcp_metadata` reads it with an
-allow-list unpickler) and ``__<rank>_<n>.distcp`` data files (:mod:`ckpt.convert._dcp_items` reads
+DCP's directory: ``.metadata`` (a pickle: :mod:`ckpt.convert.dcp.metadata` reads it with an
+allow-list unpickler) and ``__<rank>_<n>.distcp`` data files (:mod:`ckpt.convert.dcp.items` reads
 their items with ``torch.load(weights_only=True)``). Both halves execute code from a hostile
 checkpoint when DCP itself reads them; here what would need code execution raises
 :class:`~ckpt.errors.UnsafeCheckpointError`. :func:`import_dcp` matches every stored item to its
@@ -21,15 +21,15 @@ from typing import Callable
 
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
 
-from ..write.assemble import NewCheckpoint, new_manifest
-from ..read.committed import DCP_METADATA_NAME as METADATA_NAME
-from ..errors import CheckpointExistsError, CorruptCheckpointError, InvalidManifestError, UnsupportedFormatError
-from ..format import Manifest, ValueEntry, dtype_name, parse_step_name
-from ..storage import Location, locate
-from ..write.files import Payload, Place
-from ._bounds import check_memory
-from ._dcp_items import STREAM_SLACK, Item, ItemReader, transform
-from .dcp_metadata import read_dcp_metadata
+from ...write.assemble import NewCheckpoint, new_manifest
+from ...read.committed import DCP_METADATA_NAME as METADATA_NAME
+from ...errors import CheckpointExistsError, CorruptCheckpointError, InvalidManifestError, UnsupportedFormatError
+from ...format import Manifest, ValueEntry, dtype_name, parse_step_name
+from ...storage import Location, locate
+from ...write.files import Payload, Place
+from .bounds import check_memory
+from .items import STREAM_SLACK, Item, ItemReader, transform
+from .metadata import read_dcp_metadata
 
 _DCP_FILE = re.compile(r"__(\d+)_(\d+)\.distcp")
 _PATH_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")

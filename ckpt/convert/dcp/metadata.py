@@ -9,10 +9,10 @@ _StorageInfo(relative_path, offset, length, transform_descriptors)), ``storage_m
 DCP itself reads it with ``pickle.load``, which executes code from a hostile checkpoint (pytorch
 #189308). :func:`read_dcp_metadata` reads it with :class:`_MetadataUnpickler` (see it for exactly
 what it admits): what it refuses raises :class:`~ckpt.errors.UnsafeCheckpointError` naming it; then
-every field :mod:`ckpt.convert.dcp_import` uses is checked to have the type DCP gives it
+every field :mod:`ckpt.convert.dcp.importer` uses is checked to have the type DCP gives it
 (:class:`~ckpt.errors.CorruptCheckpointError` otherwise). Bounded: the file's ends are checked
 before it is read, dict keys must be plain (no hashing of shared tuples), and the result is walked
-within an element budget its size allows (:mod:`ckpt.convert._bounds`).
+within an element budget its size allows (:mod:`ckpt.convert.dcp.bounds`).
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from ..read.committed import DCP_METADATA_NAME as METADATA_NAME, read_metadata_file
-from ..errors import CheckpointError, CorruptCheckpointError, InvalidManifestError, UnsafeCheckpointError
-from ..format import MAX_BYTES, MAX_DIMS
-from ..storage import Location, locate
-from ._bounds import check_pickle_ends, check_structure, element_budget
+from ...read.committed import DCP_METADATA_NAME as METADATA_NAME, read_metadata_file
+from ...errors import CheckpointError, CorruptCheckpointError, InvalidManifestError, UnsafeCheckpointError
+from ...format import MAX_BYTES, MAX_DIMS
+from ...storage import Location, locate
+from .bounds import check_pickle_ends, check_structure, element_budget
 
 MAX_METADATA_BYTES = 1 << 32
 MAX_METADATA_DEPTH = 32  # Metadata > dict > TensorStorageMetadata > chunks > chunk > Size > int: 6
@@ -281,7 +281,7 @@ def _check_dims(value: Any, what: str) -> None:
 
 
 def _check_metadata(md: Any) -> None:
-    """Every field :func:`~ckpt.convert.dcp_import.import_dcp` uses has the type DCP gives it."""
+    """Every field :func:`~ckpt.convert.dcp.importer.import_dcp` uses has the type DCP gives it."""
     if type(md) is not Metadata:
         raise _bad(f"holds a {type(md).__name__}, not DCP's Metadata")
     if type(getattr(md, "state_dict_metadata", None)) is not dict or type(md.storage_data) is not dict:
@@ -323,7 +323,7 @@ def _check_metadata(md: Any) -> None:
 
 
 def total_tensor_bytes(metadata: Metadata) -> int:
-    """Raw bytes of every tensor chunk: what :func:`ckpt.convert.dcp_import.import_dcp`'s
+    """Raw bytes of every tensor chunk: what :func:`ckpt.convert.dcp.importer.import_dcp`'s
     ``progress`` calls add up to."""
     return sum(math.prod(c.sizes) * e.properties.dtype.itemsize for e in metadata.state_dict_metadata.values()
                if isinstance(e, TensorStorageMetadata) for c in e.chunks)
