@@ -68,7 +68,9 @@ import numpy as np
 import torch
 import zstandard
 
-from harness import Load, argument_parser, machine_description, work_dir  # first: puts this checkout's root on sys.path
+from harness import (  # first: puts this checkout's root on sys.path
+    Load, add_modes, apply_mode, argument_parser, machine_description, package_version, work_dir,
+)
 
 import peers  # noqa: E402
 from ckpt.format import codec  # noqa: E402
@@ -83,6 +85,7 @@ BENCH_NAME = "delta"
 # --quick: the debug model only, ~25 s on a quiet 2-core box (zipnn included)
 QUICK = {"flavors": ["debug"], "steps": [100], "intervals": [10, 50], "repeats": 3, "throughput_mb": 10.0}
 TINY = {"flavors": ["debug"], "steps": [10], "intervals": [5, 10], "repeats": 1, "throughput_mb": 2.0}  # the tests'
+FULL = {"flavors": ["debug", "small"], "intervals": [10, 50, 100], "repeats": 5, "throughput_mb": 256}  # defaults
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", category=UserWarning)
@@ -138,7 +141,7 @@ def report(runs, intervals, methods, speed_info, args, command, machine) -> tupl
     if ZIPNN_NOTE:
         body.append(f"- {ZIPNN_NOTE}: its columns are n/a.")
     else:
-        body.append(f"- zipnn {peers.zipnn_version()} via `ZipNN(input_format=\"byte\", "
+        body.append(f"- zipnn {package_version('zipnn')} via `ZipNN(input_format=\"byte\", "
                     "bytearray_dtype=\"float32\"|\"bfloat16\", threads=1)` per tensor (method AUTO: byte grouping + "
                     "Huffman/zstd), its XOR delta with `delta_compressed_type=\"byte\"`. zipnn's compress reorders the "
                     "bits of a float32/bf16 input **in place** (the caller's buffer, even a `bytes` object), so it is "
@@ -177,27 +180,23 @@ def per_flavor(values: list | None, flavors: list[str], what: str, parser) -> li
 
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser(__doc__)
-    parser.add_argument("--flavors", nargs="+", default=["debug", "small"], help="model flavors (default debug small)")
+    parser.add_argument("--flavors", nargs="+", help="model flavors (default debug small)")
     parser.add_argument("--steps", nargs="+", type=int,
                         help="training steps, one value or one per flavor (default: debug 300, small 200)")
     parser.add_argument("--batch", nargs="+", type=int,
                         help="global batch size, one value or one per flavor (default: debug 8, small 4)")
     parser.add_argument("--seq-len", nargs="+", type=int,
                         help="sequence length, one value or one per flavor (default: debug 128, small 64)")
-    parser.add_argument("--intervals", nargs="+", type=int, default=[10, 50, 100], help="save intervals (steps)")
+    parser.add_argument("--intervals", nargs="+", type=int, help="save intervals (steps; default 10 50 100)")
     parser.add_argument("--level", type=int, default=codec.DEFAULT_LEVEL, help="zstd level of ours (default: engine's)")
-    parser.add_argument("--repeats", type=int, default=5, help="speed repeats (default 5; 0 skips the speed part)")
-    parser.add_argument("--throughput-mb", type=float, default=256, help="MB of fp32 state for the speed part")
+    parser.add_argument("--repeats", type=int, help="speed repeats (default 5; 0 skips the speed part)")
+    parser.add_argument("--throughput-mb", type=float, help="MB of fp32 state for the speed part (default 256)")
     parser.add_argument("--train-threads", type=int, default=1,
                         help="torch threads while training (default 1: fastest on a shared 2-core box)")
     parser.add_argument("--no-verify", action="store_true", help="skip decoding the last pairs back")
-    parser.add_argument("--quick", action="store_true",
-                        help="debug flavor, 100 steps, intervals 10 50, 3 speed repeats of 10 MB (~25 s)")
-    parser.add_argument("--tiny", action="store_true",
-                        help="the tests' smoke run: debug flavor, 10 steps, intervals 5 10, 1 speed repeat of 2 MB")
+    add_modes(parser, TINY, QUICK, quick_note=" (~25 s)")
     args = parser.parse_args(argv)
-    for key, value in (TINY if args.tiny else QUICK if args.quick else {}).items():
-        setattr(args, key, value)
+    apply_mode(args, TINY, QUICK, FULL)
     args.steps = per_flavor(args.steps, args.flavors, "--steps", parser)
     args.batch = per_flavor(args.batch, args.flavors, "--batch", parser)
     args.seq_len = per_flavor(args.seq_len, args.flavors, "--seq-len", parser)
@@ -231,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
             source.analyzer.last_pair = None
     load.stop()
     versions = [f"numpy {np.__version__}", f"zstandard {zstandard.__version__} (libzstd "
-                f"{'.'.join(map(str, zstandard.ZSTD_VERSION[:3]))})"] + ([] if ZIPNN_NOTE else [f"zipnn {peers.zipnn_version()}"])
+                f"{'.'.join(map(str, zstandard.ZSTD_VERSION[:3]))})"]
+    versions += [] if ZIPNN_NOTE else [f"zipnn {package_version('zipnn')}"]
     machine = [*machine_description(versions=versions),
                f"Other load on the machine over the whole run: {load.describe()}",
                f"Total run time: {load.elapsed / 60:.1f} min"]
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                params={"flavors": args.flavors, "steps": args.steps, "batch": args.batch, "seq_len": args.seq_len,
                        "intervals": args.intervals, "metrics_interval": min(args.intervals), "level": args.level,
                        "repeats": args.repeats, "throughput_mb": args.throughput_mb, "quick": args.quick,
-                       "zipnn": None if ZIPNN_NOTE else peers.zipnn_version(),
+                       "zipnn": None if ZIPNN_NOTE else package_version("zipnn"),
                        "raw_bytes": {f"{a.flavor} {GROUP_NAMES[g]}": a.analyzer.raw.get(g) for a in runs
                                      for g in GROUPS}})
     return 0

@@ -61,7 +61,9 @@ import time
 import warnings
 from pathlib import Path
 
-from harness import Load, argument_parser, machine_description, median, settle, work_dir  # first: sys.path
+from harness import (  # first: sys.path
+    Load, add_modes, apply_mode, argument_parser, machine_description, median, settle, work_dir,
+)
 
 import torch  # noqa: E402
 
@@ -75,6 +77,9 @@ from states import MiB  # noqa: E402
 BENCH_NAME = "scaling"
 GOAL_COPY_RATIO = 0.05
 GOAL_FLAT = 2.0
+TINY = {"sizes_mb": [4, 8], "ranks": [2], "ranks_mb": 8, "saves": 1}  # the tests' smoke run
+QUICK = {"sizes_mb": [32, 64, 128], "ranks": [1, 2], "ranks_mb": 64, "saves": 2}
+FULL = {"sizes_mb": [256, 512, 1024, 2048, 4096], "ranks": [1, 2, 4], "ranks_mb": 1024, "saves": 3}  # the defaults
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 warnings.filterwarnings("ignore", message=".*torch.distributed.*not initialized.*")
@@ -174,24 +179,16 @@ def run(args: argparse.Namespace, work: Path) -> tuple[dict, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser(__doc__, keep=True)
-    parser.add_argument("--quick", action="store_true",
-                        help="32, 64 and 128 MiB, 64 MiB over 1/2 ranks, 2 timed saves (~25 s on a quiet box)")
-    parser.add_argument("--tiny", action="store_true",
-                        help="the tests' smoke run: 4 and 8 MiB, 8 MiB over 2 ranks, 1 timed save")
+    add_modes(parser, TINY, QUICK, quick_note=" (~25 s on a quiet box)")
     parser.add_argument("--sizes-mb", type=float, nargs="+",
                         help="state sizes in MiB, one fresh process per size (default 256 512 1024 2048 4096)")
-    parser.add_argument("--ranks", type=int, nargs="*", help="rank counts (default 1 2 4; quick 1 2; none: skip the ranks axis)")
-    parser.add_argument("--ranks-mb", type=float, help="total state in MiB on the ranks axis (default 1024; quick 64)")
-    parser.add_argument("--saves", type=int, help="timed saves per point (default 3; quick 2)")
+    parser.add_argument("--ranks", type=int, nargs="*", help="rank counts (default 1 2 4; none: skip the ranks axis)")
+    parser.add_argument("--ranks-mb", type=float, help="total state in MiB on the ranks axis (default 1024)")
+    parser.add_argument("--saves", type=int, help="timed saves per point (default 3)")
     parser.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS),
                         help="systems to run (default all; bare copy is the ratios' reference)")
     args = parser.parse_args(argv)
-    if args.tiny:
-        args.sizes_mb, args.ranks, args.ranks_mb, args.saves = [4, 8], [2], 8, 1
-    args.sizes_mb = args.sizes_mb or ([32, 64, 128] if args.quick else [256, 512, 1024, 2048, 4096])
-    args.ranks = ([1, 2] if args.quick else [1, 2, 4]) if args.ranks is None else args.ranks
-    args.ranks_mb = args.ranks_mb or (64 if args.quick else 1024)
-    args.saves = args.saves or (2 if args.quick else 3)
+    apply_mode(args, TINY, QUICK, FULL)
     args.sizes_mb = sorted(args.sizes_mb)
     if args.saves < 1 or min(args.sizes_mb) <= 0 or any(n < 1 for n in args.ranks) or args.ranks_mb <= 0:
         parser.error("--saves, --sizes-mb, --ranks and --ranks-mb must be positive")

@@ -78,7 +78,9 @@ import warnings
 
 import torch
 
-from harness import Load, argument_parser, machine_description, median, work_dir  # first: sys.path
+from harness import (  # first: sys.path
+    Load, add_modes, apply_mode, argument_parser, machine_description, median, work_dir,
+)
 
 from report import command_line, goal, median_span, metric, publish, write_json  # noqa: E402
 from stall_loop import HIDDEN, NoSave, Phase, Trainer, print_phase, run_phase  # noqa: E402
@@ -87,8 +89,9 @@ from stall_report import base_rate_in, durable_times, phase_of, report, stalls  
 
 BENCH_NAME = "stall"
 GOAL_COPY_RATIO = 0.05  # issue 15: ours' stall <= 0.05x the bare copy
-QUICK = {"gib": 0.05, "saves": 2, "every": 3, "nosave_steps": 3}  # --quick: a smoke run, < 30 s on 2 idle cores
+QUICK = {"gib": 0.05, "hidden": HIDDEN, "saves": 2, "every": 3, "nosave_steps": 3}  # --quick: a smoke run, < 30 s
 TINY = {"gib": 0.005, "hidden": 256, "saves": 1, "every": 2, "nosave_steps": 2}  # --tiny: the tests' run of every part
+FULL = {"gib": 1.0, "saves": 4, "every": 5, "hidden": HIDDEN}  # the defaults of an option not given
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 warnings.filterwarnings("ignore", message=".*torch.distributed.*not initialized.*")
@@ -189,24 +192,18 @@ def metrics_of(phases: list[Phase]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser(__doc__, keep=True)
-    parser.add_argument("--gib", type=float, default=1.0, help="weights + AdamW state in GiB (default 1.0)")
-    parser.add_argument("--saves", type=int, default=4, help="timed saves per method (default 4)")
-    parser.add_argument("--every", type=int, default=5, help="save every K steps (default 5; >= 2)")
+    parser.add_argument("--gib", type=float, help="weights + AdamW state in GiB (default 1.0)")
+    parser.add_argument("--saves", type=int, help="timed saves per method (default 4)")
+    parser.add_argument("--every", type=int, help="save every K steps (default 5; >= 2)")
     parser.add_argument("--batch", type=int, default=32, help="rows per batch (default 32)")
-    parser.add_argument("--hidden", type=int, default=HIDDEN, help=f"layer width (default {HIDDEN})")
+    parser.add_argument("--hidden", type=int, help=f"layer width (default {HIDDEN})")
     parser.add_argument("--nosave-steps", type=int,
                         help="steps of each no-save phase (default: --saves x --every, as a method's phase)")
     parser.add_argument("--methods", nargs="+", choices=list(METHODS),
                         help="subset to run (the no-save baseline always runs)")
-    parser.add_argument("--quick", action="store_true",
-                        help="a smoke run (< 30 s on 2 idle cores): " + ", ".join(f"--{k.replace('_', '-')} {v}"
-                                                                           for k, v in QUICK.items()))
-    parser.add_argument("--tiny", action="store_true",
-                        help="the tests' smoke run (every method, a 5 MiB state): " + ", ".join(
-                            f"--{k.replace('_', '-')} {v}" for k, v in TINY.items()))
+    add_modes(parser, TINY, QUICK, quick_note=" (< 30 s on 2 idle cores)", tiny_note=" (every method, a 5 MiB state)")
     args = parser.parse_args(argv)
-    for k, v in (TINY if args.tiny else QUICK if args.quick else {}).items():
-        setattr(args, k, v)
+    apply_mode(args, TINY, QUICK, FULL)
     if args.nosave_steps is None:
         args.nosave_steps = args.saves * args.every
     if args.saves < 1 or args.every < 2 or args.gib <= 0 or args.batch < 1 or args.nosave_steps < 1:

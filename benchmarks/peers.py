@@ -309,7 +309,8 @@ def zipnn_missing() -> str | None:
     try:
         import zipnn  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any failure to import leaves the peer out
-        return f"zipnn is not importable ({type(exc).__name__}: {exc}); `pip install zipnn` (or the bench extra) to include it"
+        return (f"zipnn is not importable ({type(exc).__name__}: {exc}); `pip install zipnn` (or the bench extra) "
+                "to include it")
     return None
 
 
@@ -333,12 +334,3 @@ def zipnn_decompress(stored, width: int, base=None) -> bytes:
     if base is None:
         return zipnn_codec(width).decompress(stored)
     return zipnn_codec(width, delta=True).decompress(stored, delta_second_data=memoryview(base))
-
-
-def zipnn_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("zipnn")
-    except Exception:  # noqa: BLE001
-        return "?"

@@ -167,7 +167,8 @@ class DCPAsync(Method):
         t2 = time.perf_counter()
         self.dcp.save(sd, self.work / self.key / f"step-{step:08d}",
                       on_done=lambda t, rec=rec: setattr(rec, "durable", t - rec.start))
-        rec.parts = {"wait previous upload": waited, "get_state_dict": t2 - t1, "async_save()": time.perf_counter() - t2}
+        t3 = time.perf_counter()
+        rec.parts = {"wait previous upload": waited, "get_state_dict": t2 - t1, "async_save()": t3 - t2}
 
     def before_step(self, rec: SaveRecord | None) -> None:
         self.dcp.wait_staged()
