@@ -53,6 +53,7 @@ from .assembly import assemble
 from .parallel import ParallelDims, all_reduce_mean, dp_rank
 from .run_record import new_run_id, run_start, write_config
 from .signals import Stopped, StopSignals
+from .threads import set_torch_threads
 
 
 class TrainState:
@@ -269,11 +270,12 @@ def _params_line(trainer: Trainer) -> str:
 
 
 def _train(argv: list[str]) -> None:
+    threads = set_torch_threads()  # before the model is built (trainer.threads)
     trainer = Trainer(load_config(argv))
     try:
         trainer.log(f"training {trainer.cfg.model.name}/{trainer.cfg.model.flavor} ({_params_line(trainer)}) "
                     f"on {trainer.world} x {trainer.device_type}, dp={trainer.dims.dp}, cp={trainer.dims.cp}, "
-                    f"micro_batch={trainer.micro_batch}, accumulation={trainer.accumulation}")
+                    f"micro_batch={trainer.micro_batch}, accumulation={trainer.accumulation}, {threads}")
         losses = trainer.fit()
     except Stopped as stop:  # preempted: the saves in flight finish, then the newest step is named
         trainer.close()
