@@ -31,7 +31,7 @@ import sys
 
 from ckpt import CheckpointNotFoundError, CheckpointRoot, read_manifest
 from ckpt.read import is_committed
-from ckpt.root import Catalog, mount_id, open_catalog, open_root, resolve_checkpoint
+from ckpt.root import Catalog, open_catalog, open_root, resolve_checkpoint
 from ckpt.inspect import (
     diff,
     hf_summary,
@@ -78,7 +78,7 @@ def note(text: str) -> None:
 def print_listing(root: Location, catalog_path, mounts, rows, as_json: bool, damaged: list[dict] = ()) -> None:
     urls = [url for url, _location in mounts]
     if as_json:
-        print(json.dumps({"root": mount_id(root), "catalog": catalog_path, "mounts": urls, "steps": rows,
+        print(json.dumps({"root": root.display_name, "catalog": catalog_path, "mounts": urls, "steps": rows,
                           "damaged": list(damaged)}, indent=2))
         return
     headers = [url if len(url) <= MAX_HEADER else f"mount {i}" for i, url in enumerate(urls, 1)]

@@ -27,7 +27,7 @@ import json
 import os
 from typing import Callable
 
-from ..root import Catalog, CheckpointRoot, StepInfo, mount_id
+from ..root import Catalog, CheckpointRoot, StepInfo
 from ..read.committed import is_committed, read_manifest, read_manifest_bytes
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, ForeignRunError
 from ..format import MANIFEST_NAME, Manifest, unseal
@@ -57,9 +57,9 @@ def read_catalog(path: str | None, root: Location, *, note: Note, explicit: bool
     try:
         with Catalog(path, readonly=True) as catalog:
             mounts, steps = catalog.mounts(), {info.step: info for info in catalog.steps()}
-        if mounts and mounts[0] != mount_id(root):
+        if mounts and mounts[0] != root.display_name:
             if not quiet:
-                note(f"catalog ignored (it indexes {mounts[0]}, not {mount_id(root)}); run --rebuild-catalog")
+                note(f"catalog ignored (it indexes {mounts[0]}, not {root.display_name}); run --rebuild-catalog")
             return [], {}
         return mounts, steps
     except CheckpointError as exc:
@@ -72,10 +72,10 @@ def mount_list(root: Location, extra: list[str]) -> list[tuple[str, Location]]:
     """ROOT first, then the further mounts the caller names, each once: ``(url, location)``. Never
     the catalog's mount list: the catalog is a cache anyone who can write the root can plant a mount
     in (issue 22, item 9), so it never decides where this process reads or sends requests."""
-    found = {mount_id(root): root}
+    found = {root.display_name: root}
     for url in extra:
         location = locate(url)
-        found.setdefault(mount_id(location), location)
+        found.setdefault(location.display_name, location)
     return list(found.items())
 
 

@@ -27,7 +27,6 @@ import uuid
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, ForeignRunError
 from ..format import is_run_id
 from ..storage import Location
-from .catalog.records import mount_id
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +81,9 @@ def claim_primary(root, replicas: list) -> str:
         log.warning("checkpoint root %s lost its %s record; it keeps the run of its newest step (%s)",
                     root.path, RUN_NAME, run)
     elif not committed:
-        run = _adopt(mount_id(root.path), [replica.path for replica in replicas])
+        run = _adopt(root.path.display_name, [replica.path for replica in replicas])
     run = run or new_run_id()
-    write_claim(root.path, run, mount_id(root.path))
+    write_claim(root.path, run, root.path.display_name)
     return run
 
 

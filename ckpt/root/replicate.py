@@ -42,7 +42,6 @@ from ..read.committed import read_manifest_bytes
 from ..collective import any_rank, broadcast_error, broadcast_value
 from ..errors import CheckpointError, CheckpointLockedError, CheckpointNotFoundError, ForeignRunError, StorageError
 from . import retention
-from .catalog.records import mount_id
 from .claim import claim_replica, foreign, read_claim
 from .copy import SourceCorruptError, TargetConflictError, copy_step, holds_copy
 from .replica_states import FINAL, ReplicaState
@@ -143,7 +142,7 @@ class _MountWorker:
                         self.url, exc)
 
     def _claim(self) -> None:
-        run, primary = self.owner.run, mount_id(self.owner.primary.path)
+        run, primary = self.owner.run, self.owner.primary.path.display_name
         if run is None:
             self.mount.lock()
             return

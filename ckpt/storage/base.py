@@ -13,9 +13,12 @@ atomically (:attr:`Storage.atomic_rename`) decides the commit protocol (:mod:`ck
 
 from __future__ import annotations
 
+import os
 import posixpath
 from dataclasses import dataclass
 from typing import Protocol
+
+from ..redact import redact
 
 
 class ReadHandle(Protocol):
@@ -168,6 +171,15 @@ class Location:
     @property
     def is_local(self) -> bool:
         return self.storage.is_local
+
+    @property
+    def display_name(self) -> str:
+        """The name of the mount (or step) this location is, the one the catalog, ``ckpt inspect``
+        and a run's claim use: an absolute path when local, else its URL (``s3://bucket/run``);
+        never credentials, no trailing ``/``."""
+        if self.is_local:
+            return os.path.abspath(self.path)
+        return redact(str(self)).rstrip("/")
 
     def __str__(self) -> str:
         return self.storage.display(self.path)

@@ -49,9 +49,10 @@ class StepInfo:
 
 
 def mount_id(mount: str | os.PathLike | Location) -> str:
-    """The catalog's name for a mount: its display URL, an absolute path when local, no credentials."""
+    """The catalog's name for a mount: :attr:`Location.display_name`; a mount given as text is named
+    the same way without being resolved (an absolute path, or the URL with any credentials removed)."""
     if isinstance(mount, Location):
-        return os.path.abspath(mount.path) if mount.is_local else str(mount).rstrip("/")
+        return mount.display_name
     text = os.fspath(mount)
     if text.startswith("file://"):
         text = text[len("file://"):]

@@ -19,8 +19,8 @@ preceded by the CRC-32 of its key and body (a damaged record that still parses i
 ``bytes`` is the sum of the stored lengths of every blob (tensor chunks and values), ``raw_bytes``
 the same decoded. The step record and chunk checksums are the primary's where the primary has the
 step (data file names differ between mounts on object stores; checksums do not). A mount is named
-by its display URL (``str(location)``; an absolute path for a local mount), which never holds
-credentials; a URL given as text has any ``user:password@`` removed.
+by its display name (:attr:`~ckpt.storage.Location.display_name`: an absolute path for a local mount,
+else its URL), which never holds credentials; a URL given as text has any ``user:password@`` removed.
 
 Concurrency: every public write is one LMDB write transaction, so readers (other threads, other
 processes) see a call's records whole or not at all and never block the writer (LMDB MVCC; the
@@ -106,7 +106,7 @@ class Catalog:
     @staticmethod
     def default_path(primary: Location) -> str | None:
         """``<primary>/.catalog`` for a local primary; None for a URL (configure a local path)."""
-        return os.path.join(os.path.abspath(primary.path), DIR_NAME) if primary.is_local else None
+        return os.path.join(primary.display_name, DIR_NAME) if primary.is_local else None
 
     # -- LMDB plumbing -------------------------------------------------------------------------
     @contextmanager

@@ -11,7 +11,7 @@ import os
 from ...errors import CheckpointError
 from ...format import Manifest, parse_step_name
 from ...storage import Location
-from .store import Catalog, mount_id
+from .store import Catalog
 
 __all__ = ["record_replaced", "record_deleted"]
 
@@ -28,7 +28,7 @@ def record_replaced(step_path: Location, manifest: Manifest) -> bool:
         return False
     try:
         with Catalog(path) as catalog:
-            if catalog.mounts()[:1] != [mount_id(root)]:
+            if catalog.mounts()[:1] != [root.display_name]:
                 return False
             catalog.record_commit(root, step, manifest)
     except CheckpointError as exc:
@@ -46,7 +46,7 @@ def record_deleted(root: Location, steps: list[int]) -> bool:
         return False
     try:
         with Catalog(path) as catalog:
-            if catalog.mounts()[:1] != [mount_id(root)]:
+            if catalog.mounts()[:1] != [root.display_name]:
                 return False
             for step in steps:
                 catalog.forget(root, step)
