@@ -19,6 +19,7 @@ from .catalog.store import Catalog, StepInfo, mount_id, open_catalog
 from .catalog.sync import record_deleted, record_replaced
 from .claim import foreign, read_claim
 from .copy import SourceCorruptError, copy_step, holds_copy
+from .replica_options import ReplicaOptions
 from .replicate import Replicator
 from .resolve import open_root, resolve_checkpoint
 from .retention import apply as apply_retention, steps_to_delete
@@ -27,4 +28,4 @@ from .steps import LOCK_NAME, CheckpointRoot, committed_steps, step_path
 __all__ = ["CheckpointRoot", "committed_steps", "step_path", "LOCK_NAME", "open_root", "resolve_checkpoint",
            "Catalog", "StepInfo", "mount_id", "open_catalog", "record_replaced", "record_deleted", "copy_step", "SourceCorruptError",
            "holds_copy", "foreign", "read_claim", "apply_retention", "steps_to_delete",
-           "Replicator"]
+           "Replicator", "ReplicaOptions"]

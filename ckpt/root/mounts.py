@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from ..errors import InvalidOptionError
 from ..options import SaveOptions
+from .replica_options import ReplicaOptions
 from .replicate import Replicator
 from .steps import CheckpointRoot
 
@@ -42,7 +43,5 @@ def start_replicator(mounts: list[CheckpointRoot], options: SaveOptions, *, dist
     if not options.replicas:
         return None
     groups = [dist.new_group(backend="gloo") if distributed else None for _ in options.replicas]
-    return Replicator(mounts[0], mounts[1:], groups=groups, distributed=distributed, keep=options.keep,
-                      keep_every=options.keep_every, read_back=options.replica_read_back,
-                      backlog=options.replica_backlog, retry_initial=options.replica_retry_initial,
-                      retry_max=options.replica_retry_max, on_state=on_state, run=run)
+    return Replicator(mounts[0], mounts[1:], ReplicaOptions.of(options), groups=groups, distributed=distributed,
+                      on_state=on_state, run=run)

@@ -1,6 +1,7 @@
 """Replication: committed steps copied from the primary to replica mounts in the background.
 
-    Replicator(primary, replicas, ...)  the manager's background copier: submit(step), status(), close()
+    Replicator(primary, replicas, options, ...)  the manager's background copier: submit(step), status(), close()
+    ReplicaOptions.of(save_options)              how it copies: retention, read-back, backlog, backoff
 
 The :class:`Replicator` runs one worker per replica mount (its own gloo group when distributed, so
 its collectives never meet training's or the writer's); each copy is :func:`~ckpt.root.copy.copy_step`.
@@ -44,6 +45,7 @@ from ..errors import CheckpointError, CheckpointLockedError, CheckpointNotFoundE
 from . import retention
 from .claim import claim_replica, foreign, read_claim
 from .copy import SourceCorruptError, TargetConflictError, copy_step, holds_copy
+from .replica_options import ReplicaOptions
 from .replica_states import FINAL, ReplicaState
 from .steps import CheckpointRoot
 
@@ -87,11 +89,11 @@ class _MountWorker:
             if step in self.queue:
                 return
             self.queue.append(step)
-            dropped = self.queue.popleft() if len(self.queue) > self.owner.backlog else None
+            dropped = self.queue.popleft() if len(self.queue) > self.owner.options.backlog else None
             self.owner.lock.notify_all()
         self.set_state(step, PENDING)
         if dropped is not None:
-            self.set_state(dropped, DROPPED, f"backlog of {self.owner.backlog} steps full")
+            self.set_state(dropped, DROPPED, f"backlog of {self.owner.options.backlog} steps full")
 
     def _next(self) -> int | None:
         with self.owner.lock:
@@ -163,7 +165,7 @@ class _MountWorker:
         missing = broadcast_value(missing, self.group, distributed=self.owner.distributed)
         if error is not None:
             log.warning("replica %s cannot be listed (%s); copies will retry", self.url, error)
-        for step in missing[-self.owner.backlog:]:
+        for step in missing[-self.owner.options.backlog:]:
             self.enqueue(step)
 
     def _stale(self, step: int) -> bool:
@@ -206,7 +208,7 @@ class _MountWorker:
                     self.mount.unlock()
                     self.cleaned = False
                 failures += 1
-                delay = min(self.owner.retry_initial * 2 ** (failures - 1), self.owner.retry_max)
+                delay = min(self.owner.options.retry_initial * 2 ** (failures - 1), self.owner.options.retry_max)
                 self.set_state(step, FAILED, f"attempt {failures}: {exc}; retrying in {delay:.1f} s")
             give_up = self.owner.wait_or_deadline(delay)
             if any_rank((give_up,), self.group, distributed=self.owner.distributed)[0]:
@@ -234,7 +236,7 @@ class _MountWorker:
             raise error
         for link in reversed(broadcast_value(chain, self.group, distributed=self.owner.distributed)):
             copy_step(self.owner.primary.step_path(link), self.mount.step_path(link),
-                      read_back=self.owner.read_back, group=self.group, distributed=self.owner.distributed,
+                      read_back=self.owner.options.read_back, group=self.group, distributed=self.owner.distributed,
                       fence=self.mount.check_held)
             if link != step:
                 self.set_state(link, COMMITTED, f"base of step {step}")
@@ -255,10 +257,10 @@ class _MountWorker:
 
     def _retain(self) -> None:
         """Rank 0: the primary's retention policy applied to this mount (:func:`~ckpt.root.retention.apply`)."""
-        if self.owner.rank != 0 or self.owner.keep is None:
+        if self.owner.rank != 0 or self.owner.options.keep is None:
             return
         try:
-            retention.apply(self.mount, keep=self.owner.keep, keep_every=self.owner.keep_every, deleted=self._deleted)
+            retention.apply(self.mount, keep=self.owner.options.keep, keep_every=self.owner.options.keep_every, deleted=self._deleted)
         except Exception as exc:
             log.warning("retention on replica %s failed: %s", self.url, exc)
 
@@ -275,14 +277,12 @@ class Replicator:
     Every rank constructs it with the same mounts and submits the same steps in the same order;
     ``groups`` holds one process group per mount (None entries when not distributed)."""
 
-    def __init__(self, primary: CheckpointRoot, replicas: list[CheckpointRoot], *, groups: list | None = None,
-                 distributed: bool = False, keep: int | None = None, keep_every: int | None = None,
-                 read_back: bool = False, backlog: int = 16, retry_initial: float = 1.0, retry_max: float = 60.0,
+    def __init__(self, primary: CheckpointRoot, replicas: list[CheckpointRoot],
+                 options: ReplicaOptions = ReplicaOptions(), *, groups: list | None = None, distributed: bool = False,
                  on_state: Callable[[str, int, ReplicaState, str], None] | None = None, run: str | None = None):
-        self.primary, self.distributed, self.run = primary, distributed, run
+        self.primary, self.options, self.distributed, self.run = primary, options, distributed, run
         self.rank = dist.get_rank() if distributed else 0
-        self.keep, self.keep_every, self.read_back, self.backlog = keep, keep_every, read_back, max(1, backlog)
-        self.retry_initial, self.retry_max, self.on_state = retry_initial, retry_max, on_state
+        self.on_state = on_state
         self.lock = threading.Condition()
         self.closing, self.deadline = False, None
         self.groups = groups = list(groups or [None] * len(replicas))
