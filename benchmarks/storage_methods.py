@@ -24,10 +24,9 @@ from harness import check_equal, remove  # first: puts this checkout's root on s
 
 import ckpt  # noqa: E402
 import ckpt.read  # noqa: E402
-from ckpt.read import prefetch as ckpt_prefetch  # noqa: E402
 from ckpt.root import copy_step  # noqa: E402
 from ckpt.storage import locate  # noqa: E402
-from ckpt.storage import remote as ckpt_remote  # noqa: E402
+import ckpt.storage  # noqa: E402
 import s3_peers  # noqa: E402
 from moto_probe import Probe, Sample  # noqa: E402
 from states import zeros_like  # noqa: E402
@@ -35,9 +34,9 @@ from tests.support.s3server import s3_storage_options  # noqa: E402
 
 BUCKET = "bench"
 # Our S3 writer's and reader's settings: the raw reader makes as many GETs in flight as ours, of the same size.
-OURS_S3 = {"part_bytes": ckpt_remote.PART_BYTES, "parts_in_flight": ckpt_remote.PARALLEL_PARTS,
-           "range_bytes": ckpt_remote.RANGE_BYTES, "get_bytes": ckpt_prefetch.REMOTE_PIECE_BYTES,
-           "gets_in_flight": ckpt_prefetch.REMOTE_READ_THREADS}
+OURS_S3 = {"part_bytes": ckpt.storage.PART_BYTES, "parts_in_flight": ckpt.storage.PARALLEL_PARTS,
+           "range_bytes": ckpt.storage.RANGE_BYTES, "get_bytes": ckpt.read.REMOTE_PIECE_BYTES,
+           "gets_in_flight": ckpt.read.REMOTE_READ_THREADS}
 
 
 @dataclass
