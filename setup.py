@@ -5,9 +5,12 @@ those names (``python -m trainer.train`` from its root). Installed, ``trainer`` 
 be top-level names that any other ``trainer/`` or ``tools/`` earlier on ``sys.path`` hides (a
 user's repository, Megatron-LM or MindSpeed on PYTHONPATH), and every ``ckpt-*`` command would fail
 with "No module named 'tools.merge'". So a wheel installs them as ``ckpt_trainer`` and
-``ckpt_tools``: their code imports its own package relatively, and the tools reach the trainer
-through :func:`tools.cli.trainer_module`, so it runs under either name. Everything else about the
-package is in pyproject.toml.
+``ckpt_tools``: their code imports its own package relatively, and a tool that needs the trainer
+imports it by the name of its own installation, ``ckpt_trainer`` when ``__package__`` is
+``ckpt_tools``, else ``trainer``: two plain import statements, so the dependency is in the import
+graph the layering tests read (tests/support/imports.py), and the same files run from a checkout,
+an editable install (which runs the checkout's files: no build step could rename their imports)
+and a wheel. Everything else about the package is in pyproject.toml.
 """
 
 from setuptools import find_packages, setup

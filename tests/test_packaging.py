@@ -58,13 +58,16 @@ def test_every_installed_command_runs_beside_shadowing_packages(installed, comma
 @pytest.mark.slow
 def test_the_installed_packages_are_the_wheels_own(installed):
     site, shadow = installed
-    probe = ("import ckpt, ckpt_tools.convert, ckpt_trainer.train, ckpt_trainer.hf; "
-             "print(ckpt.__file__, ckpt_tools.convert.__file__, ckpt_trainer.hf.__file__, ckpt_tools.convert.hf.__name__)")
+    probe = ("import ckpt, ckpt_tools.convert, ckpt_trainer.train, ckpt_trainer.hf; from ckpt_tools import convert_model; "
+             "print(ckpt.__file__, ckpt_tools.convert.__file__, ckpt_trainer.hf.__file__, ckpt_tools.convert.hf.__name__, "
+             "ckpt_tools.convert.titan.__name__, convert_model.config.__name__, convert_model.ModelArgs.__module__)")
     result = _run(["-c", probe], site, shadow)
     assert result.returncode == 0, result.stderr[-2000:]
-    *files, hf_module = result.stdout.split()
+    *files, hf_module, titan_module, config_module, model_args_module = result.stdout.split()
     assert all(path.startswith(str(site)) for path in files), files
-    assert hf_module == "ckpt_trainer.hf"  # the tools reach the trainer installed beside them
+    # the tools' trainer imports (tools/convert.py, tools/convert_model.py) reach the trainer installed beside them
+    assert (hf_module, titan_module, config_module) == ("ckpt_trainer.hf", "ckpt_trainer.titan", "ckpt_trainer.config")
+    assert model_args_module.startswith("ckpt_trainer.")
     corpus = _run(["-c", "from ckpt_trainer.data import load_documents; print(len(load_documents('shipped')))"],
                   site, shadow)
     assert corpus.returncode == 0 and int(corpus.stdout) > 0, corpus.stderr[-2000:]

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib
 import os
 import re
 import select
 import sys
-from types import ModuleType
 from typing import Callable
 
 import torch
@@ -33,13 +31,6 @@ from ckpt import CheckpointError, CheckpointExistsError
 from ckpt.redact import redact
 
 EXPECTED_FAILURES = (CheckpointError, OSError)
-
-
-def trainer_module(name: str) -> ModuleType:
-    """A module of the trainer installed beside these tools: ``trainer.<name>`` in a checkout,
-    ``ckpt_trainer.<name>`` in an installed package (setup.py: names that cannot be shadowed)."""
-    tools = __name__.rpartition(".")[0]  # "tools" or "ckpt_tools"
-    return importlib.import_module(f"{tools[: -len('tools')]}trainer.{name}")
 
 
 def error_line(prog: str, exc: BaseException, *, forced: bool | None = None) -> str:

@@ -78,11 +78,14 @@ from ckpt.root import resolve_checkpoint
 from ckpt.storage import is_url
 from ckpt.units import human_bytes
 from .convert_model import MODEL_OPTIONS, add_model_options, with_model_config
-from .cli import DTYPES, EXPECTED_FAILURES, command, fail, implied_format, parse_size, progress, trainer_module
+from .cli import DTYPES, EXPECTED_FAILURES, command, fail, implied_format, parse_size, progress
 
-hf = trainer_module("hf")
-titan = trainer_module("titan")
-ConfigError = trainer_module("config").ConfigError
+if __package__ == "ckpt_tools":  # installed from a wheel, beside ckpt_trainer (setup.py says why)
+    from ckpt_trainer import hf, titan
+    from ckpt_trainer.config import ConfigError
+else:
+    from trainer import hf, titan
+    from trainer.config import ConfigError
 
 PROG = "ckpt-convert"
 EPILOG = """examples:

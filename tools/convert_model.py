@@ -25,7 +25,13 @@ from pathlib import Path
 
 from ckpt import CheckpointError
 from ckpt.format import Manifest
-from .cli import trainer_module
+
+if __package__ == "ckpt_tools":  # installed from a wheel, beside ckpt_trainer (setup.py says why)
+    from ckpt_trainer import config
+    from ckpt_trainer.model import ModelArgs
+else:
+    from trainer import config
+    from trainer.model import ModelArgs
 
 MODEL_OPTIONS = "--config and --model-args"
 MAX_FILE_BYTES = 1 << 20  # a trainer config is a few KiB
@@ -60,7 +66,6 @@ def _json_object(text: str, where: str) -> dict:
 
 def run_config(path: str) -> dict:
     """The run config record (``Config.to_record()``) of a trainer config file or a run's config.json."""
-    config = trainer_module("config")
     file = Path(path)
     if not file.is_file():
         raise CheckpointError(f"--config {path}: no such file")
@@ -79,7 +84,7 @@ def model_args(text: str) -> dict:
         data = _json_object(stripped, "--model-args")
     else:
         data = _json_object(_bounded_text(Path(text), "a model-args file"), text)
-    fields = {f.name for f in dataclasses.fields(trainer_module("model").ModelArgs)}
+    fields = {f.name for f in dataclasses.fields(ModelArgs)}
     unknown = sorted(set(data) - fields)
     if unknown:
         raise CheckpointError(f"--model-args: {', '.join(unknown)} not ModelArgs fields (known: {', '.join(sorted(fields))})")
