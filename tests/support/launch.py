@@ -2,7 +2,7 @@
 and of a torchrun agent, gloo ranks forked from a fork server, and a process's descendants.
 
 Shared by the tests, the benchmarks (``benchmarks/*.py``) and the campaign scripts
-(``scripts/crash_harness.py``); it imports nothing of theirs and nothing but the standard library and
+(``scripts/crash_job.py``, under ``scripts/crash_harness.py``); it imports nothing of theirs and nothing but the standard library and
 torch, so none of them needs a harness to start ranks. Everything stays on 127.0.0.1. torch is
 imported only by :func:`run_ranks` and in the ranks: the process-level helpers serve the crash
 harness, which starts torchrun jobs without importing torch itself.
