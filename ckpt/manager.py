@@ -10,10 +10,12 @@
 
 The manager only schedules; each concept lives in its module. One save, top to bottom:
 
-1. ``save`` (training thread): is the step due? export the state (:mod:`ckpt.state`); decide, with
-   every rank, whether it is a delta (:mod:`ckpt.write.delta`); start the snapshot into a free staging
-   buffer set (:mod:`ckpt.write.staging`; plain values are captured synchronously); queue the write.
-2. the writer thread: wait for the snapshot; write it through DCP and our writer
+1. ``save`` (training thread): is the step due? export the state (:mod:`ckpt.state`); hand it, with
+   its step directory as the target, to the save pipeline (:mod:`ckpt.write.pipeline`, shared with the
+   path-based plug-ins), which decides with every rank whether it is a delta (:mod:`ckpt.write.delta`),
+   starts the snapshot into a free staging buffer set (:mod:`ckpt.write.staging`; plain values are
+   captured synchronously) and queues the write.
+2. the pipeline's writer thread: wait for the snapshot; write it through DCP and our writer
    (:mod:`ckpt.dcp` → :mod:`ckpt.write.files` → :mod:`ckpt.commit`) on its own gloo process group, so
    its collectives never interleave with training's;
 3. rank 0 applies retention (:mod:`ckpt.root.retention`) to the root (:mod:`ckpt.root.steps`: step
@@ -30,8 +32,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import warnings
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 import torch
@@ -40,17 +40,17 @@ import torch.distributed as dist
 from .api import load_with_manifest, write_tree
 from .collective import Agreement, any_rank, broadcast_value, run_on_src
 from .dcp import Writer
-from .write.delta import DeltaBase, DeltaChain, tensor_signature
 from .errors import CheckpointError
-from .options import AsyncMode, BusyPolicy, SaveOptions
-from .outcomes import BackgroundFailures, CommitInfo, LoadStats, SavesInFlight, SaveStats, tell_commit
+from .format import step_name
+from .options import SaveOptions
+from .outcomes import CommitInfo, LoadStats, SaveStats, tell_commit
 from .root import resume, retention
 from .root.catalog.updates import CatalogUpdates
 from .root.claim import claim_primary
 from .root.mounts import open_mounts, start_replicator
-from .write.snapshot_copy import single_threaded_aten
-from .write.staging import DoubleBufferStager
-from .state import buffer_owners, export_state
+from .state import export_state
+from .write.delta import DeltaBase
+from .write.pipeline import SavePipeline, Target
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,6 @@ class CheckpointManager:
         self._mounts = open_mounts(root, options.replicas, storage_options)
         self._root = self._mounts[0]
         self.root = self._root.path
-        self._stats = SaveStats()
         self._load_stats = LoadStats()
         self._on_commit = on_commit
         self._distributed = dist.is_available() and dist.is_initialized()
@@ -87,27 +86,16 @@ class CheckpointManager:
                          if self.rank == 0 else CatalogUpdates(None))
         self._replicator = start_replicator(self._mounts, options, distributed=self._distributed,
                                             on_state=self._catalog.replica_state, run=self.run)
-        self._deltas = DeltaChain(options.full_every)
-        self._stager = None
-        if options.async_mode is AsyncMode.DOUBLE_BUFFER:
-            self._stager = DoubleBufferStager(options.device_type, policy=options.policy)
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="ckpt-persist", initializer=single_threaded_aten)
-        self._inflight = SavesInFlight()
-        self._failures = BackgroundFailures(options.on_error)
-        self._hooks: list[Any] = []
+        # snapshot, delta chain, writer thread, hooks, counters, background errors: ckpt.write.pipeline
+        self._pipeline = SavePipeline(options, agree=lambda flags: any_rank(flags, self._control_pg,
+                                                                            distributed=self._distributed))
         self._closed = False
 
     # -- training-loop API -----------------------------------------------------------------------
     @property
     def stats(self) -> SaveStats:
         """The counters, with the device stall measured so far added in."""
-        if self._stager is not None:
-            self._stats.host_buffer_bytes = self._stager.host_bytes
-            device = self._stager.device_stall_s
-            new, self._stats.device_stall_s = device - self._stats.device_stall_s, device
-            self._stats.stall_s += new
-            self._stats.last_stall_s += new
-        return self._stats
+        return self._pipeline.stats
 
     @property
     def load_stats(self) -> LoadStats:
@@ -120,21 +108,12 @@ class CheckpointManager:
         persistent buffers (BatchNorm running statistics change in forward; so do the buffers DDP
         broadcasts when it starts its forward). Other in-place writes to checkpointed tensors (an EMA
         updated by the loop, say) must call :meth:`before_step` first."""
-        if optimizer is not None:
-            self._hooks.append(optimizer.register_step_pre_hook(lambda *_: self.before_step()))
-        for module in buffer_owners(model) if model is not None else ():
-            self._hooks.append(module.register_forward_pre_hook(lambda *_: self.before_step()))
+        self._pipeline.attach(optimizer, model=model)
 
     def before_step(self) -> None:
         """Block until the last snapshot no longer needs the live tensors (on an accelerator:
         order the compute stream after the copy, without blocking the host)."""
-        if self._stager is None:
-            return
-        start = time.perf_counter()
-        self._stager.wait_snapshot()
-        waited = time.perf_counter() - start
-        self._stats.stall_s += waited
-        self._stats.last_stall_s += waited
+        self._pipeline.before_step()
 
     def save(self, step: int, state: dict[str, Any], *, force: bool = False) -> bool:
         """Checkpoint ``state`` as ``step`` if due (``step % interval == 0``) or forced.
@@ -146,49 +125,13 @@ class CheckpointManager:
             return False
         start = time.perf_counter()
         tree, _ = export_state(state)
-        signature = None if self._stager is None else tensor_signature(tree)
-        # One agreement among the ranks: did a save fail anywhere, is a buffer set free everywhere
-        # (skip policy), may this one be a delta everywhere.
-        failed, busy, full = self._agree_any(
-            bool(self._failures),
-            self._stager is not None and self.options.policy is BusyPolicy.SKIP and not self._stager.has_free_set(),
-            self._stager is not None and not self._deltas.eligible(signature))
-        if failed:  # one rank noticed: all finish their writes, all raise (or warn) here
-            self._inflight.drain()
-            self._raise_background_error(stacklevel=3)
-        if self._stager is None:
-            self._deltas.started(step, None, None, delta=False)
-            try:
-                self._write(step, tree)
-                self._after_commit(step)
-            except Exception as error:
-                self._failures.add(error)
-                self._raise_background_error(stacklevel=3)
-                return False
-            finally:
-                self._stats.count_save(time.perf_counter() - start)
-            return True
-        if busy:
-            self._stats.skipped += 1
-            warnings.warn(f"checkpoint of step {step} skipped: both staging buffers are still being written",
-                          stacklevel=2)
-            return False
-        delta = not full
-        written = Future()  # the write below: it releases the snapshot's buffer set when it ends
-        snapshot = self._stager.stage(tree, keep_previous=delta, release=written, signature=signature)
-        self._deltas.started(step, snapshot, signature, delta=delta)
-        future = self._writer.submit(self._persist, step, snapshot)
-        self._inflight.add(step, future)
-        future.add_done_callback(lambda f, step=step: self._finished(step, f, written))
-        self._stats.count_save(time.perf_counter() - start)
-        return True
+        target = Target(step, step, lambda staged, base: self._persist(step, staged, base),
+                        folder=str(self.root), name=step_name(step))
+        return self._pipeline.save(target, tree, since=start, stacklevel=3) is not None
 
     def wait(self) -> None:
         """Block until every started save is committed; raise the first background error."""
-        self._inflight.drain()
-        if self._stager is not None:
-            self._stager.wait_snapshot(host=True)
-        self._raise_background_error(stacklevel=3)
+        self._pipeline.wait(stacklevel=3)
 
     def load(self, state: dict[str, Any], step: int | None = None, *, strict: bool = True) -> int | None:
         """Load ``step`` (default: the newest committed step that loads, see :mod:`ckpt.root.resume`) into
@@ -243,17 +186,12 @@ class CheckpointManager:
         if self._closed:
             return
         try:
-            self.wait()
+            self._pipeline.close(stacklevel=3)  # waits; then hooks, writer thread, staging buffers
         finally:
             self._closed = True
             if self._replicator is not None and not self._replicator.close(self.options.close_timeout):
                 log.warning("replication unfinished at close (%s); the next manager on this root catches up",
                             self._replicator.status())
-            for hook in self._hooks:
-                hook.remove()
-            if self._stager is not None:
-                self._stager.close()
-            self._writer.shutdown(wait=True)
             self._catalog.close()
             self._root.unlock()
             for group in (self._control_pg, self._write_pg, *(self._replicator.groups if self._replicator else ())):
@@ -277,9 +215,6 @@ class CheckpointManager:
         """Rank 0: lock the root and claim it for this run (:mod:`ckpt.root.claim`)."""
         self._root.lock(claim=lambda root: claim_primary(root, self._mounts[1:]))
 
-    def _agree_any(self, *flags: bool) -> tuple[bool, ...]:
-        return any_rank(flags, self._control_pg, distributed=self._distributed)
-
     def _write(self, step: int, tree: dict, base: DeltaBase | None = None) -> None:
         writer = Writer(self._root.step_path(step), overwrite=True, step=step, base=base, options=self.options)
         writer.before_begin, writer.before_commit, writer.run = self._root.check_writable, self._root.check_held, self.run
@@ -294,10 +229,9 @@ class CheckpointManager:
         tell_commit(self._on_commit, CommitInfo(step, manifest.kind, sum(manifest.files.values()), seconds,
                                                 str(self._root.step_path(step)), len(self.options.replicas)))
 
-    def _persist(self, step: int, snapshot: Future) -> None:
-        """The writer thread: wait for the snapshot (and the base's), write, commit, retain."""
-        base = self._deltas.base_for(step)
-        self._write(step, snapshot.result(), base)
+    def _persist(self, step: int, tree: dict, base: DeltaBase | None) -> None:
+        """The writer thread (the pipeline's target): write, commit, replicate, retain."""
+        self._write(step, tree, base)
         self._after_commit(step)
 
     def _after_commit(self, step: int) -> None:
@@ -305,21 +239,10 @@ class CheckpointManager:
             self._replicator.submit(step)
         if self.rank != 0:
             return
-        in_flight = self._inflight.writing(besides=step)
+        in_flight = self._pipeline.inflight.writing(besides=step)
         retention.apply(self._root, keep=self.options.keep, keep_every=self.options.keep_every, protected=in_flight,
-                        bases_in_flight=self._deltas.bases_in_flight(),
+                        bases_in_flight=self._pipeline.deltas.bases_in_flight(),
                         deleted=lambda old: self._catalog.forget(self._root.path, old))
-
-    def _finished(self, step: int, future: Future, written: Future) -> None:
-        self._inflight.remove(step)
-        error = future.exception()
-        self._deltas.finished(step, failed=error is not None)  # a delta must never build on a failed write
-        if error is not None:
-            self._failures.add(error)
-        written.set_result(None)
-
-    def _raise_background_error(self, stacklevel: int) -> None:
-        self._failures.raise_or_warn(self._stats, stacklevel=stacklevel + 1)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -28,6 +28,7 @@ class SaveStats:
     completed, so a stall may show up a step later)."""
 
     saves: int = 0
+    deltas: int = 0  # saves stored as deltas
     skipped: int = 0
     failures: int = 0  # saves that failed (counted under on_error="continue")
     stall_s: float = 0.0  # host + device
@@ -125,8 +126,9 @@ class BackgroundFailures:
 
 
 class SavesInFlight:
-    """The saves being written, step → future: added by ``save`` on the training thread, removed
-    when the write ends, read by the writer thread (retention must not delete a step being written)."""
+    """The saves being written, key (the manager's step, a plug-in's path) → future: added by ``save``
+    on the training thread, removed when the write ends, read by the writer thread (retention must
+    not delete a step being written)."""
 
     def __init__(self) -> None:
         self._futures: dict[int, Future] = {}
@@ -146,10 +148,11 @@ class SavesInFlight:
             futures = list(self._futures.items())
         return {step for step, future in futures if not future.done()} - {besides}
 
-    def drain(self) -> None:
-        """Wait for every save in flight (their errors are recorded by the manager's done callback)."""
+    def drain(self, *keys) -> None:
+        """Wait for the saves of ``keys`` in flight, default every one (their errors are recorded by
+        the pipeline's done callback)."""
         with self._lock:
-            pending = list(self._futures.values())
+            pending = [f for k, f in self._futures.items() if not keys or k in keys]
         for future in pending:
             try:
                 future.result()

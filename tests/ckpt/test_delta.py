@@ -85,23 +85,28 @@ def test_the_delta_chain_tells_what_each_step_in_flight_builds_on():
     write failed is stored whole; the next save after a failure is a full."""
     from concurrent.futures import Future
 
-    from ckpt.write.delta import DeltaChain
+    from ckpt.format import step_name
+    from ckpt.write import DeltaChain, Target
+
+    def at(step):
+        return Target(step, step, write=None, name=step_name(step))
 
     chain = DeltaChain(full_every=3)
     staged = Future()
     staged.set_result({"w": torch.zeros(2)})
     signature = ((2,), torch.float32)
-    assert not chain.eligible(signature)  # nothing to build on yet
-    chain.started(4, staged, signature, delta=False)
-    assert chain.eligible(signature) and not chain.eligible(((3,), torch.float32))
-    chain.started(5, staged, signature, delta=True)
+    assert not chain.eligible(at(4), signature)  # nothing to build on yet
+    assert chain.started(at(4), staged, signature, delta=False) is None
+    assert chain.eligible(at(5), signature) and not chain.eligible(at(5), ((3,), torch.float32))
+    assert not chain.eligible(at(4), signature)  # never a delta of itself
+    assert chain.started(at(5), staged, signature, delta=True) == 4
     assert chain.bases_in_flight() == {4: None, 5: 4}
     chain.finished(4, failed=True)  # step 5 was queued on it
     assert chain.base_for(5) is None and chain.bases_in_flight() == {5: None}
-    assert not chain.eligible(signature)  # after a failed write: a full
+    assert not chain.eligible(at(6), signature)  # after a failed write: a full
     chain.finished(5, failed=False)
     assert chain.bases_in_flight() == {}
-    chain.started(6, staged, signature, delta=False)
-    chain.started(7, staged, signature, delta=True)
+    chain.started(at(6), staged, signature, delta=False)
+    chain.started(at(7), staged, signature, delta=True)
     base = chain.base_for(7)
     assert base.step == 6 and base.name == "step-00000006" and torch.equal(base.state["w"], torch.zeros(2))

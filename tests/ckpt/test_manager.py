@@ -209,13 +209,13 @@ def test_save_adds_to_the_in_flight_set_while_retention_lists_it(tmp_path):
     state = {"w": torch.randn(64, 64)}
     with CheckpointManager(tmp_path, keep=5) as manager:
         stalled = StallingFuture()
-        manager._inflight.add(-1, stalled)  # asked about by step 1's retention pass
+        manager._pipeline.inflight.add(-1, stalled)  # asked about by step 1's retention pass
         manager.save(1, state)
         assert listing.wait(timeout=60), "retention never listed the saves in flight"
         manager.save(2, state)  # adds step 2 while the writer thread is in the middle of that list
         added.set()
         stalled.set_result(None)
-        manager._inflight.remove(-1)
+        manager._pipeline.inflight.remove(-1)
         manager.wait()  # before the fix: CheckpointWriteError (dictionary changed size during iteration)
     assert committed_steps(tmp_path) == [1, 2]
 
@@ -343,14 +343,14 @@ def _one_rank_notices_first(rank: int, world: int, root: str):
     with CheckpointManager(root, interval=2, keep=5) as manager:
         manager.save(1, {"bad": torch.ones(2, dtype=torch.complex32)}, force=True)  # no storable dtype
         if rank == 1:
-            manager._inflight.drain()  # rank 1 has the error in hand; rank 0 may not yet
+            manager._pipeline.inflight.drain()  # rank 1 has the error in hand; rank 0 may not yet
         dist.barrier()
         try:
             manager.save(2, {"w": torch.ones(4)})
         except ckpt.CheckpointError as exc:
             return type(exc).__name__
         finally:
-            manager._failures.clear()
+            manager._pipeline.failures.clear()
     return None
 
 
@@ -379,13 +379,13 @@ def test_attach_waits_before_a_forward_that_changes_buffers(tmp_path, monkeypatc
     optim = torch.optim.SGD(model.parameters(), lr=0.1)
     with CheckpointManager(tmp_path, interval=1, keep=2) as manager:
         waits = []
-        wait_for_snapshot = manager.before_step
+        wait_for_snapshot = manager._pipeline.before_step  # what the hooks call
 
         def counted() -> None:  # still waits: a forward must not race the snapshot it counts
             waits.append(True)
             wait_for_snapshot()
 
-        monkeypatch.setattr(manager, "before_step", counted)
+        monkeypatch.setattr(manager._pipeline, "before_step", counted)
         manager.attach(optim, model=model)
         state = {"model": model, "optim": optim}
         expected = {k: v.clone() for k, v in model.state_dict().items()}
@@ -407,7 +407,7 @@ def test_a_model_without_persistent_buffers_gets_no_forward_hook(tmp_path):
     model.register_buffer("cache", torch.zeros(3), persistent=False)  # like the llama's rope tables
     with CheckpointManager(tmp_path, interval=1) as manager:
         manager.attach(model=model)
-        assert not manager._hooks
+        assert not manager._pipeline.hooks
 
 
 def test_discard_after_leaves_one_history_on_every_mount(tmp_path):

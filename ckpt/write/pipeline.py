@@ -1,0 +1,247 @@
+"""SavePipeline: the one asynchronous save path. :class:`~ckpt.manager.CheckpointManager` and every
+path-based plug-in (:mod:`ckpt.integrations`) hand their saves to it; a fix here reaches them all.
+
+    pipeline = SavePipeline(options)                           # SaveOptions: async_mode, policy, on_error, full_every, ...
+    pipeline.attach(optimizer, model=model)                    # or attach_everywhere(), for a plug-in
+    pipeline.save(Target(key, step, write, folder=..., name=...), tree)   # returns once snapshotted
+    pipeline.wait(); pipeline.close()
+
+The caller says *where* (a :class:`Target`: the key naming the destination, its step, the folder and
+name by which a delta beside it names it as its base, and the function that writes and commits a tree
+there: the manager's also replicates and applies retention). The pipeline does the rest, for every caller:
+
+1. ``save`` (training thread): one agreement among the ranks (``agree``: did an earlier save fail,
+   are both buffer sets busy under ``policy="skip"``, may this save be a delta
+   (:mod:`ckpt.write.delta`), is it the last snapshot's state again); an earlier failure is raised
+   (``on_error="stop"``) or warned about and counted (``continue``); the snapshot into a free staging
+   buffer set (:mod:`ckpt.write.staging`), or the last snapshot again when this save is the same
+   state to a second destination (Lightning's ``last.ckpt``); the write is queued.
+2. the writer thread (one, single-threaded ATen): wait for the snapshot (and the delta base's),
+   call the target's ``write``.
+3. the end of a write frees its buffer set and records a failure for the training thread.
+
+Before the live state changes, the snapshot copy must be complete: :meth:`attach` hooks an
+optimizer's step and the forward of a model's modules with persistent buffers;
+:meth:`attach_everywhere` hooks every optimizer's step and, after each snapshot, the next forward of
+any module (a plug-in is handed a dict, not the model). ``async_mode="sync"`` writes inside ``save``.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable
+
+import torch
+from torch.nn.modules.module import register_module_forward_pre_hook
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from ..options import AsyncMode, BusyPolicy, SaveOptions
+from ..outcomes import BackgroundFailures, SavesInFlight, SaveStats
+from ..state import buffer_owners
+from .delta import DeltaBase, DeltaChain, tensor_signature
+from .snapshot_copy import single_threaded_aten
+from .staging import DoubleBufferStager
+
+Agree = Callable[[tuple[bool, ...]], tuple[bool, ...]]
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one save goes. ``key``: the destination (the manager's step, a plug-in's path);
+    ``write(tree, base)``: on the writer thread, write and commit ``tree`` there (a delta on ``base``,
+    a :class:`~ckpt.write.DeltaBase`, when given); a delta builds only on another target in the same
+    ``folder`` at another ``step``, recorded by its ``name`` (None: never a base)."""
+
+    key: Hashable
+    step: int | None
+    write: Callable[[Any, DeltaBase | None], None]
+    folder: str = ""
+    name: str | None = None
+
+    def __str__(self) -> str:
+        return f"step {self.step}" if self.key == self.step else str(self.key)
+
+
+@dataclass(frozen=True)
+class Started:
+    """A save the pipeline took on; ``base``: the key of the save it is a delta of (None: stored whole)."""
+
+    base: Hashable | None = None
+
+
+class SavePipeline:
+    """See the module docstring. ``agree``: each flag true on every rank when true on any (default:
+    this process alone); ``stats``: the counters to add to (a plug-in's, kept across pipelines)."""
+
+    def __init__(self, options: SaveOptions, *, agree: Agree | None = None, stats: SaveStats | None = None):
+        self.options = options
+        self._agree = agree or (lambda flags: flags)
+        self._stats = stats if stats is not None else SaveStats()
+        self.stager = (DoubleBufferStager(options.device_type, policy=options.policy)
+                       if options.async_mode is AsyncMode.DOUBLE_BUFFER else None)
+        self.deltas = DeltaChain(options.full_every)
+        self.inflight = SavesInFlight()  # key -> the future of its write
+        self.failures = BackgroundFailures(options.on_error)
+        self.hooks: list[Any] = []  # what attach registered
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="ckpt-persist", initializer=single_threaded_aten)
+        self._everywhere = False  # attach_everywhere: a forward hook is armed after each snapshot
+        self._forward_hook = None
+
+    @property
+    def stats(self) -> SaveStats:
+        """The counters, with the device stall measured so far added in."""
+        if self.stager is not None:
+            self._stats.host_buffer_bytes = self.stager.host_bytes
+            device = self.stager.device_stall_s
+            new, self._stats.device_stall_s = device - self._stats.device_stall_s, device
+            self._stats.stall_s += new
+            self._stats.last_stall_s += new
+        return self._stats
+
+    # -- before the live state changes ---------------------------------------------------------------
+    def attach(self, optimizer: torch.optim.Optimizer | None = None, *, model: torch.nn.Module | None = None) -> None:
+        """Wait for a pending snapshot before ``optimizer.step()`` and before the forward of every
+        module of ``model`` that holds persistent buffers (they change in forward)."""
+        if optimizer is not None:
+            self.hooks.append(optimizer.register_step_pre_hook(lambda *_: self.before_step()))
+        for module in buffer_owners(model) if model is not None else ():
+            self.hooks.append(module.register_forward_pre_hook(lambda *_: self.before_step()))
+
+    def attach_everywhere(self) -> None:
+        """Wait for a pending snapshot before any optimizer's step and, once after each snapshot, before
+        the next forward of any module: for a caller that is handed a dict, not the model."""
+        self.hooks.append(register_optimizer_step_pre_hook(lambda *_: self.before_step()))
+        self._everywhere = True
+
+    def before_step(self) -> None:
+        """Block until the last snapshot no longer needs the live tensors (on an accelerator: order
+        the compute stream after the copy, without blocking the host)."""
+        if self.stager is None:
+            return
+        start = time.perf_counter()
+        self.stager.wait_snapshot()
+        waited = time.perf_counter() - start
+        self._stats.stall_s += waited
+        self._stats.last_stall_s += waited
+
+    # -- saving ------------------------------------------------------------------------------------
+    def save(self, target: Target, tree: Any, *, since: float | None = None, stacklevel: int = 2) -> Started | None:
+        """Save ``tree`` to ``target``; None when it was not (skipped, or failed under
+        ``on_error="continue"``). ``since``: when the caller began this save (its preparation is
+        stall too); ``stacklevel``: of a warning, as ``warnings.warn`` counts from here. Collective
+        through ``agree``: every rank saves in the same order."""
+        start = time.perf_counter() if since is None else since
+        stager = self.stager
+        signature = None if stager is None else tensor_signature(tree)
+        again = None if stager is None else self.deltas.same_state(target, signature)
+        failed, busy, full, fresh = self._agree((
+            bool(self.failures),
+            stager is not None and self.options.policy is BusyPolicy.SKIP and not stager.has_free_set(),
+            stager is not None and not self.deltas.eligible(target, signature),
+            again is None))
+        if failed:  # one rank noticed: all finish their writes, all raise (or warn) here
+            self.inflight.drain()
+            self._raise_failures(stacklevel + 1)
+        if stager is None:
+            return self._write_now(target, tree, start, stacklevel + 1)
+        if fresh and busy:
+            self._stats.skipped += 1
+            warnings.warn(f"checkpoint of {target} skipped: both staging buffers are still being written",
+                          stacklevel=stacklevel)
+            return None
+        written = Future()  # the write below: it releases the snapshot's buffer set when it ends
+        if fresh:
+            snapshot = stager.stage(tree, keep_previous=not full, release=written, signature=signature)
+            base = self.deltas.started(target, snapshot, signature, delta=not full)
+            self._stats.deltas += base is not None
+            self._arm_forward_hook()
+            plain = None
+        else:  # the last snapshot, to a second destination: its buffer set stays busy until this write too
+            stager.track(written)
+            self.deltas.copied(target)
+            snapshot, base, plain = again, None, tree
+        future = self._writer.submit(self._persist, target, snapshot, plain)
+        self.inflight.add(target.key, future)
+        future.add_done_callback(lambda f, key=target.key: self._finished(key, f, written))
+        self._stats.count_save(time.perf_counter() - start)
+        return Started(base)
+
+    def forget(self, key: Hashable) -> None:
+        """The checkpoint at ``key`` is going away: no later save is a delta of it."""
+        self.deltas.forget(key)
+
+    def wait_for(self, key: Hashable) -> None:
+        """Block until the write to ``key`` in flight (if any) has ended."""
+        self.inflight.drain(key)
+
+    def wait(self, *, stacklevel: int = 2) -> None:
+        """Block until every started save is committed; raise (or warn about) the first background error."""
+        self.inflight.drain()
+        if self.stager is not None:
+            self.stager.wait_snapshot(host=True)
+        self._raise_failures(stacklevel + 1)
+
+    def raise_failures(self, *, stacklevel: int = 2) -> None:
+        """Raise (``on_error="stop"``) or warn about (``continue``) the failures recorded so far."""
+        self._raise_failures(stacklevel + 1)
+
+    def close(self, *, stacklevel: int = 2) -> None:
+        """Wait (raising a background error), then remove the hooks, stop the writer thread, free the buffers."""
+        try:
+            self.wait(stacklevel=stacklevel + 1)
+        finally:
+            for hook in [*self.hooks, *([self._forward_hook] if self._forward_hook is not None else [])]:
+                hook.remove()
+            self.hooks, self._forward_hook, self._everywhere = [], None, False
+            self._writer.shutdown(wait=True)
+            if self.stager is not None:
+                self.stager.close()
+
+    # -- internals ---------------------------------------------------------------------------------
+    def _write_now(self, target: Target, tree: Any, start: float, stacklevel: int) -> Started | None:
+        self.deltas.started(target, None, None, delta=False)
+        failed = True
+        try:
+            target.write(tree, None)
+            failed = False
+        except Exception as error:
+            self.failures.add(error)
+            self._raise_failures(stacklevel + 1)
+            return None
+        finally:
+            self.deltas.finished(target.key, failed=failed)
+            self._stats.count_save(time.perf_counter() - start)
+        return Started()
+
+    def _persist(self, target: Target, snapshot: Future, plain: dict | None) -> None:
+        """The writer thread: wait for the snapshot (and the base's), write, commit. ``plain``: the
+        (flat) tree of a second save of the last snapshot, whose values other than tensors are its own."""
+        base = self.deltas.base_for(target.key)
+        staged = snapshot.result()
+        if plain is not None:
+            staged = {k: staged[k] if isinstance(v, torch.Tensor) else v for k, v in plain.items()}
+        target.write(staged, base)
+
+    def _finished(self, key: Hashable, future: Future, written: Future) -> None:
+        self.inflight.remove(key)
+        error = future.exception()
+        self.deltas.finished(key, failed=error is not None)  # a delta must never build on a failed write
+        if error is not None:
+            self.failures.add(error)
+        written.set_result(None)
+
+    def _arm_forward_hook(self) -> None:
+        if self._everywhere and self._forward_hook is None:
+            self._forward_hook = register_module_forward_pre_hook(self._before_forward)
+
+    def _before_forward(self, *_: Any) -> None:
+        self.before_step()
+        if self._forward_hook is not None:  # the hooks are copied before they run: removing is safe
+            self._forward_hook.remove()
+            self._forward_hook = None
+
+    def _raise_failures(self, stacklevel: int) -> None:
+        self.failures.raise_or_warn(self._stats, stacklevel=stacklevel + 1)
