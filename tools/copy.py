@@ -30,7 +30,7 @@ import sys
 import threading
 
 from ckpt import CheckpointNotFoundError, CheckpointRoot, read_manifest
-from ckpt.read import read_manifest_bytes
+from ckpt.read import listed_base, read_manifest_bytes, walk
 from ckpt.root import copy_step, open_root
 from ckpt.root import foreign, holds_copy, read_claim
 from ckpt.units import human_bytes
@@ -59,15 +59,8 @@ def steps_to_copy(source, wanted: list[int] | None) -> list[int]:
     if missing:
         raise CheckpointNotFoundError(f"{source.path} has no loadable step {', '.join(map(str, missing))} "
                                       f"(committed: {', '.join(map(str, listed)) or 'none'})", path=str(source.path))
-    bases = source.bases(listed)
-    chosen, pending = set(), list(wanted)
-    while pending:
-        step = pending.pop()
-        if step not in chosen:
-            chosen.add(step)
-            if isinstance(bases.get(step), int):
-                pending.append(bases[step])
-    return sorted(chosen)
+    base_of = listed_base(source.bases(listed))
+    return sorted({link for step in wanted for link in walk(step, base_of)})
 
 
 def refuse_another_runs_target(source, target, steps: list[int]) -> None:

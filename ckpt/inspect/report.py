@@ -35,6 +35,7 @@ from .step import prefix_sizes, preview, run_config
 from ..root.claim import read_claim
 from ..root.damaged import damaged_steps
 from ..root.replica_states import MISSING, UNKNOWN, ReplicaState
+from ..read.chain import ChainLoopError, walk
 from ..read.source import verify_blobs
 from ..storage import Location, locate
 
@@ -215,37 +216,53 @@ def verify_one(url: str, step: int, path: Location, manifest: Manifest, advance,
 def chain_failures(url: str, step: int, path: Location, manifest: Manifest, roots: list[Location]) -> list[dict]:
     """A delta's chain walked link by link down to a full checkpoint: each link committed beside the
     link before it or on one of ``roots`` (the mounts), its manifest readable, of the same run; the
-    first broken link is the failure (a load could not get past it)."""
-    seen, current, where, child = {path.name}, manifest, path, None
-    while current.base is not None:
-        name, what = current.base, "its base" if child is None else f"{current.base}, the base of its link {child},"
-        copies = [root / name for root in dict.fromkeys([where.parent, path.parent, *roots]) if is_committed(root / name)]
-        if name in seen:
-            return [failure(url, step, MANIFEST_NAME, None, CorruptCheckpointError(
-                f"delta chain broken: {what} loops back into the chain"))]
-        if not copies:
-            return [failure(url, step, MANIFEST_NAME, None, CheckpointNotFoundError(
-                f"delta chain broken: {what} {name} is committed on no mount" if child is None else
-                f"delta chain broken: {what} is committed on no mount"))]
-        link, error = None, None
-        for copy in copies:
-            try:
-                candidate = read_manifest(copy)
-            except CheckpointError as exc:
-                error = error or CorruptCheckpointError(f"delta chain broken: {what} at {copy} cannot be read "
-                                                        f"({_one_line(exc)})")
+    first broken link is the failure (a load could not get past it). The walk is
+    :func:`ckpt.read.chain.walk`'s: a link met again is a loop, checked before the link is read."""
+    read = {path.name: (manifest, path)}  # name -> (its manifest, where it was read), as the walk reaches it
+    child = None  # the link whose base is being read
+
+    def what(name: str) -> str:
+        return "its base" if child is None else f"{name}, the base of its link {child},"
+
+    try:
+        for name in walk(path.name, lambda link: read[link][0].base):
+            if name == path.name:
                 continue
-            if candidate.run is not None and manifest.run is not None and candidate.run != manifest.run:
-                error = error or ForeignRunError(f"delta chain broken: {what} at {copy} belongs to another run "
-                                                 f"(run {candidate.run}; this step's is run {manifest.run})")
-                continue
-            link, where = candidate, copy
-            break
-        if link is None:
-            return [failure(url, step, MANIFEST_NAME, None, error)]
-        seen.add(name)
-        child, current = name, link
+            where = read[child or path.name][1]
+            found = _chain_link(name, what(name), child is None, manifest, [where.parent, path.parent, *roots])
+            if not isinstance(found, tuple):
+                return [failure(url, step, MANIFEST_NAME, None, found)]
+            read[name], child = found, name
+    except ChainLoopError as exc:  # a link met again, or one link too many
+        how = "loops back into the chain" if exc.limit is None else f"makes it longer than {exc.limit} links"
+        return [failure(url, step, MANIFEST_NAME, None, CorruptCheckpointError(
+            f"delta chain broken: {what(exc.link)} {how}"))]
     return []
+
+
+def _chain_link(name: str, what: str, first: bool, manifest: Manifest, roots: list[Location]
+                ) -> tuple[Manifest, Location] | CheckpointError:
+    """The link ``name`` of ``manifest``'s chain (``first``: its own base), from the first of ``roots``
+    where it is committed, readable and of the same run: ``(its manifest, its location)``, or why
+    there is none."""
+    copies = [root / name for root in dict.fromkeys(roots) if is_committed(root / name)]
+    if not copies:
+        return CheckpointNotFoundError(f"delta chain broken: {what} {name if first else ''}".rstrip()
+                                       + " is committed on no mount")
+    error = None
+    for copy in copies:
+        try:
+            candidate = read_manifest(copy)
+        except CheckpointError as exc:
+            error = error or CorruptCheckpointError(f"delta chain broken: {what} at {copy} cannot be read "
+                                                    f"({_one_line(exc)})")
+            continue
+        if candidate.run is not None and manifest.run is not None and candidate.run != manifest.run:
+            error = error or ForeignRunError(f"delta chain broken: {what} at {copy} belongs to another run "
+                                             f"(run {candidate.run}; this step's is run {manifest.run})")
+            continue
+        return candidate, copy
+    return error
 
 
 def primary_run(root: Location) -> str | None:

@@ -17,10 +17,12 @@
 | :mod:`~ckpt.read.scatter` | where the bytes of a partly read chunk go (resharded loads) |
 | :mod:`~ckpt.read.batch` | small chunks read together from an object store |
 | :mod:`~ckpt.read.source` | :class:`ChunkSource`: read → verify → decode, delta chains included |
+| :mod:`~ckpt.read.chain` | the one walker of a delta chain (:func:`walk`), bounded by :data:`MAX_CHAIN` |
 | :mod:`~ckpt.read.files` | one checkpoint's data files: opened, bounded, read, verified |
 | :mod:`~ckpt.read.gc_pause` | the cyclic garbage collector paused while a load builds large structures |
 """
 
+from .chain import MAX_CHAIN, ChainLoopError, check_link, listed_base, walk
 from .committed import (
     DCP_METADATA_NAME,
     MAX_MANIFEST_BYTES,
@@ -33,9 +35,10 @@ from .committed import (
 from .files import DataFiles, verify_blobs
 from .planner import SafeLoadPlanner
 from .prefetch import REMOTE_PIECE_BYTES, REMOTE_READ_THREADS
-from .source import MAX_CHAIN, ChunkSource
+from .source import ChunkSource
 from .storage_reader import Reader
 
 __all__ = ["read_manifest", "read_manifest_bytes", "is_committed", "looks_like_dcp", "uncommitted_reason",
            "MAX_MANIFEST_BYTES", "DCP_METADATA_NAME", "ChunkSource", "MAX_CHAIN", "DataFiles", "verify_blobs",
-           "SafeLoadPlanner", "Reader", "REMOTE_PIECE_BYTES", "REMOTE_READ_THREADS"]
+           "SafeLoadPlanner", "Reader", "REMOTE_PIECE_BYTES", "REMOTE_READ_THREADS", "walk", "listed_base",
+           "check_link", "ChainLoopError"]

@@ -40,11 +40,10 @@ from ..errors import (
 from ..format import MANIFEST_NAME, Chunk, Manifest, ValueEntry, codec, values
 from ..format.blocks import blob_digest
 from ..storage import Location
+from .chain import MAX_CHAIN, ChainLoopError, check_link  # noqa: F401  (ckpt.read.MAX_CHAIN)
 from .files import DataFiles, verify_blobs  # noqa: F401  (ckpt.read.DataFiles, .verify_blobs)
 
 log = logging.getLogger(__name__)
-
-MAX_CHAIN = 100_000
 
 
 class ChunkSource:
@@ -56,7 +55,7 @@ class ChunkSource:
         self.manifest = manifest if manifest is not None else read_manifest(self.path)
         self.files = DataFiles(self.path)
         self.mirrors = tuple(mirrors)  # other roots holding copies of the chain's links
-        self._seen = _seen + (self.path.storage.identity(self.path.path),)
+        self._seen = _seen or (self.path.storage.identity(self.path.path),)  # the chain's links so far, this one last
         self._bases: list[ChunkSource | CheckpointError] | None = None
         self._index: dict[tuple[str, tuple], Chunk] | None = None
 
@@ -151,13 +150,16 @@ class ChunkSource:
         return self._bases
 
     def _open_base(self, path: Location, name: str) -> "ChunkSource | CheckpointError":
-        if path.storage.identity(path.path) in self._seen or len(self._seen) >= MAX_CHAIN:
+        identity = path.storage.identity(path.path)
+        try:
+            check_link(self._seen, identity)  # the walkers' one rule (ckpt.read.chain)
+        except ChainLoopError:
             raise CorruptCheckpointError(f"{self.path}: the delta chain through {name} loops",
-                                         path=str(self.path), file=MANIFEST_NAME)
+                                         path=str(self.path), file=MANIFEST_NAME) from None
         try:
             if path.storage.is_link(path.path):
                 raise InvalidManifestError(f"{path} is a symbolic link; a base must be a sibling checkpoint")
-            return ChunkSource(path, mirrors=self.mirrors, _seen=self._seen)
+            return ChunkSource(path, mirrors=self.mirrors, _seen=self._seen + (identity,))
         except CheckpointError as exc:
             return CorruptCheckpointError(
                 f"delta chain broken: {self.path.name} needs its base {name}, which cannot be opened ({exc})",

@@ -39,6 +39,7 @@ from typing import Callable
 
 import torch.distributed as dist
 
+from ..read.chain import listed_base, walk
 from ..read.committed import read_manifest_bytes
 from ..collective import any_rank, broadcast_error, broadcast_value
 from ..errors import CheckpointError, CheckpointLockedError, CheckpointNotFoundError, ForeignRunError, StorageError
@@ -225,10 +226,10 @@ class _MountWorker:
                 if not self.cleaned:
                     raise StorageError(f"{self.url} cannot be claimed for this run now ({self.unclaimed})",
                                        path=self.url)
-                bases = self.owner.primary.bases(self.owner.primary.committed())
-                if not self._holds(step):
-                    while isinstance(bases.get(chain[-1]), int) and not self._holds(bases[chain[-1]]):
-                        chain.append(bases[chain[-1]])
+                base_of = listed_base(self.owner.primary.bases(self.owner.primary.committed()))
+                if not self._holds(step):  # then each base the mount lacks, down to one it holds
+                    chain = list(walk(step, lambda link: base if (base := base_of(link)) is not None
+                                      and not self._holds(base) else None))
             except (CheckpointError, OSError) as exc:
                 error = exc
         error = broadcast_error(error, self.group, distributed=self.owner.distributed)

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from ..errors import CheckpointError
+from ..read.chain import walk
 from .steps import CheckpointRoot
 
 log = logging.getLogger(__name__)
@@ -40,12 +41,9 @@ def steps_to_delete(
     kept = set(ordered[-keep:]) | set(protected)
     if keep_every:
         kept |= {s for s in ordered if s % keep_every == 0}
-    pending = list(kept)
-    while pending and bases:
-        base = bases.get(pending.pop())
-        if base is not None and base not in kept:
-            kept.add(base)
-            pending.append(base)
+    base_of = (bases or {}).get
+    for step in list(kept):  # and every link of their chains (a walk stops at a link already kept)
+        kept.update(walk(step, lambda link: None if (base := base_of(link)) in kept else base))
     return [s for s in ordered if s not in kept]
 
 

@@ -34,6 +34,7 @@ import threading
 from typing import Callable
 
 from .. import commit
+from ..read.chain import ChainLoopError, listed_base, walk
 from ..read.committed import is_committed, read_manifest
 from ..errors import CheckpointError, StorageError
 from ..format import Manifest, parse_step_name, step_name
@@ -95,13 +96,11 @@ class CheckpointRoot:
     @staticmethod
     def _chain_resolves(step: int, bases: dict) -> bool:
         """Whether every link from ``step`` down to a full checkpoint is committed and readable."""
-        seen = set()
-        while step in bases and step not in seen and bases[step] is not UNREADABLE:
-            if bases[step] is None:
-                return True
-            seen.add(step)
-            step = bases[step]
-        return False
+        try:
+            *_, last = walk(step, listed_base(bases))
+        except ChainLoopError:
+            return False
+        return last in bases and bases[last] is None  # ended at a full checkpoint, not at a lost link
 
     def is_committed(self, step: int) -> bool:
         return is_committed(self.step_path(step))
