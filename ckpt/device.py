@@ -7,7 +7,8 @@
 ``process_group_backend`` gives the mixed string (``"cpu:gloo,npu:hccl"``) that ``dcp.async_save``
 needs, because DCP runs its CPU-side collectives on the same group. ``accelerator_module`` returns
 ``torch.npu`` / ``torch.cuda`` (streams, events, RNG, pinned memory) or None on CPU;
-``empty_host_cache`` returns cached pinned host blocks to the system.
+``host_memory`` says where a stager's host buffers come from (the device's pinned host allocator, or
+plain memory) and ``empty_host_cache`` returns that allocator's cached, unused blocks to the system.
 """
 
 from __future__ import annotations
@@ -81,11 +82,52 @@ def accelerator_module(device_type: str | None = None) -> ModuleType | None:
     return torch.cuda
 
 
-def empty_host_cache() -> None:
+class HostMemory:
+    """Host memory for snapshots of one device type: pinned by that device's caching host allocator, or plain.
+
+    ``empty(nbytes)`` allocates; freeing a pinned block (its last reference dropped) only returns it to the
+    allocator's cache, where a later ``empty`` of the same power-of-two size reuses it; ``give_back()``
+    hands the cached, unused blocks to the system (``cudaFreeHost`` / ``aclrtFreeHost``: slow, and it may
+    synchronize the device, so a caller keeps it off the training thread's hot path)."""
+
+    def __init__(self, device_type: str, pinned: bool):
+        self.device_type, self.pinned = device_type, pinned
+
+    def empty(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pinned)
+
+    def give_back(self) -> None:
+        if self.pinned:
+            empty_host_cache(self.device_type)
+
+
+def host_memory(device_type: str, pin: bool) -> HostMemory:
+    """Where host buffers for ``device_type`` come from (``pin``: pinned, when the device has pinned memory).
+
+    torch pins (``pin_memory=True``) with the host allocator of the accelerator in use. On npu that is
+    torch_npu's NPU caching host allocator (``aclrtMallocHost``): torch_npu registers it for its device
+    and pins this way in its own tests, so torch_npu is imported before the first allocation (without it,
+    torch has no accelerator to pin for). Registering our own memory with the runtime
+    (``torch.npu.npurt().npuHostRegister``) is not used: memory from that allocator is pinned already."""
+    pinned = pin and device_type != "cpu"
+    if pinned and device_type == "npu" and not _load_torch_npu():
+        raise DeviceUnavailableError("pinned host memory for npu needs torch_npu, which is not installed")
+    return HostMemory(device_type, pinned)
+
+
+def empty_host_cache(device_type: str | None = None) -> None:
     """Hand the accelerator's cached, unused pinned host blocks back to the system (no-op on CPU).
 
-    ``torch.accelerator.empty_host_cache`` where torch has it (it serves torch_npu too); on older
-    CUDA builds the CUDA host allocator's own call."""
+    npu (asked for, or torch_npu imported): torch_npu's own ``torch.npu.host_empty_cache`` — torch's
+    generic call reaches torch_npu's allocator only in builds where torch_npu registers it as torch's
+    host allocator. Otherwise ``torch.accelerator.empty_host_cache`` where torch has it; on older CUDA
+    builds the CUDA host allocator's own call."""
+    if device_type == "cpu":
+        return
+    npu = device_type == "npu" or (device_type is None and "torch_npu" in importlib.sys.modules)
+    if npu and _load_torch_npu() and hasattr(torch.npu, "host_empty_cache"):
+        torch.npu.host_empty_cache()
+        return
     accelerator = getattr(torch, "accelerator", None)
     if accelerator is not None and hasattr(accelerator, "empty_host_cache"):
         if accelerator.is_available():

@@ -8,8 +8,10 @@ two)``, each segment then sized to the power of two that holds what it got. What
 is reserved, so :attr:`HostBuffers.nbytes` is the allocator's real figure, and the waste is below
 one segment per set. Unpinned sets are one exact allocation, the tensors in order.
 
-:meth:`HostBuffers.release` drops the memory and hands cached pinned blocks back to the system, so
-a layout change (or ``close``) never leaves the old set pinned (DCP #131270, #170163).
+The memory comes from a :class:`~ckpt.device.HostMemory` (the device's pinned host allocator, or
+plain). A set has no ``release``: its owner drops every reference to it (the set, its views, the
+staged trees that hold them) and only then asks the allocator to give cached blocks back — emptying
+the cache while a view still holds a block frees nothing (DCP #131270, #170163).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..device import empty_host_cache
+from ..device import HostMemory
 
 ALIGN = 64  # bytes between tensors inside one segment
 SEGMENT_MIN = 256 << 20
@@ -65,11 +67,11 @@ def plan_layout(nbytes: list[int], *, pinned: bool) -> Layout:
 class HostBuffers:
     """One buffer set's memory: segments and a host view per source tensor (same shape and dtype)."""
 
-    def __init__(self, sources: list[torch.Tensor], *, pin_memory: bool):
+    def __init__(self, sources: list[torch.Tensor], memory: HostMemory):
         self.signature = signature(sources)
-        self.pinned = pin_memory
-        layout = plan_layout([t.numel() * t.element_size() for t in sources], pinned=pin_memory)
-        self.segments = [torch.empty(size, dtype=torch.uint8, pin_memory=pin_memory) for size in layout.sizes]
+        self.pinned = memory.pinned
+        layout = plan_layout([t.numel() * t.element_size() for t in sources], pinned=memory.pinned)
+        self.segments = [memory.empty(size) for size in layout.sizes]
         self.views = [
             self.segments[segment][offset : offset + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
             for (segment, offset), t in zip(layout.places, sources)
@@ -79,12 +81,6 @@ class HostBuffers:
     def nbytes(self) -> int:
         """Host bytes this set holds, as the allocator reserves them."""
         return sum(segment.numel() for segment in self.segments)
-
-    def release(self) -> None:
-        """Free the memory now; cached pinned blocks go back to the system."""
-        self.segments, self.views = [], []
-        if self.pinned:
-            empty_host_cache()
 
 
 def signature(sources: list[torch.Tensor]) -> tuple:

@@ -12,8 +12,10 @@
   the copier thread, off the training thread.
 
 It returns a Future of ``result`` that is done when every byte is in the host buffers. The copier
-thread is bound to the sources' device before its first call, so it never opens a context on
-another device (an NPU refuses that: error 107002; CUDA spends ~0.5 GiB on device 0).
+thread waits on each device's copy event bound to that device (``set_device`` before the first wait
+on a device other than the one it is bound to), so it never opens a context on another device (an
+NPU refuses that: error 107002; CUDA spends ~0.5 GiB on device 0), whatever device the first
+snapshot — or a host-only one — had.
 
 :meth:`SnapshotCopy.wait` makes it safe to modify the sources: host copies are waited for on the
 host; device copies only make each compute stream wait on its event (``host=True`` also waits on
@@ -23,7 +25,6 @@ stall the device suffers is measured (:meth:`device_stall_s`), not assumed to be
 
 from __future__ import annotations
 
-import functools
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -38,12 +39,6 @@ def single_threaded_aten() -> None:
     every parallel region of the *training* thread pays a sleep/wake-up from then on (measured in
     benchmarks/bench_trainer.py). The setting is per thread; training keeps its own."""
     torch.set_num_threads(1)
-
-
-def _bind_thread(accel, device) -> None:
-    single_threaded_aten()
-    if accel is not None and device is not None:
-        accel.set_device(device)
 
 
 def _copy_all(pairs) -> None:
@@ -66,6 +61,7 @@ class SnapshotCopy:
         self._unordered: list[tuple[Any, Any]] = []  # (device, copy event) no compute stream waits on yet
         self._timings: list[tuple[Any, Any]] = []  # (before, after) timing events around a stream wait
         self._device_stall_s = 0.0
+        self._copier_device = None  # the device the copier thread is bound to (touched on that thread only)
 
     def device_of(self, tensor: torch.Tensor):
         """The accelerator device a source lives on, or None for host memory."""
@@ -81,10 +77,10 @@ class SnapshotCopy:
             else:
                 by_device.setdefault(device, []).append((src, dst))
         events = [(device, self._copy_on_side_stream(device, on_device)) for device, on_device in by_device.items()]
-        copier = self._executor(next(iter(by_device), None))
+        copier = self._executor()
         self._host_part = copier.submit(_copy_all, host) if host else None
         # The pairs ride along until the events complete: the sources' lifetime covers the copy.
-        self._pending = copier.submit(self._complete, [event for _, event in events], pairs, result)
+        self._pending = copier.submit(self._complete, events, pairs, result)
         self._unordered, self._on_device = events, bool(events)
         return self._pending
 
@@ -97,6 +93,13 @@ class SnapshotCopy:
             self._order_compute_stream(device, event)
         self._unordered = []
         if self._pending is not None and (host or not self._on_device):
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def forget_completed(self) -> None:
+        """Drop the last snapshot's result once its copy is complete (raising its error, as a host
+        wait would), so that it no longer keeps its host buffers alive."""
+        if self._pending is not None and self._pending.done():
             pending, self._pending = self._pending, None
             pending.result()
 
@@ -118,11 +121,16 @@ class SnapshotCopy:
             self._copier.shutdown(wait=True)
 
     # -- internals -----------------------------------------------------------------------------
-    def _executor(self, device) -> ThreadPoolExecutor:
+    def _executor(self) -> ThreadPoolExecutor:
         if self._copier is None:
-            self._copier = ThreadPoolExecutor(1, thread_name_prefix="ckpt-snapshot",
-                                              initializer=functools.partial(_bind_thread, self.accel, device))
+            self._copier = ThreadPoolExecutor(1, thread_name_prefix="ckpt-snapshot", initializer=single_threaded_aten)
         return self._copier
+
+    def _bind_copier(self, device) -> None:
+        """On the copier thread: make ``device`` its current device, unless it already is."""
+        if device != self._copier_device:
+            self.accel.set_device(device)
+            self._copier_device = device
 
     def _copy_on_side_stream(self, device, pairs):
         accel = self.accel
@@ -148,9 +156,9 @@ class SnapshotCopy:
         after.record(compute)
         self._timings.append((before, after))
 
-    @staticmethod
-    def _complete(events, pairs, result):
-        for event in events:
+    def _complete(self, events, pairs, result):
+        for device, event in events:
+            self._bind_copier(device)
             event.synchronize()
         pairs.clear()  # the sources may go now, before anyone learns that the copy is complete
         return result

@@ -2,11 +2,12 @@
 
 ``DoubleBufferStager`` implements DCP's ``AsyncStager``. Each ``stage(state_dict)`` takes a free buffer
 set (two at most, allocated lazily at first use, reallocated only when the state's layout changes,
-pinned where the accelerator has pinned memory: :mod:`ckpt.write.host_buffers`), captures every non-tensor
-value synchronously (deep copy), and starts copying the tensors (a DTensor's local shard) into the
-set (:mod:`ckpt.write.snapshot_copy`: device tensors on a side stream of their device, host tensors on a
-copier thread). The staged tree holds the host views; a DTensor is re-wrapped around its host view
-with its own spec, never moved back to the mesh's device.
+pinned by the device's host allocator where it has one: :mod:`ckpt.write.host_buffers`,
+:func:`ckpt.device.host_memory`), captures every non-tensor value synchronously (deep copy), and
+starts copying the tensors (a DTensor's local shard) into the set (:mod:`ckpt.write.snapshot_copy`:
+device tensors on a side stream of their device, host tensors on a copier thread). The staged tree
+holds the host views; a DTensor is re-wrapped around its host view with its own spec, never moved
+back to the mesh's device.
 
 It returns a ``Future`` of the staged state dict at once. The caller must not change the state until
 :meth:`DoubleBufferStager.wait_snapshot` (the manager calls it from an optimizer step pre-hook and,
@@ -18,6 +19,13 @@ release it then (the manager does). An untracked set is free again at the next-b
 which is DCP's own contract (wait for one ``async_save`` before starting another). When every set
 is busy, ``policy="block"`` waits for the oldest write and ``policy="skip"`` raises
 :class:`SnapshotSkipped` (counted in ``skipped``).
+
+Host memory goes back in two steps, references first. A layout change drops every reference the
+stager holds to the old memory (the set, its views, a finished snapshot's result), and those of a
+free set of an old layout, before the new set is allocated: the caching host allocator reuses the
+freed blocks, and nothing is handed to the system on the training thread inside ``stage()``.
+:meth:`DoubleBufferStager.close` drops them all, then gives the cached blocks back to the system
+(``cudaFreeHost``/``aclrtFreeHost``); a staged state dict the caller still holds keeps its set.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ import torch
 from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.tensor import DTensor
 
-from ..device import accelerator_module
+from ..device import accelerator_module, host_memory
 from ..errors import SnapshotSkipped
 from .host_buffers import HostBuffers, signature
 from ..options import BusyPolicy, as_enum
@@ -75,6 +83,7 @@ class DoubleBufferStager(AsyncStager):
         self.accel = accelerator_module(device_type)
         self.device_type = device_type or ("cpu" if self.accel is None else self.accel.__name__.split(".")[-1])
         self.pin_memory = (self.accel is not None) if pin_memory is None else pin_memory
+        self.host_memory = host_memory(self.device_type, self.pin_memory)  # where the buffer sets come from
         self.sets = [_BufferSet(0), _BufferSet(1)]
         self.skipped = 0
         self._lock = threading.Condition()
@@ -112,16 +121,17 @@ class DoubleBufferStager(AsyncStager):
         self.wait_snapshot()
 
     def close(self) -> None:
-        """Wait for the snapshot in flight and free both buffer sets."""
+        """Wait for the snapshot in flight, drop every reference to both buffer sets, then hand the
+        allocator's cached blocks back to the system (a block still referenced stays)."""
         if self._closed:
             return
         self._copy.close()
         with self._lock:
             for buffers in self.sets:
-                if buffers.memory is not None:
-                    buffers.memory.release()
-                buffers.memory, buffers.views = None, []
+                _drop(buffers)
+            self._last = self._held = None
         self._closed = True
+        self.host_memory.give_back()
 
     # -- the manager's hooks -------------------------------------------------------------------
     def wait_snapshot(self, host: bool = False) -> None:
@@ -184,13 +194,24 @@ class DoubleBufferStager(AsyncStager):
                 self._lock.wait()
 
     def _ensure_buffers(self, buffers: _BufferSet, sources: list[torch.Tensor], layout: tuple | None) -> None:
-        if buffers.memory is not None and buffers.memory.signature == (layout or signature(sources)):
+        wanted = layout or signature(sources)
+        if buffers.memory is not None and buffers.memory.signature == wanted:
             return
-        if buffers.memory is not None:  # a layout change: the old memory goes before the new comes
-            buffers.memory.release()
-            buffers.memory, buffers.views = None, []
-        buffers.memory = HostBuffers(sources, pin_memory=self.pin_memory)
+        # Every reference to memory of another layout goes before the new set is allocated, so that
+        # the allocator can reuse its blocks: this set's, a free set's, a finished snapshot's result.
+        self._copy.forget_completed()
+        with self._lock:
+            for other in self.sets:
+                stale = other.memory is not None and other.memory.signature != wanted
+                if other is buffers or (stale and not other.busy):
+                    _drop(other)
+        buffers.memory = HostBuffers(sources, self.host_memory)
         buffers.views = buffers.memory.views
+
+
+def _drop(buffers: _BufferSet) -> None:
+    """Forget a set's memory (it is freed once no staged state dict holds a view of it)."""
+    buffers.memory, buffers.views = None, []
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

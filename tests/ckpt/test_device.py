@@ -6,96 +6,23 @@ assertions are skipped and tests/ckpt/test_accelerator.py runs the real thing.""
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import threading
-import types
 
 import pytest
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ckpt import device
-from ckpt.write.snapshot_copy import SnapshotCopy
-from ckpt.write.staging import DoubleBufferStager
+from tests.support import stand_in_npu as stand_in
+from tests.support.stand_in_npu import SOURCE_DEVICE, Event, StandInCopy, StandInStager
 
 REAL_ACCELERATOR = torch.cuda.is_available() or device.npu_available()
-SOURCE_DEVICE = "npu:1"  # where the stand-in's "device" sources live; the current device stays 0
-
-
-class _Event:
-    created: list["_Event"] = []
-
-    def __init__(self, enable_timing=False, blocking=False, interprocess=False):
-        self.enable_timing, self.blocking = enable_timing, blocking
-        self.recorded_on = None
-        self.synchronized = False
-        self.gate = None  # a threading.Event that synchronize() waits on, when set by a test
-        _Event.created.append(self)
-
-    def record(self, stream=None):
-        self.recorded_on = stream
-
-    def synchronize(self):
-        if self.gate is not None:
-            assert self.gate.wait(30), "the test never released the copy"
-        self.synchronized = True
-
-    def query(self):
-        return True
-
-    def elapsed_time(self, other):
-        return 5.0  # ms, as a compute stream's wait for the copy
-
-
-class _Stream:
-    def __init__(self, device=None, priority=0, name="side"):
-        self.device, self.name, self.waited_streams, self.waited_events = device, name, [], []
-
-    def wait_stream(self, other):
-        self.waited_streams.append(other)
-
-    def wait_event(self, event):
-        self.waited_events.append(event)
-
-
-def _fake_npu():
-    computes: dict = {}
-
-    def current_stream(device=None):
-        return computes.setdefault(device, _Stream(device, name="compute"))
-
-    bound: list[tuple[str, object]] = []
-    module = types.SimpleNamespace(
-        is_available=lambda: True, Stream=_Stream, Event=_Event, current_stream=current_stream,
-        stream=lambda s: contextlib.nullcontext(), device_count=lambda: 8, current_device=lambda: 0,
-        set_device=lambda d: bound.append((threading.current_thread().name, d)), bound=bound,
-        __name__="torch.npu",
-    )
-    return module, current_stream
-
-
-class _StandInCopy(SnapshotCopy):
-    """Treats every source as living on SOURCE_DEVICE, except those registered as host memory."""
-
-    host_pointers: set[int] = set()
-
-    def device_of(self, tensor):
-        return None if tensor.data_ptr() in self.host_pointers else SOURCE_DEVICE
-
-
-class _StandInStager(DoubleBufferStager):
-    copy_engine = _StandInCopy
 
 
 @pytest.fixture
 def fake_torch_npu(monkeypatch):
-    npu, current_stream = _fake_npu()
-    monkeypatch.setitem(sys.modules, "torch_npu", types.ModuleType("torch_npu"))
-    monkeypatch.setattr(torch, "npu", npu, raising=False)
-    _Event.created.clear()
-    _StandInCopy.host_pointers = set()
-    return npu, current_stream
+    return stand_in.install(monkeypatch)
 
 
 def test_backends():
@@ -136,15 +63,15 @@ def test_npu_resolution_with_torch_npu(fake_torch_npu):
 
 def test_accelerator_snapshot_uses_a_side_stream_of_the_sources_device(fake_torch_npu):
     npu, current_stream = fake_torch_npu
-    stager = _StandInStager("npu", pin_memory=False)  # no pinned allocator on a CPU-only build
-    assert not [e for e in _Event.created] and not stager._copy._streams  # nothing made before first use
+    stager = StandInStager("npu", pin_memory=False)  # no pinned allocator on a CPU-only build
+    assert not [e for e in Event.created] and not stager._copy._streams  # nothing made before first use
     state = {"w": torch.randn(64, 64), "step": 3}
     expected = state["w"].clone()
     future = stager.stage(state)
     (side,) = stager._copy._streams.values()
     assert side.device == SOURCE_DEVICE  # not the current device (0)
     assert side.waited_streams == [current_stream(SOURCE_DEVICE)]  # ordered after that device's compute
-    copy_event = next(e for e in _Event.created if e.recorded_on is side)
+    copy_event = next(e for e in Event.created if e.recorded_on is side)
     assert copy_event.blocking  # the copier thread sleeps on it instead of spinning a core
     stager.wait_snapshot()  # accelerator: the compute stream waits on the event; the host does not
     assert current_stream(SOURCE_DEVICE).waited_events == [copy_event]
@@ -155,10 +82,29 @@ def test_accelerator_snapshot_uses_a_side_stream_of_the_sources_device(fake_torc
 
 def test_the_copier_thread_is_bound_to_the_sources_device(fake_torch_npu):
     npu, _ = fake_torch_npu
-    stager = _StandInStager("npu", pin_memory=False)
+    stager = StandInStager("npu", pin_memory=False)
     stager.stage({"w": torch.randn(8)}).result()
     assert npu.bound and all(name.startswith("ckpt-snapshot") for name, _ in npu.bound)
     assert {d for _, d in npu.bound} == {SOURCE_DEVICE}
+    stager.close()
+
+
+def test_the_copier_thread_waits_on_each_copy_bound_to_its_device(fake_torch_npu):
+    """A host-only snapshot first (the thread starts with no device), then sources on npu:1, npu:2
+    and npu:1 again: each copy event is waited for by a thread bound to the event's own device."""
+    npu, _ = fake_torch_npu
+    stager = StandInStager("npu", pin_memory=False)
+    host = torch.randn(8)
+    StandInCopy.host_pointers = {host.data_ptr()}
+    stager.stage({"w": host}).result()
+    devices = ["npu:1", "npu:2", "npu:1"]
+    for source_device in devices:
+        StandInCopy.device = source_device
+        stager.stage({"w": torch.randn(8)}).result()
+    copies = [e for e in Event.created if e.blocking]
+    assert [e.recorded_on.device for e in copies] == devices
+    assert [e.synchronized_bound_to for e in copies] == devices
+    assert all(name.startswith("ckpt-snapshot") for name, _ in npu.bound)
     stager.close()
 
 
@@ -166,20 +112,20 @@ def test_a_temporary_source_lives_until_its_copy_is_complete(fake_torch_npu):
     """A tensor made by state_dict() (only the snapshot refers to it) must not be freed while the
     side stream still reads it: the caching allocator would hand its memory to the next forward."""
     gate = threading.Event()
-    original = _Event.__init__
+    original = Event.__init__
 
     def gated(self, *args, **kwargs):
         original(self, *args, **kwargs)
         self.gate = gate
 
-    stager = _StandInStager("npu", pin_memory=False)
+    stager = StandInStager("npu", pin_memory=False)
     temporary = torch.randn(32) * 2
     storage = StorageWeakRef(temporary.untyped_storage())  # a C++ weak reference: no Python wrapper games
-    _Event.__init__ = gated
+    Event.__init__ = gated
     try:
         future = stager.stage({"w": temporary})
     finally:
-        _Event.__init__ = original
+        Event.__init__ = original
     del temporary
     assert not storage.expired(), "the source was freed while its copy was still in flight"
     gate.set()
@@ -208,8 +154,8 @@ def test_host_sources_are_copied_off_the_training_thread_and_waited_for_on_the_h
     _Spy.readers = []
     offloaded = torch.randn(256, 256).as_subclass(_Spy)
     on_device = torch.randn(16)
-    _StandInCopy.host_pointers = {offloaded.data_ptr()}
-    stager = _StandInStager("npu", pin_memory=False)
+    StandInCopy.host_pointers = {offloaded.data_ptr()}
+    stager = StandInStager("npu", pin_memory=False)
     future = stager.stage({"offloaded": offloaded, "w": on_device})
     stager.wait_snapshot()  # the host part is done after this, without a host=True wait
     assert stager._copy._host_part is None
@@ -220,12 +166,12 @@ def test_host_sources_are_copied_off_the_training_thread_and_waited_for_on_the_h
 
 
 def test_the_compute_streams_wait_is_timed(fake_torch_npu):
-    stager = _StandInStager("npu", pin_memory=False)
+    stager = StandInStager("npu", pin_memory=False)
     stager.stage({"w": torch.randn(16, 16)})
     assert stager.device_stall_s == 0.0
     stager.wait_snapshot()
     assert stager.device_stall_s == pytest.approx(0.005)  # the stand-in's 5 ms between the timing events
-    timing = [e for e in _Event.created if e.enable_timing]
+    timing = [e for e in Event.created if e.enable_timing]
     assert len(timing) == 2 and all(e.recorded_on.name == "compute" for e in timing)
     stager.close()
 
@@ -234,7 +180,7 @@ def test_a_device_side_wait_still_leaves_a_host_wait_for_close(fake_torch_npu):
     """before_step on an accelerator only orders the compute stream; close() must still wait on
     the host for the copy before it frees the pinned buffers."""
     _, current_stream = fake_torch_npu
-    stager = _StandInStager("npu", pin_memory=False)
+    stager = StandInStager("npu", pin_memory=False)
     stager.stage({"w": torch.randn(16, 16)})
     stager.wait_snapshot()
     stager.wait_snapshot()  # ordered once, not once per call

@@ -1,6 +1,7 @@
 """ckpt.write.staging: DoubleBufferStager under plain dcp.async_save (exact snapshot, buffer sets reused and
 bounded), a delta's base buffer set held until the delta's write ends, staged DTensors that stay on
-the host on a device mesh, and host buffers (power-of-two pinned segments, freed on a layout change)."""
+the host on a device mesh, and host buffers (power-of-two pinned segments; a layout change keeps no
+set of the old layout). How pinned memory is given back: tests/ckpt/test_host_memory.py."""
 
 from __future__ import annotations
 
@@ -123,21 +124,22 @@ def test_pinned_sets_are_power_of_two_segments_with_little_waste():
     assert exact.sizes == (sum(-(-n // 64) * 64 for n in sizes),)
 
 
-def test_a_layout_change_frees_the_old_set_first(monkeypatch):
-    import ckpt.write.host_buffers as _host_buffers
+def test_a_layout_change_keeps_no_set_of_the_old_layout():
+    """Both sets hold the old layout and are free again: the new layout's snapshot leaves one set of
+    the new layout and nothing of the old one (not the old and the new sets together)."""
+    from concurrent.futures import Future
 
-    emptied = []
-    monkeypatch.setattr(_host_buffers, "empty_host_cache", lambda: emptied.append(True))
     stager = DoubleBufferStager(pin_memory=False)
-    stager.stage({"w": torch.zeros(1000)}).result()
-    stager.wait_snapshot()
-    (old,) = [b.memory for b in stager.sets if b.memory is not None]
-    old_segment = StorageWeakRef(old.segments[0].untyped_storage())
-    old.pinned = True  # as on an accelerator: releasing must also empty the pinned host cache
-    del old
-    for _ in range(2):  # both sets turn over to the new layout
-        stager.stage({"w": torch.zeros(10)}).result()
-        stager.wait_snapshot()
-    assert old_segment.expired() and emptied == [True]
-    assert stager.host_bytes == 2 * 64  # two sets of the new layout, nothing of the old one
+    writes = [Future(), Future()]
+    for write in writes:  # each set busy until its write ends: two sets of the old layout
+        stager.stage({"w": torch.zeros(1000)}, release=write).result()
+    old = [StorageWeakRef(b.memory.segments[0].untyped_storage()) for b in stager.sets]
+    for write in writes:
+        write.set_result(None)
+    staged = stager.stage({"w": torch.ones(10)}).result()
+    assert all(segment.expired() for segment in old)
+    assert stager.host_bytes == 64 and torch.equal(staged["w"], torch.ones(10))
+    (new,) = [StorageWeakRef(b.memory.segments[0].untyped_storage()) for b in stager.sets if b.memory is not None]
+    del staged
     stager.close()
+    assert new.expired() and stager.host_bytes == 0
