@@ -1,7 +1,7 @@
 """The staging path on a real accelerator (CUDA GPU or Ascend NPU; skipped elsewhere, so on CI):
-pinned host buffers, snapshot ordering against delayed in-place writes, the lifetime of a temporary
-source, DTensors on a device mesh staged without a device copy, and a manager save of a 1-rank FSDP2
-model loaded bitwise. ``benchmarks/device_checks.py`` runs these as its ordering section
+pinned host buffers (given back by close), snapshot ordering against delayed in-place writes, the
+lifetime of a temporary source, DTensors on a device mesh staged without a device copy, and a
+manager save of a 1-rank FSDP2 model loaded bitwise. ``benchmarks/device_checks.py`` runs these as its ordering section
 (``pytest -m accelerator``)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import ckpt
-from ckpt.device import accelerator_module, process_group_backend, resolve_device_type
+from ckpt.device import accelerator_module, empty_host_cache, process_group_backend, resolve_device_type
 from ckpt.write.staging import DoubleBufferStager
 
 DEVICE_TYPE = resolve_device_type("auto")
@@ -51,6 +51,25 @@ def test_host_buffers_are_pinned_including_offset_views():
     assert all(segment.is_pinned() for b in stager.sets if b.memory for segment in b.memory.segments)
     assert staged["b"].is_pinned() and staged["b"].data_ptr() % 64 == 0  # a view at an offset
     stager.close()
+
+
+def test_close_gives_the_pinned_memory_back_after_a_layout_change():
+    """The host allocator's own figure (active + cached pinned bytes) returns to where it started."""
+    stats = getattr(ACCEL, "host_memory_stats", None)
+    if stats is None:
+        pytest.skip("this build's host allocator has no statistics")
+
+    def held() -> int:
+        return int(stats().get("allocated_bytes.current", 0))
+
+    empty_host_cache(DEVICE_TYPE)
+    before = held()
+    stager = DoubleBufferStager(DEVICE_TYPE)
+    for n in (1 << 20, 3 << 20):  # a layout change between the two snapshots
+        stager.stage({"w": torch.randn(n, device=DEVICE_TYPE)}).result()
+    assert held() > before
+    stager.close()
+    assert held() == before
 
 
 def test_a_snapshot_holds_the_value_written_before_it_even_when_the_write_runs_late():
