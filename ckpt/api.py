@@ -137,7 +137,7 @@ def load(
     back (``rollback``: a host copy of each region is kept until the load returns, up to the bytes
     this rank loads; ``rollback=False`` saves that memory for a caller that loads something else in
     full after a failure, and may then leave tensors partly loaded)."""
-    path = locate(path, storage_options)
+    path = locate(path, storage_options)  # resolved once, here: everything below takes the Location
     manifest = read_manifest(path)  # fails here, readably, before DCP wraps anything
     return load_with_manifest(state, path, manifest, strict=strict, process_group=process_group, no_dist=no_dist,
                               storage_options=storage_options, mirrors=mirrors, stats=stats, rollback=rollback)

@@ -229,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.diff is not None:
             return compare(args)
-        target = locate(args.root)
+        target = locate(args.root)  # ROOT and each --mount resolved once, here: the library takes Locations
+        args.mount = [locate(url) for url in args.mount or ()]
         if args.rebuild_catalog and args.catalog is None and not target.is_local:
             p.error(f"--rebuild-catalog: {target} is not local; say where the catalog lives with --catalog DIR")
         if args.verify:

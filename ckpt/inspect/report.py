@@ -37,7 +37,7 @@ from ..root.damaged import damaged_steps
 from ..root.replica_states import MISSING, UNKNOWN, ReplicaState
 from ..read.chain import ChainLoopError, walk
 from ..read.source import verify_blobs
-from ..storage import Location, locate
+from ..storage import Location
 
 Note = Callable[[str], None]
 
@@ -69,13 +69,12 @@ def read_catalog(path: str | None, root: Location, *, note: Note, explicit: bool
         return [], {}
 
 
-def mount_list(root: Location, extra: list[str]) -> list[tuple[str, Location]]:
+def mount_list(root: Location, extra: list[Location]) -> list[tuple[str, Location]]:
     """ROOT first, then the further mounts the caller names, each once: ``(url, location)``. Never
     the catalog's mount list: the catalog is a cache anyone who can write the root can plant a mount
     in (issue 22, item 9), so it never decides where this process reads or sends requests."""
     found = {root.display_name: root}
-    for url in extra:
-        location = locate(url)
+    for location in extra:
         found.setdefault(location.display_name, location)
     return list(found.items())
 
@@ -94,7 +93,7 @@ def listings(mounts: list[tuple[str, Location]], *, note: Note) -> dict[str, lis
     return found
 
 
-def survey(root: Location, catalog_path: str | None, extra: list[str], *, note: Note, explicit: bool = False
+def survey(root: Location, catalog_path: str | None, extra: list[Location], *, note: Note, explicit: bool = False
            ) -> tuple[list[tuple[str, Location]], dict[str, list[int] | None], dict[int, StepInfo]]:
     """The run at ``root`` across its mounts: ``(mounts, committed steps on each, the catalog's
     steps)`` (:func:`read_catalog`, :func:`mount_list`, :func:`listings`)."""

@@ -26,9 +26,8 @@ DCP_METADATA_NAME = ".metadata"
 DCP_DATA_SUFFIX = ".distcp"
 
 
-def uncommitted_reason(path: Location | str | os.PathLike) -> str | None:
+def uncommitted_reason(path: Location) -> str | None:
     """Why ``path`` is not a committed checkpoint directory (None when it is one)."""
-    path = locate(path)
     if is_leftover(path.name):
         return f"{path} is the leftover of an unfinished save, not a checkpoint"
     if (path / MANIFEST_NAME).is_file():
@@ -38,7 +37,7 @@ def uncommitted_reason(path: Location | str | os.PathLike) -> str | None:
     return f"{path} is not a committed checkpoint (no {MANIFEST_NAME})"
 
 
-def is_committed(path: Location | str | os.PathLike) -> bool:
+def is_committed(path: Location) -> bool:
     return uncommitted_reason(path) is None
 
 
@@ -61,8 +60,9 @@ def read_metadata_file(path: Location, name: str, limit: int, error: type[Checkp
 
 
 def read_manifest(path: str | os.PathLike | Location, storage_options: dict | None = None) -> Manifest:
-    """Parse and validate the manifest of the committed checkpoint at ``path`` (a directory or a URL)."""
-    return read_manifest_bytes(locate(path, storage_options))[0]
+    """Parse and validate the manifest of the committed checkpoint at ``path`` (a directory or a URL,
+    resolved here: the door; a :class:`~ckpt.storage.Location` is used as it is)."""
+    return read_manifest_bytes(path if isinstance(path, Location) else locate(path, storage_options))[0]
 
 
 def read_manifest_bytes(path: Location) -> tuple[Manifest, bytes]:

@@ -25,7 +25,7 @@ from torch.futures import Future
 from ..errors import CheckpointError
 from ..format import Manifest
 from ..outcomes import LoadStats
-from ..storage import locate
+from ..storage import Location, locate
 from ..storage.counting import ReadCounter, counted
 from .assignment import Opened, RankShares, assign_shared_reads, one_checkpoint
 from .committed import read_manifest
@@ -53,21 +53,25 @@ class Reader(StorageReader):
     :class:`~ckpt.outcomes.LoadStats` (bytes read from storage, received, sent).
     """
 
-    def __init__(self, path: str | os.PathLike | None = None, *, manifest: Manifest | None = None,
+    def __init__(self, path: str | os.PathLike | Location | None = None, *, manifest: Manifest | None = None,
                  storage_options: dict | None = None, mirrors: tuple = (), process_group=None):
         super().__init__()
         self.process_group = process_group
         self.stats = LoadStats()
         self.storage_options = storage_options
-        self.mirrors = tuple(locate(m, storage_options) for m in mirrors)
-        self.path = locate(path, storage_options) if path is not None else None
+        self.mirrors = tuple(self._resolve(m) for m in mirrors)
+        self.path = self._resolve(path) if path is not None else None
         self.manifest = manifest
         self._unreadable: CheckpointError | None = None
         self.peer_lost: CheckpointError | None = None  # a rank that died while chunks were exchanged
 
-    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+    def _resolve(self, target) -> Location:
+        """The door: a path or URL resolved once here; a Location (``ckpt.load``'s) used as it is."""
+        return target if isinstance(target, Location) else locate(target, self.storage_options)
+
+    def reset(self, checkpoint_id: str | os.PathLike | Location | None = None) -> None:
         if checkpoint_id is not None:
-            self.path = locate(checkpoint_id, self.storage_options)
+            self.path = self._resolve(checkpoint_id)
             self.manifest = None
 
     # No **kwargs: DCP would otherwise retry a failed read as "rank-local metadata".

@@ -11,6 +11,11 @@ variables). Credentials in an ``s3://KEY:SECRET@bucket/...`` URL are taken out o
 userinfo in another scheme's URL and a query string in any mount URL are refused (:mod:`ckpt.redact`
 removes credentials from every text the engine writes or prints). The interface and its durability contract are in :mod:`ckpt.storage.base`.
 
+Resolved once, at the door: a public entry point (``ckpt.save``/``ckpt.load``, the ``Reader``/``Writer``
+constructors, ``read_manifest``, the manager, the tools) calls :func:`locate` on the path or URL it was
+given and passes the :class:`Location` inward; code inside takes a Location and never locates again
+(``ckpt.load`` of a path: one call, tests/ckpt/test_resolve_once.py).
+
 Wrapping a mount (fault injection, tracing, a test's spy) goes through one public seam, never through
 this module's internals: :data:`wrappers` maps a scheme (``"file"`` for plain paths and ``file://``
 URLs, else the URL's scheme, e.g. ``"s3"``) to a function that takes the storage ``locate()`` chose
