@@ -9,9 +9,10 @@ checkpoint directory of ours: tensors as checksummed chunks, everything else pic
 (:mod:`ckpt.integrations._tree`), written atomically. ``ModelCheckpoint`` still decides what exists
 (``save_top_k``, ``every_n_train_steps``, ``save_last``) and calls ``remove_checkpoint``. By default
 a save returns once the state is snapshotted into reusable host buffers and is written in the
-background (:mod:`ckpt.integrations._store`), which is why Lightning's ``AsyncCheckpointIO`` (a
-thread around ``torch.save`` that clones every tensor per save) is not needed; ``teardown`` (end of
-``fit``) waits for the writes. ``full_every=K`` writes deltas.
+background (:mod:`ckpt.integrations._store`, through the manager's own :class:`ckpt.write.SavePipeline`),
+which is why Lightning's ``AsyncCheckpointIO`` (a thread around ``torch.save`` that clones every
+tensor per save) is not needed; ``teardown`` (end of ``fit``) waits for the writes. ``full_every=K``
+writes deltas.
 
 Which checkpoint stands in for a damaged one: every save records the run that wrote it (the manifest's
 ``run``; a fit that resumed from a checkpoint continues that checkpoint's run, any other fit starts a
@@ -41,11 +42,11 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.strategies import ModelParallelStrategy  # noqa: E402
 
-from .. import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, Manifest, SaveOptions  # noqa: E402
+from .. import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, Manifest, SaveOptions, SaveStats  # noqa: E402
 from .. import read_manifest  # noqa: E402
 from .. import load as load_checkpoint  # noqa: E402
 from .. import save as save_checkpoint  # noqa: E402
-from ._store import PathStore, StoreStats  # noqa: E402
+from ._store import PathStore  # noqa: E402
 from ..root.claim import new_run_id  # noqa: E402
 from ._tree import decode_tree, encode_tree, manifest_template  # noqa: E402
 
@@ -72,13 +73,19 @@ class CkptCheckpointIO(CheckpointIO):
         self.options = (options or SaveOptions()).replace(**fields)
         self.fallback = fallback
         self.run: str | None = None  # recorded in every save: the loaded checkpoint's run, else a new one
-        self.stats = StoreStats()  # saves, deltas, stall_s (blocked in save and before the next step)
+        self._stats = SaveStats()  # kept across the stores of successive fits
         self._store: PathStore | None = None
+
+    @property
+    def stats(self) -> SaveStats:
+        """``saves``, ``deltas``, ``skipped``, ``failures``; ``stall_s``: time training was blocked by saves
+        (in ``save`` and waiting for a snapshot copy before the next step)."""
+        return self._stats if self._store is None else self._store.stats
 
     @property
     def store(self) -> PathStore:
         if self._store is None:  # made at first use, closed at teardown
-            self._store = PathStore(self.options, base_ok=lambda path: not _is_last(path), stats=self.stats)
+            self._store = PathStore(self.options, base_ok=lambda path: not _is_last(path), stats=self._stats)
         return self._store
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:

@@ -28,6 +28,7 @@ any module (a plug-in is handed a dict, not the model). ``async_mode="sync"`` wr
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -72,6 +73,29 @@ class Started:
     base: Hashable | None = None
 
 
+class _Readers:
+    """The writes reading one snapshot's buffer set: ``released`` (handed to the stager) resolves when
+    the last of them ends; a second destination may join only while one is still reading."""
+
+    def __init__(self) -> None:
+        self.released: Future = Future()
+        self._count = 1
+        self._lock = threading.Lock()
+
+    def join(self) -> bool:
+        with self._lock:
+            if self._count:
+                self._count += 1
+            return bool(self._count)
+
+    def leave(self) -> None:
+        with self._lock:
+            self._count -= 1
+            last = not self._count
+        if last:
+            self.released.set_result(None)
+
+
 class SavePipeline:
     """See the module docstring. ``agree``: each flag true on every rank when true on any (default:
     this process alone); ``stats``: the counters to add to (a plug-in's, kept across pipelines)."""
@@ -88,6 +112,7 @@ class SavePipeline:
         self.hooks: list[Any] = []  # what attach registered
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="ckpt-persist", initializer=single_threaded_aten)
         self._everywhere = False  # attach_everywhere: a forward hook is armed after each snapshot
+        self._readers: _Readers | None = None  # of the last snapshot
         self._forward_hook = None
 
     @property
@@ -147,25 +172,27 @@ class SavePipeline:
             self._raise_failures(stacklevel + 1)
         if stager is None:
             return self._write_now(target, tree, start, stacklevel + 1)
+        readers = None if fresh else self._readers
+        if readers is not None and not readers.join():  # its writes ended: its buffer set may be reused
+            fresh = True  # and a full (a save of the same step is never a delta), as on the other ranks
         if fresh and busy:
             self._stats.skipped += 1
             warnings.warn(f"checkpoint of {target} skipped: both staging buffers are still being written",
                           stacklevel=stacklevel)
             return None
-        written = Future()  # the write below: it releases the snapshot's buffer set when it ends
         if fresh:
-            snapshot = stager.stage(tree, keep_previous=not full, release=written, signature=signature)
+            self._readers = readers = _Readers()  # the write below: it releases the buffer set when it ends
+            snapshot = stager.stage(tree, keep_previous=not full, release=readers.released, signature=signature)
             base = self.deltas.started(target, snapshot, signature, delta=not full)
             self._stats.deltas += base is not None
             self._arm_forward_hook()
             plain = None
-        else:  # the last snapshot, to a second destination: its buffer set stays busy until this write too
-            stager.track(written)
+        else:  # the last snapshot, to a second destination: its buffer set stays busy until this write ends too
             self.deltas.copied(target)
             snapshot, base, plain = again, None, tree
         future = self._writer.submit(self._persist, target, snapshot, plain)
         self.inflight.add(target.key, future)
-        future.add_done_callback(lambda f, key=target.key: self._finished(key, f, written))
+        future.add_done_callback(lambda f, key=target.key: self._finished(key, f, readers))
         self._stats.count_save(time.perf_counter() - start)
         return Started(base)
 
@@ -225,13 +252,13 @@ class SavePipeline:
             staged = {k: staged[k] if isinstance(v, torch.Tensor) else v for k, v in plain.items()}
         target.write(staged, base)
 
-    def _finished(self, key: Hashable, future: Future, written: Future) -> None:
+    def _finished(self, key: Hashable, future: Future, readers: _Readers) -> None:
         self.inflight.remove(key)
         error = future.exception()
         self.deltas.finished(key, failed=error is not None)  # a delta must never build on a failed write
         if error is not None:
             self.failures.add(error)
-        written.set_result(None)
+        readers.leave()
 
     def _arm_forward_hook(self) -> None:
         if self._everywhere and self._forward_hook is None:
