@@ -42,7 +42,8 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.strategies import ModelParallelStrategy  # noqa: E402
 
-from .. import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, Manifest, SaveOptions, SaveStats  # noqa: E402
+from .. import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, Manifest  # noqa: E402
+from .. import SaveOptions, SaveStats  # noqa: E402
 from .. import read_manifest  # noqa: E402
 from .. import load as load_checkpoint  # noqa: E402
 from .. import save as save_checkpoint  # noqa: E402

@@ -1,8 +1,8 @@
 """SavePipeline: the one asynchronous save path. :class:`~ckpt.manager.CheckpointManager` and every
 path-based plug-in (:mod:`ckpt.integrations`) hand their saves to it; a fix here reaches them all.
 
-    pipeline = SavePipeline(options)                           # SaveOptions: async_mode, policy, on_error, full_every, ...
-    pipeline.attach(optimizer, model=model)                    # or attach_everywhere(), for a plug-in
+    pipeline = SavePipeline(options)          # SaveOptions: async_mode, policy, on_error, full_every, ...
+    pipeline.attach(optimizer, model=model)   # or attach_everywhere(), for a plug-in
     pipeline.save(Target(key, step, write, folder=..., name=...), tree)   # returns once snapshotted
     pipeline.wait(); pipeline.close()
 
@@ -18,7 +18,11 @@ there: the manager's also replicates and applies retention). The pipeline does t
    state to a second destination (Lightning's ``last.ckpt``); the write is queued.
 2. the writer thread (one, single-threaded ATen): wait for the snapshot (and the delta base's),
    call the target's ``write``.
-3. the end of a write frees its buffer set and records a failure for the training thread.
+3. the end of a write records a failure for the training thread; the snapshot's buffer set is free
+   again once every write reading it has ended.
+
+Every destination of a save is written from ``_persist`` on the writer thread: one more (a host-RAM
+tier, say) is added there, for every caller at once.
 
 Before the live state changes, the snapshot copy must be complete: :meth:`attach` hooks an
 optimizer's step and the forward of a model's modules with persistent buffers;
