@@ -56,12 +56,13 @@ def convert_hint(path: str) -> str:
     folder of torchtitan's ``step-N`` DCP directories ("" otherwise)."""
     if is_url(path) or not os.path.isdir(path):
         return ""
-    if looks_like_dcp(locate(path)):
+    location = locate(path)
+    if looks_like_dcp(location):
         return (f"; it is a plain DCP checkpoint (torchtitan's step-N directories are): convert it with "
                 f"ckpt-convert {path} <new folder> --from torchtitan --flavor <its flavor> (a torchtitan run), "
                 f"or --from dcp")
     steps = sorted(name for name in os.listdir(path) if _FOREIGN_STEP.match(name)
-                   and looks_like_dcp(locate(os.path.join(path, name))))
+                   and looks_like_dcp(location / name))
     if steps:
         return (f"; it holds another trainer's DCP checkpoints ({', '.join(steps[-3:])}: torchtitan's layout): convert "
                 f"one with ckpt-convert {path} <new folder> --from torchtitan --flavor <its flavor>")

@@ -3,16 +3,16 @@
 The storage says which strategy it takes: a mount that renames directories atomically
 (:attr:`~ckpt.storage.Storage.atomic_rename`) takes :class:`~ckpt.commit.posix.RenameCommit`,
 any other :class:`~ckpt.commit.object_store.ManifestLastCommit`. This is the only place that asks.
+Every verb takes a :class:`~ckpt.storage.Location`: the caller resolved the path or URL at its door.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from ..format import Manifest, leftover_target
-from ..storage import Location, Storage, locate
+from ..storage import Location, Storage
 from .base import Attempt, CommitStrategy
 from .object_store import ManifestLastCommit
 from .posix import RenameCommit
@@ -26,17 +26,15 @@ def strategy_for(storage: Storage) -> CommitStrategy:
     return RENAME if storage.atomic_rename else MANIFEST_LAST
 
 
-def make_directory(location: Location | str | os.PathLike) -> None:
+def make_directory(location: Location) -> None:
     """Create the directory ``location`` (a root) so that it lasts as what is committed in it does (on
     POSIX the parent of each directory created is fsync'd)."""
-    location = locate(location)
     strategy_for(location.storage).make_directory(location)
 
 
-def begin(target: Location | str | os.PathLike, *, overwrite: bool) -> Attempt:
+def begin(target: Location, *, overwrite: bool) -> Attempt:
     """Clean up after earlier dead saves of ``target``, refuse to replace it unless asked, and start
     a fresh attempt: write the data files under ``attempt.directory``, named with ``attempt.tag``."""
-    target = locate(target)
     return strategy_for(target.storage).begin(target, overwrite=overwrite)
 
 
@@ -57,7 +55,7 @@ def abort(attempt: Attempt) -> None:
 
 
 @contextmanager
-def attempting(target: Location | str | os.PathLike, *, overwrite: bool) -> Iterator[Attempt]:
+def attempting(target: Location, *, overwrite: bool) -> Iterator[Attempt]:
     """:func:`begin`; the block writes the data files and calls :func:`finish`; an error aborts::
 
         with commit.attempting(dst, overwrite=False) as attempt:
@@ -72,33 +70,29 @@ def attempting(target: Location | str | os.PathLike, *, overwrite: bool) -> Iter
         raise
 
 
-def collect_garbage(target: Location | str | os.PathLike) -> None:
+def collect_garbage(target: Location) -> None:
     """Delete leftovers of dead saves of ``target``; on POSIX, restore a committed copy moved aside
     by a crash; on object stores, delete data objects its manifest does not reference (all of them
     when it has none)."""
-    target = locate(target)
     strategy_for(target.storage).collect_garbage(target)
 
 
-def collect_root_garbage(root: Location | str | os.PathLike) -> None:
+def collect_root_garbage(root: Location) -> None:
     """:func:`collect_garbage` for every target under ``root`` that has leftovers by name (one
     listing; the step directories themselves are :func:`collect_uncommitted`'s)."""
-    root = locate(root)
     targets = {target for target in map(leftover_target, root.list()) if target is not None}
     for name in sorted(targets):
         collect_garbage(root / name)
 
 
-def collect_uncommitted(path: Location | str | os.PathLike) -> None:
+def collect_uncommitted(path: Location) -> None:
     """Start-up clean-up of one step directory: whatever is there without a manifest (an interrupted
     deletion; on object stores also a save that never committed) is deleted; on object stores the
     data objects a committed one does not reference go too."""
-    path = locate(path)
     strategy_for(path.storage).collect_uncommitted(path)
 
 
-def delete(path: Location | str | os.PathLike) -> None:
+def delete(path: Location) -> None:
     """Delete a committed checkpoint: the manifest goes first, so a crash mid-way leaves no
     half-deleted checkpoint that readers could mistake for a whole one."""
-    path = locate(path)
     strategy_for(path.storage).delete(path)

@@ -16,14 +16,12 @@ next write of the same target removes what a dead one left. On an object store a
 that appears whole when it completes; a directory's files are written in place, so write its index
 last; an overwrite removes the old output's files that were not rewritten. Write a directory's files
 through :meth:`PendingDirectory.create` / :meth:`PendingDirectory.write_bytes`: the names written are
-what an object-store overwrite keeps.
+what an object-store overwrite keeps. The target is a :class:`~ckpt.storage.Location` (resolved by the caller).
 """
 
 from __future__ import annotations
 
-import os
-
-from ..storage import Location, WriteHandle, locate
+from ..storage import Location, WriteHandle
 from .protocol import strategy_for
 
 
@@ -53,8 +51,8 @@ class _Pending:
 class PendingFile(_Pending):
     """A single file being written, published whole by :meth:`publish` or removed by :meth:`abort`."""
 
-    def __init__(self, target: Location | str | os.PathLike, *, overwrite: bool):
-        self.target = target = locate(target)
+    def __init__(self, target: Location, *, overwrite: bool):
+        self.target = target
         self.overwrite = overwrite
         self._strategy = strategy_for(target.storage)
         self.tmp = self._strategy.begin_file(target, overwrite=overwrite)
@@ -75,8 +73,8 @@ class PendingDirectory(_Pending):
     """A directory of files being written, published whole by :meth:`publish` or removed by
     :meth:`abort` (see the module docstring). ``directory``: where its files are (for reading back)."""
 
-    def __init__(self, target: Location | str | os.PathLike, *, overwrite: bool):
-        self.target = target = locate(target)
+    def __init__(self, target: Location, *, overwrite: bool):
+        self.target = target
         self._strategy = strategy_for(target.storage)
         self._attempt = self._strategy.begin_directory(target, overwrite=overwrite)
         self.directory = self._attempt.directory

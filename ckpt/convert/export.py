@@ -82,7 +82,8 @@ def write_output(dst: str | os.PathLike | Location, specs: Sequence[TensorSpec],
     header (``format: pt`` is always there); the torch format holds tensors only. An existing
     ``dst`` is refused unless ``overwrite``; nothing partial is ever left. ``progress(n_bytes)``
     after each tensor. ``extra_files`` (name -> bytes; a directory output only) are published with
-    the shards, before the index (a Hugging Face export's config.json). Returns the paths written."""
+    the shards, before the index (a Hugging Face export's config.json). Returns the paths written. A
+    :class:`~ckpt.storage.Location` ``dst`` is used as it is (resolved by the caller)."""
     if format not in FORMATS:
         raise UnsupportedFormatError(f"unknown output format {format!r} (one of {', '.join(FORMATS)})")
     specs = list(specs)
@@ -92,7 +93,7 @@ def write_output(dst: str | os.PathLike | Location, specs: Sequence[TensorSpec],
             raise UnsupportedFormatError(f"{unsupported[0].key}: dtype {unsupported[0].dtype} has no safetensors "
                                          f"code ({len(unsupported)} such tensor(s)); use --format torch")
     metadata = {"format": "pt", **{str(k): str(v) for k, v in (metadata or {}).items()}}
-    dst = locate(dst, storage_options)
+    dst = dst if isinstance(dst, Location) else locate(dst, storage_options)
     if extra_files and max_shard_size is None:
         raise CheckpointError("extra_files go into a directory output: give max_shard_size")
     with _Checked(specs, tensors, progress) as stream:

@@ -29,7 +29,10 @@ from .steps import CheckpointRoot
 def open_root(source: str | os.PathLike | Location, storage_options: dict | None = None) -> CheckpointRoot:
     """The checkpoint root ``source`` names; refused when it is named like a step directory or a
     leftover (and is not a committed checkpoint), or when nothing is there."""
-    location = locate(source, storage_options)
+    return _root_at(locate(source, storage_options))
+
+
+def _root_at(location: Location) -> CheckpointRoot:
     if parse_step_name(location.name) is not None or is_leftover(location.name):
         raise CheckpointNotFoundError(uncommitted_reason(location), path=str(location))
     if not location.is_dir():
@@ -50,7 +53,7 @@ def resolve_checkpoint(source: str | os.PathLike | Location, step: int | None = 
                 raise CheckpointNotFoundError(f"{location} is step {manifest.step}, not step {step}",
                                               path=str(location))
         return location
-    root = open_root(location)
+    root = _root_at(location)
     if not root.step_dirs():
         raise CheckpointNotFoundError(f"{location} is neither a checkpoint (no manifest.json) nor a checkpoint "
                                       f"root (no step-XXXXXXXX directories)", path=str(location))

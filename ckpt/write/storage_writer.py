@@ -52,7 +52,8 @@ class Writer(StorageWriter):
 
     Args:
         path: the checkpoint directory to create, a path or a URL such as ``s3://bucket/run/step-1``
-            (``dcp.save(checkpoint_id=...)`` may set it instead).
+            (``dcp.save(checkpoint_id=...)`` may set it instead), resolved here; a
+            :class:`~ckpt.storage.Location` (the manager's) is used as it is.
         overwrite: replace an existing committed checkpoint at ``path`` (atomically) instead of failing.
         step: recorded in the manifest.
         base: a :class:`~ckpt.write.delta.DeltaBase`: the checkpoint is then a delta, each chunk stored
@@ -67,7 +68,7 @@ class Writer(StorageWriter):
 
     def __init__(
         self,
-        path: str | os.PathLike | None = None,
+        path: str | os.PathLike | Location | None = None,
         *,
         overwrite: bool = False,
         step: int | None = None,
@@ -84,7 +85,7 @@ class Writer(StorageWriter):
             raise InvalidOptionError("kind", kind, "must be 'delta' exactly when base=DeltaBase(...) is given")
         if base is not None and not isinstance(base, DeltaBase):
             raise TypeError(f"base must be a ckpt.delta.DeltaBase, not {type(base).__name__}")
-        self.path = locate(path, storage_options) if path is not None else None
+        self.path = self._resolve(path) if path is not None else None
         if base is not None and (base.step == step or (self.path is not None and base.name == self.path.name)):
             raise InvalidOptionError("base", base.name, f"a delta cannot be its own base (step {base.step})")
         self.overwrite, self.step, self.base = overwrite, step, base
@@ -94,10 +95,14 @@ class Writer(StorageWriter):
         self.before_commit = None  # the fence the coordinator runs right before the commit point (the manager's)
         self.run: str | None = None  # the run identity recorded in the manifest (the manager's)
 
+    def _resolve(self, target) -> Location:
+        """The door: a path or URL resolved once here; a Location (the manager's) used as it is."""
+        return target if isinstance(target, Location) else locate(target, self.storage_options)
+
     # -- DCP protocol ------------------------------------------------------------------------
-    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+    def reset(self, checkpoint_id: str | os.PathLike | Location | None = None) -> None:
         if checkpoint_id is not None:
-            self.path = locate(checkpoint_id, self.storage_options)
+            self.path = self._resolve(checkpoint_id)
         self.attempt = None
         self.manifest = None
 

@@ -10,8 +10,10 @@ import sys
 import pytest
 
 import ckpt
+import ckpt.convert
 import ckpt.storage
 from tests.support.checkpoints import assert_state_equal, blank_state, make_state
+from tests.support.dcp_sources import save_small
 
 
 @pytest.fixture
@@ -44,3 +46,38 @@ def test_a_mirror_is_resolved_once_too(tmp_path, locate_calls):
     locate_calls.clear()
     ckpt.load(blank_state(), tmp_path / "c", no_dist=True, mirrors=(str(tmp_path / "replica"),))
     assert locate_calls == [tmp_path / "c", str(tmp_path / "replica")]
+
+
+def test_a_save_resolves_its_path_once(tmp_path, locate_calls):
+    ckpt.save(make_state(3), str(tmp_path / "c"), no_dist=True)
+    assert locate_calls == [str(tmp_path / "c")]
+    assert ckpt.read_manifest(tmp_path / "c").step is None
+
+
+def test_a_manager_resolves_its_root_once_not_per_step(tmp_path, locate_calls):
+    states = {step: make_state(step) for step in (1, 2)}
+    with ckpt.CheckpointManager(str(tmp_path / "run"), interval=1) as manager:
+        assert locate_calls == [str(tmp_path / "run")]
+        for step, state in states.items():
+            manager.save(step, state)
+        live = blank_state()
+        assert manager.load(live, 1) == 1
+        assert manager.load(blank_state()) == 2
+    assert_state_equal(live, states[1])
+    assert locate_calls == [str(tmp_path / "run")]
+
+
+def test_merge_resolves_its_source_and_destination_once_each(tmp_path, locate_calls):
+    ckpt.save(make_state(4), tmp_path / "c", no_dist=True)
+    locate_calls.clear()
+    ckpt.convert.merge(str(tmp_path / "c"), str(tmp_path / "m.safetensors"), format="safetensors")
+    assert locate_calls == [str(tmp_path / "c"), str(tmp_path / "m.safetensors")]
+    assert (tmp_path / "m.safetensors").is_file()
+
+
+def test_a_dcp_import_resolves_its_source_and_destination_once_each(tmp_path, locate_calls):
+    source = save_small(tmp_path / "dcp")
+    locate_calls.clear()
+    ckpt.convert.import_dcp(source, tmp_path / "step-00000001")
+    assert locate_calls == [source, tmp_path / "step-00000001"]
+    assert ckpt.read_manifest(tmp_path / "step-00000001").step == 1

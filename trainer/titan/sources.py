@@ -27,7 +27,7 @@ from ckpt import CheckpointNotFoundError
 from ckpt.convert import full_tensors, import_dcp
 from ckpt.read import ChunkSource
 from ckpt.root import resolve_checkpoint
-from ckpt.storage import locate
+from ckpt.storage import Location, locate
 
 NOT_MODEL = ("optimizer.", "lr_scheduler.", "train_state.", "dataloader.")  # torchtitan's other states
 _TITAN_STEP = re.compile(r"^step-(\d+)$")
@@ -61,9 +61,8 @@ def titan_step_dir(src: str | os.PathLike, step: int | None = None) -> Path:
     return found[max(found) if step is None else step]
 
 
-def read_all(path) -> dict[str, Any]:
-    """Every tensor (whole) and value of one of our checkpoints, by flat key."""
-    location = locate(path)
+def read_all(location: Location) -> dict[str, Any]:
+    """Every tensor (whole) and value of one of our checkpoints (its location, resolved by the caller), by flat key."""
     manifest = ckpt.read_manifest(location)
     flat: dict[str, Any] = dict(full_tensors(location, manifest=manifest))
     with ChunkSource(location, manifest) as source:
@@ -75,8 +74,9 @@ def read_all(path) -> dict[str, Any]:
 def _read_dcp(step_dir: Path, model_only: bool) -> dict[str, Any]:
     """A torchtitan DCP step's flat state, imported (pickle-free) into a temporary checkpoint of ours."""
     with tempfile.TemporaryDirectory(prefix=".titan-import-") as tmp:
-        import_dcp(step_dir, Path(tmp) / "imported", keys=is_model_key if model_only else None)
-        return read_all(Path(tmp) / "imported")
+        imported = locate(Path(tmp) / "imported")  # resolved once: written, then read
+        import_dcp(step_dir, imported, keys=is_model_key if model_only else None)
+        return read_all(imported)
 
 
 def read_source(src: str | os.PathLike, step: int | None = None,

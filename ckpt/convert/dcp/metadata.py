@@ -248,8 +248,9 @@ def _name(obj: Any) -> str:
 def read_dcp_metadata(path: str | os.PathLike | Location, storage_options: dict | None = None) -> Metadata:
     """The ``Metadata`` in ``<path>/.metadata``, unpickled by an allow-list unpickler (no code from
     the file runs) and checked for shape: a refused global or opcode raises
-    :class:`UnsafeCheckpointError` naming it; anything malformed :class:`CorruptCheckpointError`."""
-    path = locate(path, storage_options)
+    :class:`UnsafeCheckpointError` naming it; anything malformed :class:`CorruptCheckpointError`. A
+    :class:`~ckpt.storage.Location` is used as it is (resolved by the caller)."""
+    path = path if isinstance(path, Location) else locate(path, storage_options)
     if not (path / METADATA_NAME).is_file():
         raise CorruptCheckpointError(f"{path} holds no {METADATA_NAME}: not a DCP checkpoint", path=str(path),
                                      file=METADATA_NAME)

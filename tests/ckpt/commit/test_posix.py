@@ -19,6 +19,7 @@ import torch
 
 import ckpt
 from ckpt import commit
+from ckpt.storage import locate
 from tests.support import REPO
 from tests.support.checkpoints import (
     assert_state_equal,
@@ -193,7 +194,7 @@ def test_collect_garbage_restores_moved_aside_copy(run_dir):
     with pytest.raises(ckpt.CheckpointNotFoundError):
         ckpt.load(blank_state(), target)
 
-    commit.collect_garbage(target)
+    commit.collect_garbage(locate(target))
     assert sorted(p.name for p in run_dir.iterdir()) == ["step-7"]
     live = blank_state()
     ckpt.load(live, target)

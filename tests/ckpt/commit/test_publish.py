@@ -28,15 +28,15 @@ def test_the_storage_chooses_the_strategy(s3_bucket):
 
 def test_a_pending_file_appears_only_when_published(tmp_path):
     target = tmp_path / "out" / "model.safetensors"
-    pending = commit.PendingFile(target, overwrite=False)
+    pending = commit.PendingFile(locate(target), overwrite=False)
     pending.write(b"half")
     assert not target.exists() and len(_entries(tmp_path / "out")) == 1  # <name>.tmp-<id>
     pending.write(b" and the rest")
     pending.publish()
     assert target.read_bytes() == b"half and the rest" and _entries(tmp_path / "out") == ["model.safetensors"]
     with pytest.raises(ckpt.CheckpointExistsError, match="overwrite=True"):
-        commit.PendingFile(target, overwrite=False)
-    with commit.PendingFile(target, overwrite=True) as out:
+        commit.PendingFile(locate(target), overwrite=False)
+    with commit.PendingFile(locate(target), overwrite=True) as out:
         out.write(b"new")
     assert target.read_bytes() == b"new" and _entries(tmp_path / "out") == ["model.safetensors"]
 
@@ -44,19 +44,19 @@ def test_a_pending_file_appears_only_when_published(tmp_path):
 def test_a_failed_pending_file_leaves_nothing_and_a_dead_ones_leftover_goes(tmp_path):
     target = tmp_path / "model.pt"
     with pytest.raises(RuntimeError, match="died"):
-        with commit.PendingFile(target, overwrite=False) as out:
+        with commit.PendingFile(locate(target), overwrite=False) as out:
             out.write(b"partial")
             raise RuntimeError("died")
     assert _entries(tmp_path) == []
     (tmp_path / "model.pt.tmp-0123456789ab").write_bytes(b"a dead write's")
-    with commit.PendingFile(target, overwrite=False) as out:
+    with commit.PendingFile(locate(target), overwrite=False) as out:
         out.write(b"whole")
     assert _entries(tmp_path) == ["model.pt"] and target.read_bytes() == b"whole"
 
 
 def test_a_pending_directory_replaces_an_old_one_whole(tmp_path):
     target = tmp_path / "hf"
-    with commit.PendingDirectory(target, overwrite=False) as out:
+    with commit.PendingDirectory(locate(target), overwrite=False) as out:
         out.write_bytes("a.bin", b"a")
         handle = out.create("b.bin")
         handle.write(b"b")
@@ -64,13 +64,13 @@ def test_a_pending_directory_replaces_an_old_one_whole(tmp_path):
         assert not target.exists()
     assert _entries(target) == ["a.bin", "b.bin"]
     with pytest.raises(ckpt.CheckpointExistsError):
-        commit.PendingDirectory(target, overwrite=False)
-    with commit.PendingDirectory(target, overwrite=True) as out:
+        commit.PendingDirectory(locate(target), overwrite=False)
+    with commit.PendingDirectory(locate(target), overwrite=True) as out:
         out.write_bytes("c.bin", b"c")
         assert _entries(target) == ["a.bin", "b.bin"]  # the old one, whole, until the new one is in place
     assert _entries(target) == ["c.bin"] and _entries(tmp_path) == ["hf"]  # no .tmp-, no .old- left
     with pytest.raises(RuntimeError):
-        with commit.PendingDirectory(target, overwrite=True) as out:
+        with commit.PendingDirectory(locate(target), overwrite=True) as out:
             out.write_bytes("d.bin", b"d")
             raise RuntimeError("died")
     assert _entries(target) == ["c.bin"] and _entries(tmp_path) == ["hf"]
@@ -101,7 +101,7 @@ def test_a_pending_directory_on_an_object_store(s3_bucket):
 def test_attempting_aborts_a_checkpoint_that_failed(tmp_path):
     target = tmp_path / "step-00000001"
     with pytest.raises(RuntimeError):
-        with commit.attempting(target, overwrite=False) as attempt:
+        with commit.attempting(locate(target), overwrite=False) as attempt:
             (Path(attempt.directory.path) / "data" / "rank-00000.bin").write_bytes(b"x")
             raise RuntimeError("died")
     assert _entries(tmp_path) == []
