@@ -145,6 +145,12 @@ class DeltaChain:
             if self._previous is not None and self._previous.target.key == key:
                 self._previous = None
 
+    def clear(self) -> None:
+        """The pipeline is closing: drop the snapshots held as bases, so their buffers can go back."""
+        with self._lock:
+            self._previous = None
+            self._writing.clear()
+
     def base_for(self, key: Hashable) -> DeltaBase | None:
         """The writer thread: the base ``key`` is encoded against (waits for its snapshot), or None."""
         with self._lock:

@@ -228,6 +228,7 @@ class SavePipeline:
                 hook.remove()
             self.hooks, self._forward_hook, self._everywhere = [], None, False
             self._writer.shutdown(wait=True)
+            self.deltas.clear()  # the last snapshot, held as the next save's base, lets go of its buffers
             if self.stager is not None:
                 self.stager.close()
 

@@ -168,3 +168,35 @@ def test_a_synchronous_save_leaves_nothing_in_flight():
         assert pipeline.save(target, {"w": torch.ones(2)}) is not None
     pipeline.close()
     assert written == [(1, None), (2, None)] and pipeline.deltas.bases_in_flight() == {}
+
+
+@pytest.mark.parametrize("full_every", [1, 3])
+def test_close_leaves_no_snapshot_held(tmp_path, monkeypatch, full_every):
+    """After ``close`` nothing of the pipeline holds a staged snapshot, so the stager's buffers can go
+    back to the allocator (pinned memory on a device): the delta chain's last snapshot included."""
+    import gc
+    import weakref
+
+    from ckpt.tree import leaves
+    from ckpt.write import DoubleBufferStager
+
+    staged = []
+    original = DoubleBufferStager.stage
+
+    def stage(stager, *args, **kwargs):
+        future = original(stager, *args, **kwargs)
+        staged.append(future)
+        return future
+
+    monkeypatch.setattr(DoubleBufferStager, "stage", stage)
+    model = torch.nn.Linear(8, 8)
+    manager = CheckpointManager(str(tmp_path), interval=1, full_every=full_every)
+    for step in (1, 2, 3):
+        manager.save(step, {"model": model})
+    manager.wait()
+    held = [weakref.ref(t) for future in staged for t in leaves(future.result()) if isinstance(t, torch.Tensor)]
+    assert held
+    staged.clear()
+    manager.close()
+    gc.collect()
+    assert [r for r in held if r() is not None] == []
