@@ -72,7 +72,7 @@ def tokens(n: int) -> torch.Tensor:
 
 class Marks:
     """Step-start times, the time spent inside the wrapped save calls and, for ours, the plug-in's
-    stall counter (``stats_of()``: a StoreStats / SaveStats with ``stall_s``, or None before the first save)."""
+    stall counter (``stats_of()``: the SaveStats, with ``stall_s``, or None before the first save)."""
 
     def __init__(self):
         self.starts: list[float] = []
