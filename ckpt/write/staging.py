@@ -152,8 +152,8 @@ class DoubleBufferStager(AsyncStager):
         sets = [b for b in (self._last, self._held) if b is not None]
         self._held = None
         with self._lock:
-            for buffers in sets:
-                buffers.writer = write
+            for buffers in sets:  # busy again if a write of the same snapshot already ended and freed it
+                buffers.busy, buffers.writer = True, write
         write.add_done_callback(lambda done: [self._release(b, done) for b in sets])
 
     def has_free_set(self) -> bool:

@@ -73,6 +73,28 @@ def test_a_base_buffer_set_stays_held_until_the_delta_write_ends():
     stager.close()
 
 
+def test_a_second_write_of_a_freed_snapshot_holds_its_set_again():
+    """A snapshot written twice (Lightning's top-k file, then ``last.ckpt`` of the same step): the
+    first write ends and frees the set; tracking the second write must hold it again, or the next
+    snapshot may be copied over the bytes the second write is still reading."""
+    from concurrent.futures import Future
+
+    stager = DoubleBufferStager(policy="skip")
+    state = {"w": torch.zeros(8)}
+    first, second, other = Future(), Future(), Future()
+    stager.stage(state).result()
+    stager.track(first)
+    first.set_result(None)  # the set is free again
+    stager.track(second)  # the same snapshot, written to another path
+    stager.stage(state).result()  # takes the other set
+    stager.track(other)
+    with pytest.raises(ckpt.SnapshotSkipped):  # both sets are being read
+        stager.stage(state)
+    second.set_result(None)
+    stager.stage(state).result()
+    stager.close()
+
+
 @pytest.fixture
 def device_mesh_stand_in():
     """A 2-rank mesh over torch's fake process group whose device type is not the host's: what
