@@ -1,5 +1,14 @@
-"""Fixtures shared by every test directory: a real S3-protocol server (moto) on loopback; the
-checkout's modules compiled once per session (``pytest_sessionstart``).
+"""Fixtures shared by every test directory: one torch thread a process; a real S3-protocol server
+(moto) on loopback; the checkout's modules compiled once per session (``pytest_sessionstart``).
+
+* ``one_torch_thread`` (autouse): every test runs torch on one intra-op thread, in pytest's process
+  (``torch.set_num_threads(1)``: the trainer's in-process runs) and in the processes it starts
+  (``OMP_NUM_THREADS=1``, which ``python -m trainer.train`` honours, trainer.threads). A test shares
+  the box's cores with the processes it starts (ranks, tools, the S3 server) and, on CI, with other
+  jobs: OpenMP's threads wait for each other at every parallel region, so a team as large as the
+  box runs at the pace of a core the kernel gives elsewhere. Measured on the 2-core box at a load of
+  3-5: the in-process trainer runs of tests/trainer/test_exits.py and test_train.py took half the
+  CPU time and less wall time on one thread than on torch's default of one per core.
 
 * ``s3_server`` (session): a :class:`tests.support.s3server.MotoServer`, started the first time a test asks
   for it and stopped at the end of the session. If it cannot start the test errors (no skip:
@@ -40,6 +49,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
     for package in ("ckpt", "trainer", "tools", "tests", "benchmarks"):
         compileall.compile_dir(REPO / package, quiet=1)
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    if torch.get_num_threads() != 1:  # a test's in-process trainer.train.main() may have set more
+        torch.set_num_threads(1)
 
 
 def _clear_s3fs_cache() -> None:
