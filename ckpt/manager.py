@@ -89,6 +89,15 @@ class CheckpointManager:
         # snapshot, delta chain, writer thread, hooks, counters, background errors: ckpt.write.pipeline
         self._pipeline = SavePipeline(options, agree=lambda flags: any_rank(flags, self._control_pg,
                                                                             distributed=self._distributed))
+        self._memory_pg = None
+        if options.memory is not None:  # host RAM of each node, a partner's copy: ckpt.memory
+            from .memory import MemoryTier, local_world_size
+
+            world = dist.get_world_size() if self._distributed else 1
+            self._memory_pg = dist.new_group(backend="gloo") if self._distributed else None
+            self._pipeline.use_memory(MemoryTier(
+                options.memory, self.run, rank=self.rank, world=world, local_world=local_world_size(world),
+                group=self._memory_pg, keep=options.memory_keep, replicas=options.memory_replicas))
         self._closed = False
 
     # -- training-loop API -----------------------------------------------------------------------
@@ -116,17 +125,23 @@ class CheckpointManager:
         self._pipeline.before_step()
 
     def save(self, step: int, state: dict[str, Any], *, force: bool = False) -> bool:
-        """Checkpoint ``state`` as ``step`` if due (``step % interval == 0``) or forced.
+        """Checkpoint ``state`` as ``step`` if due (``step % interval == 0``) or forced; with the memory
+        tier on, also (or only) into memory when ``step % memory_interval == 0``.
 
         Returns whether a save was started. Returns before the bytes are on disk (async mode).
         A failed earlier save is raised (or warned about) here, at a due step, on every rank at once."""
         self._check_open()
-        if not force and step % self.options.interval:
+        stored = force or not step % self.options.interval
+        memory = self._pipeline.memory is not None and not step % self.options.memory_interval
+        if not (stored or memory):
             return False
         start = time.perf_counter()
         tree, _ = export_state(state)
-        target = Target(step, step, lambda staged, base: self._persist(step, staged, base),
-                        folder=str(self.root), name=step_name(step))
+        if stored:
+            target = Target(step, step, lambda staged, base: self._persist(step, staged, base),
+                            folder=str(self.root), name=step_name(step), memory=memory)
+        else:  # the memory tier only: never a delta's base, never a storage step
+            target = Target(("memory", step), step, None, memory=True)
         return self._pipeline.save(target, tree, since=start, stacklevel=3) is not None
 
     def wait(self) -> None:
@@ -149,6 +164,11 @@ class CheckpointManager:
 
         if step is not None:
             return resume.load_step(self._mounts, state, step, load, run=self.run, agree=agree)
+        if self._pipeline.memory is not None:  # newer than storage after a crash, and read from RAM
+            stored = self.steps(agreed=True)
+            recovered = self._pipeline.memory.recover(state, stored[-1] if stored else None, strict=strict)
+            if recovered is not None:
+                return recovered
         return resume.load_latest(self._mounts, state, load, run=self.run, agree=agree,
                                   on_set_aside=lambda mount, old, _: self._catalog.forget(mount.path, old))
 
@@ -180,13 +200,17 @@ class CheckpointManager:
         """The manifest of committed ``step`` under the root (read once per resume: the listing's)."""
         return self._root.manifest(step)
 
-    def close(self) -> None:
+    def close(self, *, finished: bool = True) -> None:
         """Wait for every save and, up to ``close_timeout`` seconds, for pending replication; free the
-        staging buffers, release the root. Raises a background error."""
+        staging buffers, release the root. Raises a background error. ``finished``: the run ended
+        well, so its memory-tier steps go (unless ``memory_keep_on_exit``); after a failure
+        (``finished=False``, or leaving a ``with`` block by an exception) they stay for the restart."""
         if self._closed:
             return
         try:
             self._pipeline.close(stacklevel=3)  # waits; then hooks, writer thread, staging buffers
+            if self._pipeline.memory is not None:
+                self._pipeline.memory.close(finished=finished, keep_on_exit=self.options.memory_keep_on_exit)
         finally:
             self._closed = True
             if self._replicator is not None and not self._replicator.close(self.options.close_timeout):
@@ -194,7 +218,8 @@ class CheckpointManager:
                             self._replicator.status())
             self._catalog.close()
             self._root.unlock()
-            for group in (self._control_pg, self._write_pg, *(self._replicator.groups if self._replicator else ())):
+            for group in (self._control_pg, self._write_pg, self._memory_pg,
+                          *(self._replicator.groups if self._replicator else ())):
                 if group is not None:
                     dist.destroy_process_group(group)
 
@@ -206,7 +231,7 @@ class CheckpointManager:
             self.close()
             return
         try:  # already failing: do not hide that error behind a background one
-            self.close()
+            self.close(finished=False)
         except CheckpointError as background:
             log.error("checkpoint error while closing after a failure: %s", background)
 

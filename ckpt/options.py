@@ -11,11 +11,13 @@ and policies are enums whose values are the strings users write (``"double_buffe
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, TypeVar
 
 from .errors import InvalidOptionError
+from .storage import is_url
 
 
 class AsyncMode(str, Enum):
@@ -95,6 +97,11 @@ class SaveOptions:
         close_timeout: seconds ``close()`` waits for pending replication.
         catalog: the LMDB catalog directory; None: ``<root>/.catalog`` for a local root, no
             catalog for a URL root; "" turns it off.
+        memory: a directory on each node's RAM file system (e.g. ``/dev/shm/ckpt``) for the memory
+            tier (:mod:`ckpt.memory`): every ``memory_interval`` steps each rank's state is kept there
+            and copied to a partner node (``memory_replicas`` 1, or 0: none), the newest
+            ``memory_keep`` steps kept; a restart resumes from it when it is newer than storage.
+            ``memory_keep_on_exit``: keep the run's memory steps after a clean finish. None: off.
     """
 
     interval: int = 1
@@ -117,6 +124,11 @@ class SaveOptions:
     replica_retry_max: float = 60.0
     close_timeout: float = 300.0
     catalog: str | None = None
+    memory: str | None = None
+    memory_interval: int = 1
+    memory_keep: int = 2
+    memory_replicas: int = 1
+    memory_keep_on_exit: bool = False
 
     def __post_init__(self) -> None:
         compress = Compression.NONE if self.compress is None else self.compress
@@ -131,7 +143,14 @@ class SaveOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise InvalidOptionError(name, value, "must be a number of seconds >= 0")
-        for name in ("interval", "keep", "full_every", "zstd_level", "files_per_rank", "replica_backlog"):
+        if self.memory is not None:
+            object.__setattr__(self, "memory", os.fspath(self.memory))
+            if not self.memory or is_url(self.memory):
+                raise InvalidOptionError("memory", self.memory, "must be a directory of a local (RAM) file system")
+        if self.memory_replicas not in (0, 1) or isinstance(self.memory_replicas, bool):
+            raise InvalidOptionError("memory_replicas", self.memory_replicas, "must be 0 or 1")
+        for name in ("interval", "keep", "full_every", "zstd_level", "files_per_rank", "replica_backlog",
+                     "memory_interval", "memory_keep"):
             _positive(name, getattr(self, name))
         for name in ("keep_every", "encode_threads"):
             if getattr(self, name) is not None:

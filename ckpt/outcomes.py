@@ -35,10 +35,14 @@ class SaveStats:
     last_stall_s: float = 0.0
     device_stall_s: float = 0.0
     host_buffer_bytes: int = 0  # staging memory as the (pinned) host allocator reserves it
+    memory_saves: int = 0  # steps put in the memory tier (own and partner copies in place)
+    memory_skipped: int = 0  # memory saves skipped: the RAM file system had no room on some node
+    memory_failures: int = 0  # memory saves that failed on some rank (storage saves unaffected)
 
-    def count_save(self, stall: float) -> None:
-        """One save that stalled training ``stall`` seconds (on the host)."""
-        self.saves += 1
+    def count_save(self, stall: float, *, stored: bool = True) -> None:
+        """One save that stalled training ``stall`` seconds (on the host); ``stored``: it goes to
+        storage (a memory-tier-only save counts its stall, not as a save)."""
+        self.saves += stored
         self.stall_s += stall
         self.last_stall_s = stall
 

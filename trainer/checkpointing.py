@@ -254,11 +254,12 @@ class RunCheckpoints:
         self.close()
         self.log(f"seed checkpoint written to {self.manager.root / step_name(0)}")
 
-    def close(self) -> None:
+    def close(self, *, finished: bool = True) -> None:
         """Wait for the last saves and release the folder; a failed save raises exits.Failed (on_error
-        stop) or, under on_error continue, is reported with the count of failed saves."""
+        stop) or, under on_error continue, is reported with the count of failed saves. ``finished``:
+        the run ended well (its memory-tier steps go); otherwise they stay for the restart."""
         try:
-            self.manager.close()
+            self.manager.close(finished=finished)
         except ckpt.CheckpointError as exc:
             raise exits.save_failed(self.manager, exc) from exc
         failures = self.manager.stats.failures

@@ -243,12 +243,13 @@ class Trainer:
                 raise exits.save_failed(self.manager, failure)
         raise Stopped(signum, f"stopped by {StopSignals.name(signum)} after step {step}")
 
-    def close(self, *, quiet: bool = False) -> None:
+    def close(self, *, quiet: bool = False, finished: bool = True) -> None:
         """Release everything. ``quiet``: already failing, so a further checkpoint error is dropped
-        (the first one is reported) instead of raised."""
+        (the first one is reported) instead of raised; ``finished``: the run ended well (not quiet, not
+        stopped), so the memory tier's steps go."""
         try:
             if self.manager is not None:
-                self.checkpoints.close()
+                self.checkpoints.close(finished=finished and not quiet)
         except (exits.Failed, ckpt.CheckpointError):
             if not quiet:
                 raise
@@ -278,7 +279,7 @@ def _train(argv: list[str]) -> None:
                     f"micro_batch={trainer.micro_batch}, accumulation={trainer.accumulation}, {threads}")
         losses = trainer.fit()
     except Stopped as stop:  # preempted: the saves in flight finish, then the newest step is named
-        trainer.close()
+        trainer.close(finished=False)
         newest = trainer.checkpoints.newest() if trainer.manager is not None else None
         trainer.log(f"{stop}; " + (f"newest committed step {newest} (a restart resumes from it)" if newest is not None
                                    else "no checkpoint committed"))

@@ -21,8 +21,9 @@ there: the manager's also replicates and applies retention). The pipeline does t
 3. the end of a write records a failure for the training thread; the snapshot's buffer set is free
    again once every write reading it has ended.
 
-Every destination of a save is written from ``_persist`` on the writer thread: one more (a host-RAM
-tier, say) is added there, for every caller at once.
+Every destination of a save is written from ``_persist`` on the writer thread: the memory tier
+(``memory``, a :class:`~ckpt.memory.MemoryTier`, when a caller sets one) first, then the target's
+own write; a memory-tier failure is counted and said, never raised.
 
 Before the live state changes, the snapshot copy must be complete: :meth:`attach` hooks an
 optimizer's step and the forward of a model's modules with persistent buffers;
@@ -57,14 +58,16 @@ Agree = Callable[[tuple[bool, ...]], tuple[bool, ...]]
 class Target:
     """Where one save goes. ``key``: the destination (the manager's step, a plug-in's path);
     ``write(tree, base)``: on the writer thread, write and commit ``tree`` there (a delta on ``base``,
-    a :class:`~ckpt.write.DeltaBase`, when given); a delta builds only on another target in the same
-    ``folder`` at another ``step``, recorded by its ``name`` (None: never a base)."""
+    a :class:`~ckpt.write.DeltaBase`, when given; None: the memory tier only); a delta builds only on
+    another target in the same ``folder`` at another ``step``, recorded by its ``name`` (None: never a
+    base); ``memory``: the pipeline's memory tier (:mod:`ckpt.memory`) keeps this step too."""
 
     key: Hashable
     step: int | None
-    write: Callable[[Any, DeltaBase | None], None]
+    write: Callable[[Any, DeltaBase | None], None] | None
     folder: str = ""
     name: str | None = None
+    memory: bool = False
 
     def __str__(self) -> str:
         return f"step {self.step}" if self.key == self.step else str(self.key)
@@ -118,6 +121,7 @@ class SavePipeline:
         self._everywhere = False  # attach_everywhere: a forward hook is armed after each snapshot
         self._readers: _Readers | None = None  # of the last snapshot
         self._forward_hook = None
+        self.memory = None  # a ckpt.memory.MemoryTier (use_memory), on every rank alike
 
     @property
     def stats(self) -> SaveStats:
@@ -129,6 +133,12 @@ class SavePipeline:
             self._stats.stall_s += new
             self._stats.last_stall_s += new
         return self._stats
+
+    def use_memory(self, tier: Any) -> None:
+        """Keep the saves whose target asks for it in ``tier`` too (a :class:`~ckpt.memory.MemoryTier`),
+        counted in this pipeline's :class:`SaveStats`."""
+        tier.stats = self._stats
+        self.memory = tier
 
     # -- before the live state changes ---------------------------------------------------------------
     def attach(self, optimizer: torch.optim.Optimizer | None = None, *, model: torch.nn.Module | None = None) -> None:
@@ -197,7 +207,7 @@ class SavePipeline:
         future = self._writer.submit(self._persist, target, snapshot, plain)
         self.inflight.add(target.key, future)
         future.add_done_callback(lambda f, key=target.key: self._finished(key, f, readers))
-        self._stats.count_save(time.perf_counter() - start)
+        self._stats.count_save(time.perf_counter() - start, stored=target.write is not None)
         return Started(base)
 
     def forget(self, key: Hashable) -> None:
@@ -237,7 +247,7 @@ class SavePipeline:
         self.deltas.started(target, None, None, delta=False)
         failed = True
         try:
-            target.write(tree, None)
+            self._write(target, tree, None)
             failed = False
         except Exception as error:
             self.failures.add(error)
@@ -245,7 +255,7 @@ class SavePipeline:
             return None
         finally:
             self.deltas.finished(target.key, failed=failed)
-            self._stats.count_save(time.perf_counter() - start)
+            self._stats.count_save(time.perf_counter() - start, stored=target.write is not None)
         return Started()
 
     def _persist(self, target: Target, snapshot: Future, plain: dict | None) -> None:
@@ -255,7 +265,15 @@ class SavePipeline:
         staged = snapshot.result()
         if plain is not None:
             staged = {k: staged[k] if isinstance(v, torch.Tensor) else v for k, v in plain.items()}
-        target.write(staged, base)
+        self._write(target, staged, base)
+
+    def _write(self, target: Target, tree: Any, base: DeltaBase | None) -> None:
+        """Every destination of one save: the memory tier first (fast, and a failure there is only
+        counted), then the target's own."""
+        if target.memory and self.memory is not None:
+            self.memory.save(target.step, tree)
+        if target.write is not None:
+            target.write(tree, base)
 
     def _finished(self, key: Hashable, future: Future, readers: _Readers) -> None:
         self.inflight.remove(key)

@@ -37,6 +37,17 @@ ENGINE_OPTIONS: dict[str, str] = {
                   "(1: always full).",
     "compress": "none: store full checkpoints raw; zstd: as zstd-compressed byte planes (deltas always are).",
     "zstd_level": "zstd level for deltas and compressed fulls.",
+    "memory": "Memory tier: a directory on each node's RAM file system (e.g. /dev/shm/ckpt, 0700, one folder per "
+              "run) where every memory_interval steps each rank's state is kept and copied to a partner node's; a "
+              "restart (torchrun --max-restarts, a replaced node) resumes from the newest memory step every rank "
+              "can assemble when it is newer than the storage checkpoints, read from RAM and from the partner. "
+              "A save that does not fit is skipped with a warning; storage saves (interval) go on as before. "
+              "none: off.",
+    "memory_interval": "Keep a memory step at every step that is a multiple of this (with memory set).",
+    "memory_keep": "Newest memory steps kept on each node.",
+    "memory_replicas": "1: each node's memory steps are also copied to a partner node (node n -> n + nnodes/2), "
+                       "so a lost node's ranks recover from it; 0: no copy.",
+    "memory_keep_on_exit": "Keep the run's memory steps after a clean finish (default: removed).",
     "on_error": "What a failed save (disk full, folder not writable) does. stop: the run exits with code 1 as "
                 "soon as the failure is known (the next step, or the end), keeping every checkpoint committed "
                 "before; a restart resumes from the newest of them and, if the same save fails again, exits at "

@@ -1,0 +1,23 @@
+"""The memory tier: every step in host RAM on its node, a copy on a partner node, recovery from
+peers in seconds; storage stays the backstop (issue 38). On by ``SaveOptions(memory=...)`` (the
+trainer's ``checkpoint.memory``), for the manager and every caller of the save pipeline.
+
+| module | concept |
+|---|---|
+| :mod:`~ckpt.memory.store` | :class:`NodeStore`: one node's memory directory for one run (0700), its steps, complete or not |
+| :mod:`~ckpt.memory.partner` | which rank holds a rank's copy; a committed rank checkpoint copied over a gloo group, verified |
+| :mod:`~ckpt.memory.tier` | :class:`MemoryTier`: a save on the writer thread, one collective decision, recovery |
+"""
+
+import os
+
+from .tier import MemoryTier
+
+
+def local_world_size(world: int) -> int:
+    """Ranks per node: torchrun's ``LOCAL_WORLD_SIZE`` (ranks are numbered node by node), else one node."""
+    value = os.environ.get("LOCAL_WORLD_SIZE")
+    return int(value) if value and value.isdigit() and int(value) > 0 else world
+
+
+__all__ = ["MemoryTier", "local_world_size"]

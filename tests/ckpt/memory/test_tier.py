@@ -1,0 +1,139 @@
+"""The memory tier through the manager, on 4 gloo ranks playing 2 nodes of 2 (LOCAL_WORLD_SIZE=2,
+each node its own memory directory): a restart resumes from the newest memory step, newer than
+storage's; a lost node's ranks fetch their files from the partner node; both copies of one rank's
+files lost, or one flipped byte, send the run back to storage; a memory save that does not fit is
+skipped with storage saves unaffected; a clean finish removes the run's memory steps. Each rank's
+state differs (rank-local, as sharded states are) and is checked bitwise."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.support.launch import run_ranks
+
+WORLD, LOCAL = 4, 2
+
+
+def _state(rank: int, step: int) -> dict:
+    """Rank-local keys, as a sharded state's are to DCP (a plain tensor under one key on every rank
+    would be saved once, as replicated)."""
+    return {f"w{rank}": torch.arange(4096, dtype=torch.float32) * (step + 1) + rank, "step": step,
+            f"note{rank}": f"rank {rank} at {step}"}
+
+
+def _manager(rank: int, root: str, memory: str, **options):
+    import ckpt
+
+    os.environ["LOCAL_WORLD_SIZE"] = str(LOCAL)
+    return ckpt.CheckpointManager(root, interval=2, keep=3, memory=f"{memory}/node{rank // LOCAL}", **options)
+
+
+def _train(rank: int, world: int, root: str, memory: str, steps: int, room: int | None = None,
+           memory_interval: int = 1) -> dict:
+    if room is not None:  # a RAM file system this small (Docker's default /dev/shm is 64 MB)
+        from ckpt.memory.store import NodeStore
+
+        NodeStore.free_bytes = lambda self: room
+    manager = _manager(rank, root, memory, memory_interval=memory_interval)
+    live = _state(rank, 0)
+    for step in range(1, steps + 1):
+        live.update(_state(rank, step))
+        manager.save(step, live)
+    manager.wait()
+    stats = manager.stats
+    manager.close(finished=False)  # as a crash would leave it: memory steps stay
+    return {"saves": stats.saves, "memory_saves": stats.memory_saves, "memory_skipped": stats.memory_skipped}
+
+
+def _resume(rank: int, world: int, root: str, memory: str, strict: bool = True) -> tuple[int | None, bool]:
+    manager = _manager(rank, root, memory)
+    live = _state(rank, 0)
+    step = manager.load(live, strict=strict)
+    expected = _state(rank, step)
+    equal = (torch.equal(live[f"w{rank}"], expected[f"w{rank}"]) and live["step"] == step
+             and live[f"note{rank}"] == expected[f"note{rank}"])
+    manager.close()  # a clean finish: the run's memory steps go
+    return step, equal
+
+
+def _run_dirs(memory: Path) -> list[Path]:
+    return sorted(p for node in memory.iterdir() for p in node.iterdir() if p.is_dir())
+
+
+@pytest.fixture
+def trained(tmp_path):
+    root, memory = tmp_path / "ckpt", tmp_path / "shm"
+    memory.mkdir()  # the RAM file system's mount point (/dev/shm); each node's folder made by its ranks
+    stats = run_ranks(WORLD, _train, str(root), str(memory), 5)
+    return root, memory, stats
+
+
+def test_a_restart_resumes_from_the_newest_memory_step(trained):
+    root, memory, stats = trained
+    assert [s["memory_saves"] for s in stats] == [5] * WORLD and [s["saves"] for s in stats] == [2] * WORLD
+    for node in ("node0", "node1"):  # own ranks and the partner node's copies, the newest 2 steps
+        (run,) = [p for p in (memory / node).iterdir()]
+        assert sorted(p.name for p in run.iterdir()) == ["step-00000004", "step-00000005"]
+        assert sorted(p.name for p in (run / "step-00000005").iterdir() if p.is_dir()) == [
+            f"rank-{r:05d}" for r in range(WORLD)]
+        assert oct(run.stat().st_mode & 0o777) == "0o700"
+    results = run_ranks(WORLD, _resume, str(root), str(memory))
+    assert results == [(5, True)] * WORLD  # storage's newest is 4
+    assert [list((memory / node).iterdir()) for node in ("node0", "node1")] == [[], []]  # clean finish: removed
+
+
+@pytest.mark.slow
+def test_a_lost_node_takes_its_files_from_the_partner(trained):
+    root, memory, _ = trained
+    shutil.rmtree(memory / "node1")  # the node was replaced: an empty RAM file system
+    (memory / "node1").mkdir()
+    assert run_ranks(WORLD, _resume, str(root), str(memory)) == [(5, True)] * WORLD
+
+
+@pytest.mark.slow
+def test_both_copies_of_a_rank_lost_falls_back_to_storage(trained):
+    root, memory, _ = trained
+    for run in _run_dirs(memory):
+        for step in run.iterdir():
+            shutil.rmtree(step / "rank-00001", ignore_errors=True)
+    assert run_ranks(WORLD, _resume, str(root), str(memory)) == [(4, True)] * WORLD
+
+
+@pytest.mark.slow
+def test_a_flipped_byte_in_memory_is_caught_and_storage_used(trained):
+    from tests.support.checkpoints import flip_byte
+
+    root, memory, _ = trained
+    (run,) = [p for p in (memory / "node0").iterdir()]
+    flip_byte(run / "step-00000005" / "rank-00000", largest=True)
+    assert run_ranks(WORLD, _resume, str(root), str(memory)) == [(4, True)] * WORLD
+
+
+@pytest.mark.slow
+def test_a_memory_save_without_room_is_skipped_and_storage_saves_go_on(tmp_path):
+    root, memory = tmp_path / "ckpt", tmp_path / "shm"
+    memory.mkdir()
+    stats = run_ranks(WORLD, _train, str(root), str(memory), 4, 1 << 20)
+    assert [(s["memory_saves"], s["memory_skipped"], s["saves"]) for s in stats] == [(0, 4, 2)] * WORLD
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step-")) == ["step-00000002", "step-00000004"]
+
+
+@pytest.mark.slow
+def test_another_layout_resumes_from_storage(trained):
+    """2 ranks on one node where 4 saved: node 0's folder holds every rank's files of step 5 (its own
+    and the partner's copies), but they were saved by a 4-rank layout: storage's step 4 is loaded."""
+    root, memory, _ = trained
+    assert run_ranks(2, _resume, str(root), str(memory), False) == [(4, True)] * 2  # ranks 2, 3's keys left
+
+
+@pytest.mark.slow
+def test_a_newer_storage_step_wins(tmp_path):
+    root, memory = tmp_path / "ckpt", tmp_path / "shm"
+    memory.mkdir()
+    run_ranks(WORLD, _train, str(root), str(memory), 4, None, 3)  # memory at 3, storage at 2 and 4
+    assert run_ranks(WORLD, _resume, str(root), str(memory)) == [(4, True)] * WORLD
