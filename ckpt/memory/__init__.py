@@ -5,7 +5,8 @@ trainer's ``checkpoint.memory``), for the manager and every caller of the save p
 | module | concept |
 |---|---|
 | :mod:`~ckpt.memory.store` | :class:`NodeStore`: one node's memory directory for one run (0700), its steps, complete or not |
-| :mod:`~ckpt.memory.partner` | which rank holds a rank's copy; a committed rank checkpoint copied over a gloo group, verified |
+| :mod:`~ckpt.memory.nodes` | which node a rank is on, which rank holds its partner copy |
+| :mod:`~ckpt.memory.partner` | a committed rank checkpoint copied to another rank over a gloo group, verified |
 | :mod:`~ckpt.memory.tier` | :class:`MemoryTier`: a save on the writer thread, one collective decision, recovery |
 """
 

@@ -1,10 +1,7 @@
 """Partner copies: which rank holds a rank's copy, and a committed rank checkpoint copied from one rank
 to another over a gloo process group (host memory only), verified on arrival.
 
-Ranks are numbered node by node (node = rank // local_world, as torchrun does). Node ``n``'s partner
-is node ``(n + max(1, nnodes // 2)) % nnodes`` (the opposite half, or a shift: one to one); a rank's
-partner (:func:`partner_rank`) is the same local rank there, its source (:func:`source_rank`) the rank
-whose partner it is; one node: none. A copy (:func:`send_checkpoint` / :func:`receive_checkpoint`, or
+Who holds whose copy is :mod:`ckpt.memory.nodes`'s. A copy (:func:`send_checkpoint` / :func:`receive_checkpoint`, or
 :func:`swap`: both at once) moves an ordinary checkpoint of ours bitwise; ``to`` and ``source`` are
 ranks of ``group``. Wire format, sender to receiver (point-to-point, CPU tensors):
 
@@ -60,33 +57,6 @@ PIECE, END = 1, 2  # frame kinds (FAILED too)
 
 class SenderFailedError(CheckpointError):
     """The sending rank could not send its checkpoint (its own error says why)."""
-
-
-# -- who holds whose copy -------------------------------------------------------------------------
-def node_of(rank: int, local_world: int) -> int:
-    """The node of ``rank`` (ranks numbered node by node)."""
-    return rank // local_world
-
-
-def _shifted(rank: int, world: int, local_world: int, sign: int) -> int | None:
-    if local_world < 1 or world % local_world or not 0 <= rank < world:
-        raise InvalidOptionError("local_world", local_world, f"ranks per node must divide the world size "
-                                 f"{world} (rank {rank})")
-    nnodes = world // local_world
-    if nnodes == 1:
-        return None
-    node = (node_of(rank, local_world) + sign * max(1, nnodes // 2)) % nnodes
-    return node * local_world + rank % local_world
-
-
-def partner_rank(rank: int, world: int, local_world: int) -> int | None:
-    """The rank that holds ``rank``'s copy: the same local rank on the partner node (None: one node)."""
-    return _shifted(rank, world, local_world, +1)
-
-
-def source_rank(rank: int, world: int, local_world: int) -> int | None:
-    """The rank whose copy ``rank`` holds (``partner_rank``'s inverse; None: one node)."""
-    return _shifted(rank, world, local_world, -1)
 
 
 # -- the table ------------------------------------------------------------------------------------

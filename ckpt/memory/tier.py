@@ -46,7 +46,8 @@ from ..state import export_state
 from ..tree import leaves
 from ..write.delta import tensor_signature
 from ..write.storage_writer import Writer
-from .partner import node_of, partner_rank, receive_checkpoint, send_checkpoint, source_rank, swap
+from .nodes import node_of, partner_rank, source_rank
+from .partner import receive_checkpoint, send_checkpoint, swap
 from .store import NodeStore
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import ckpt
-from ckpt.memory.partner import check_table, node_of, partner_rank, source_rank
+from ckpt.memory.nodes import node_of, partner_rank, source_rank
+from ckpt.memory.partner import check_table
 from tests.support.checkpoints import DATA_FILE, assert_state_equal, blank_state, flip_byte, make_state
 from tests.support.launch import run_ranks
 
