@@ -96,7 +96,9 @@ def test_bf16_state_reshards_from_fsdp_on_two_ranks_to_one_process(tmp_path):
 @pytest.mark.slow
 def test_bf16_masters_train_like_fp32_masters_over_300_steps(tmp_path):
     # bf16 matmuls are ~10x slower than fp32 on a CPU without bf16 units: short sequences, small
-    # batches and no checkpoints keep the 600 steps at ~80 s (seq 64 x batch 8 took 280 s).
+    # batches and no checkpoints keep the 600 steps short (seq 64 x batch 8 took 280 s). One torch
+    # thread (tests/conftest.py) matters more: 14.6 s on the 2-core box at a load of ~4; a busy box
+    # took 737 s with torch's thread per core (issue 37 item 6).
     common = {"optimization__precision": "bf16", "training__lr": "3e-3", "metrics__log_freq": 100,
               "training__seq_len": 32, "training__batch_size": 4, "checkpoint__interval": 1000}
     fp32 = run_trainer(trainer_args(str(tmp_path / "fp32"), steps=300, **common))[0]
