@@ -6,8 +6,10 @@
         step-00000012/           made before any rank writes into it (prepare_step)
           rank-00000/            a committed rank checkpoint (ckpt.save: our commit protocol, tmp + rename)
           rank-00000.tmp-<id>/   a rank's write in progress, or a dead one: never counted
-          COMPLETE               JSON {"run", "step", "node", "ranks"}, at most 64 KiB, written last and
-                                 atomically (tmp + fsync + rename + directory fsync)
+          COMPLETE               JSON {"run", "step", "node", "ranks", "local_world"}, at most 64 KiB,
+                                 written last and atomically (tmp + fsync + rename + directory fsync);
+                                 "local_world" (ranks per node: which ranks are the node's own, which
+                                 its partner's copies) is optional: a record without it still reads
         <anything else>          never listed, never deleted (except by remove_all)
 
 The invariant: a step directory holding a valid COMPLETE (naming this run and this step) holds every
@@ -44,6 +46,7 @@ MAX_COMPLETE_BYTES = 64 << 10
 PRIVATE_MODE = 0o700
 _RANK_DIR = re.compile(r"rank-(\d{5,})")
 _COMPLETE_KEYS = {"run", "step", "node", "ranks"}
+_OPTIONAL_KEYS = {"local_world"}
 
 
 def rank_name(rank: int) -> str:
@@ -59,6 +62,10 @@ def parse_rank_name(name: str) -> int | None:
 
 def _is_count(value) -> bool:
     return type(value) is int and value >= 0  # not a bool, not a float
+
+
+def _is_per_node(value) -> bool:
+    return _is_count(value) and value > 0
 
 
 def _is_real_dir(path: Path) -> bool:
@@ -175,16 +182,22 @@ class NodeStore:
                 ranks.add(rank)
         return ranks
 
-    def mark_complete(self, step: int, ranks: Iterable[int]) -> None:
-        """Write ``step``'s COMPLETE listing ``ranks`` (each committed, else refused), atomically."""
+    def mark_complete(self, step: int, ranks: Iterable[int], *, local_world: int | None = None) -> None:
+        """Write ``step``'s COMPLETE listing ``ranks`` (each committed, else refused), atomically;
+        ``local_world`` (ranks per node) recorded when given."""
         ranks = sorted(set(ranks))
         if not ranks or not all(_is_count(rank) for rank in ranks):
             raise InvalidOptionError("ranks", ranks, "one or more ranks, each 0 or more")
+        if local_world is not None and not _is_per_node(local_world):
+            raise InvalidOptionError("local_world", local_world, "ranks per node, 1 or more")
         missing = set(ranks) - self.committed_ranks(step)
         if missing:
             raise CheckpointWriteError(f"{self.step_dir(step)}: rank(s) {sorted(missing)} not committed; "
                                        f"{COMPLETE_NAME} not written", path=str(self.step_dir(step)))
-        raw = json.dumps({"run": self.run, "step": step, "node": self.node, "ranks": ranks}).encode()
+        record = {"run": self.run, "step": step, "node": self.node, "ranks": ranks}
+        if local_world is not None:
+            record["local_world"] = local_world
+        raw = json.dumps(record).encode()
         if len(raw) > MAX_COMPLETE_BYTES:
             raise CheckpointWriteError(f"{COMPLETE_NAME} of {len(ranks)} ranks would exceed {MAX_COMPLETE_BYTES} "
                                        "bytes; not written", path=str(self.step_dir(step)))
@@ -213,10 +226,12 @@ class NodeStore:
             record = json.loads(raw)
         except ValueError:
             record = None
-        if not (isinstance(record, dict) and set(record) == _COMPLETE_KEYS and record["run"] == self.run
+        if not (isinstance(record, dict) and _COMPLETE_KEYS <= set(record) <= _COMPLETE_KEYS | _OPTIONAL_KEYS
+                and record["run"] == self.run
                 and _is_count(record["step"]) and record["step"] == step and _is_count(record["node"])
                 and isinstance(record["ranks"], list) and all(_is_count(rank) for rank in record["ranks"])
-                and len(set(record["ranks"])) == len(record["ranks"])):
+                and len(set(record["ranks"])) == len(record["ranks"])
+                and _is_per_node(record.get("local_world", 1))):
             log.warning("ignoring %s of %s: not a record of run %s, step %d", COMPLETE_NAME, where, self.run, step)
             return None
         return record
@@ -230,12 +245,14 @@ class NodeStore:
         return {step: set(record["ranks"]) & self.committed_ranks(step) for step, record in self._records().items()}
 
     def describe(self) -> list[dict]:
-        """The complete steps, oldest first, for ``ckpt inspect``: step, node, ranks, bytes (of those ranks)."""
+        """The complete steps, oldest first, for ``ckpt inspect``: step, node, ranks, bytes (of those
+        ranks), local_world (None when the record has none)."""
         described = []
         for step, record in self._records().items():
             ranks = sorted(set(record["ranks"]) & self.committed_ranks(step))
             size = sum(_tree_bytes(self.step_dir(step) / rank_name(rank)) for rank in ranks)
-            described.append({"step": step, "node": record["node"], "ranks": ranks, "bytes": size})
+            described.append({"step": step, "node": record["node"], "ranks": ranks, "bytes": size,
+                              "local_world": record.get("local_world")})
         return described
 
     # -- removing ------------------------------------------------------------------------------

@@ -110,7 +110,7 @@ class MemoryTier:
                 self.store.remove_step(step)
             return False
         if self.leader:
-            self.store.mark_complete(step, self.store.committed_ranks(step))
+            self.store.mark_complete(step, self.store.committed_ranks(step), local_world=self.local_world)
             self.store.retain(self.keep)
         self.stats.memory_saves += 1
         return True
