@@ -32,6 +32,15 @@ What torchtitan's options mean here (``folder`` = ``dump_folder/checkpoint.folde
   ``last_save_in_hf`` writes it as safetensors to ``step-<N>-hf`` beside the steps instead.
   A model-only step (also ``create_seed_checkpoint``'s step 0) loads into the model alone.
 
+The memory tier (``memory="/dev/shm/ckpt"``, with ``memory_interval``, ``memory_keep``,
+``memory_replicas``, ``memory_keep_on_exit``; docs/STORAGE.md "The memory tier"): every
+``memory_interval``-th step goes to each node's RAM (and a partner node's) between torchtitan's
+``interval`` saves, through the same ``save`` call; ``load()`` of the newest step resumes from a memory
+step newer than storage's (also when storage holds none yet). ``close()`` after a clean run removes the
+run's memory steps; torchtitan's ``train.py`` also calls it when training raised (inside its ``except``),
+and then they stay for the restart, as they do after a killed process. A model-only newest step (a
+seed checkpoint, a final export) is loaded as before, the memory tier not consulted.
+
 The engine brings deltas (``full_every``), replicas/S3 (``replicas``), checksummed chunks verified on
 load, a pickle-free load (torchtitan's dataloader still unpickles its own position blob), atomic
 steps and damaged-step fallback. Not supported: torchtitan's fault-tolerant (torchft) manager,
@@ -43,6 +52,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -95,6 +105,16 @@ class CheckpointManager(BaseCheckpointManager):
         """Read every copied blob back from the replica and verify it."""
         catalog: str | None = None
         """The LMDB catalog directory; None: <folder>/.catalog for a local folder; "" turns it off."""
+        memory: str | None = None
+        """The memory tier: a directory on each node's RAM file system (e.g. /dev/shm/ckpt); None: off."""
+        memory_interval: int = 1
+        """Keep every this many steps in memory (between the interval's saves to storage)."""
+        memory_keep: int = 2
+        """Memory steps kept on each node (the newest)."""
+        memory_replicas: int = 1
+        """1: a copy of each rank's memory step on a partner node; 0: none."""
+        memory_keep_on_exit: bool = False
+        """Keep the run's memory steps after a clean finish (they always stay after a failure)."""
 
         def __post_init__(self) -> None:
             BaseCheckpointManager.Config.__post_init__(self)
@@ -108,7 +128,9 @@ class CheckpointManager(BaseCheckpointManager):
                 interval=self.interval, keep=self.keep_latest_k or _KEEP_ALL, keep_every=self.keep_every,
                 async_mode=_ASYNC[self.async_mode], full_every=self.full_every, compress=self.compress,
                 files_per_rank=self.files_per_rank, policy=self.policy, on_error=self.on_error,
-                replicas=tuple(self.replicas), replica_read_back=self.replica_read_back, catalog=self.catalog)
+                replicas=tuple(self.replicas), replica_read_back=self.replica_read_back, catalog=self.catalog,
+                memory=self.memory, memory_interval=self.memory_interval, memory_keep=self.memory_keep,
+                memory_replicas=self.memory_replicas, memory_keep_on_exit=self.memory_keep_on_exit)
 
     def __init__(self, config: Config, *, dataloader: Any, model_parts: list[torch.nn.Module], optimizers: Any,
                  lr_schedulers: Any, states: dict[str, Any], sd_adapter: Any = None, base_folder: str = "",
@@ -137,11 +159,13 @@ class CheckpointManager(BaseCheckpointManager):
         config = self.config
         if config.load_only:
             return False
-        first = curr_step == 1 and config.enable_first_step_checkpoint
-        if not (last_step or first or curr_step % config.interval == 0):
-            return False
         if not last_step:
-            return self.engine.save(curr_step, titan_state.training_tree(self.states), force=True)
+            # torchtitan's _should_save decides the storage save; the memory tier adds its own steps
+            stored = curr_step % config.interval == 0 or (curr_step == 1 and config.enable_first_step_checkpoint)
+            memory = config.memory is not None and curr_step % config.memory_interval == 0
+            if not (stored or memory):
+                return False
+            return self.engine.save(curr_step, titan_state.training_tree(self.states), force=stored)
         if config.last_save_in_hf:  # a final export, not a step: torchtitan writes nothing else then
             self.engine.wait()
             titan_state.save_hf(self.states, self.sd_adapter, os.path.join(self.folder, f"step-{curr_step}-hf"),
@@ -165,6 +189,8 @@ class CheckpointManager(BaseCheckpointManager):
             return self._load_step(step)
         if steps:
             return self._load_step(None, newest=steps[-1])
+        if config.memory is not None and self._load_step(None):  # a memory step, storage still empty
+            return True
         if not config.initial_load_path and not config.initial_load_in_hf:
             log.info("No checkpoint was provided, this is a fresh start.")
             return False
@@ -178,19 +204,23 @@ class CheckpointManager(BaseCheckpointManager):
         self.engine.wait()
 
     def _close(self) -> None:
-        self.engine.close()
+        # torchtitan's train.py closes in its ``except`` too: a failing run keeps its memory steps
+        self.engine.close(finished=sys.exc_info()[0] is None)
 
     def __del__(self):
         try:
-            self.close()
+            if getattr(self, "enable", False):  # never closed: not a clean finish
+                self.engine.close(finished=False)
         except Exception:  # interpreter shutdown: the engine's own finalisers remain
             pass
 
     # -- internals ---------------------------------------------------------------------------------
     def _load_step(self, step: int | None, newest: int | None = None) -> bool:
-        """Load ``step`` (None: the newest that loads); a model-only step into the model alone."""
+        """Load ``step`` (None: the newest that loads, a memory step newer than ``newest`` included);
+        a model-only step into the model alone. False: nothing to load (no step, no memory step)."""
         probe = step if step is not None else newest
-        dtypes = titan_state.model_only_dtypes(self.engine.root / step_name(probe), self.states)
+        dtypes = None if probe is None else titan_state.model_only_dtypes(self.engine.root / step_name(probe),
+                                                                          self.states)
         model_only = dtypes is not None
         exclude = tuple(self.config.exclude_from_loading)
         for name in exclude:
@@ -200,6 +230,8 @@ class CheckpointManager(BaseCheckpointManager):
         if model_only and step is None:
             step = newest  # a model-only step is what the run ended with: load it, not an older full one
         loaded = self.engine.load(tree, step, strict=not exclude)
+        if loaded is None:
+            return False
         titan_state.restore(self.states, tree)
         log.info("Loaded step %s from %s%s", loaded, self.folder, " (model only)" if model_only else "")
         return True

@@ -82,6 +82,12 @@ def test_override_selects_our_manager_and_copies_every_field(tmp_path):
     assert (options.interval, options.keep, options.keep_every, options.full_every) == (5, 4, 10, 3)
     assert options.async_mode is ckpt.options.AsyncMode.DOUBLE_BUFFER
     assert options.replicas == (str(tmp_path / "r"),)
+    assert options.memory is None  # the memory tier is off unless asked for
+    memory = job_config("ck", [(OVERRIDE, {"memory": "/dev/shm/ckpt", "memory_interval": 2, "memory_keep": 3,
+                                           "memory_replicas": 0, "memory_keep_on_exit": True})]).checkpoint
+    options = memory.save_options()
+    assert (options.memory, options.memory_interval, options.memory_keep, options.memory_replicas,
+            options.memory_keep_on_exit) == ("/dev/shm/ckpt", 2, 3, 0, True)
     assert job_config("ck", [OVERRIDE], async_mode="disabled").checkpoint.save_options().async_mode.value == "sync"
     assert job_config("ck", [OVERRIDE], keep_latest_k=0).checkpoint.save_options().keep >= 2**31 - 1
     with pytest.raises(ValueError, match="unknown options"):
@@ -105,9 +111,11 @@ def test_cli_lines_select_our_manager():
     assert type(ours) is titan.CheckpointManager.Config
     assert (ours.enable, ours.interval, ours.async_mode, ours.full_every) == (True, 7, "async_with_pinned_mem", 4)
     default = JobConfig(checkpoint=titan.CheckpointManager.Config(enable=True))
-    config = tyro.cli(JobConfig, args=["--checkpoint.full_every", "5", "--checkpoint.replicas", "s3://b/r"],
+    config = tyro.cli(JobConfig, args=["--checkpoint.full_every", "5", "--checkpoint.replicas", "s3://b/r",
+                                       "--checkpoint.memory", "/dev/shm/ckpt", "--checkpoint.memory_interval", "3"],
                       default=default, registry=custom_registry)
     assert (config.checkpoint.full_every, config.checkpoint.replicas) == (5, ["s3://b/r"])
+    assert (config.checkpoint.memory, config.checkpoint.memory_interval) == ("/dev/shm/ckpt", 3)
 
 
 def _single(base, seed=0, engine=None, **options):
@@ -349,3 +357,52 @@ def test_initial_load_of_a_dcp_step_reads_its_metadata_without_running_code(tmp_
         fresh.checkpointer.load()
     fresh.checkpointer.close()
     assert not marker.exists()
+
+
+# -- the memory tier (issue 38): steps between torchtitan's interval saves, kept in RAM ----------------
+def _crash(checkpointer) -> None:
+    """What torchtitan's train.py does when training raises: trainer.close() inside its ``except``."""
+    try:
+        raise RuntimeError("a training step failed")
+    except RuntimeError:
+        checkpointer.close()
+
+
+def test_llama3_resumes_from_the_memory_tier_between_storage_saves(tmp_path):
+    """Storage every 4 steps, memory every step (``ckpt_engine={"memory": ...}``): a failed run resumes
+    from its newest memory step (before any storage step, then newer than one), bitwise; torchtitan's
+    interval still decides the storage steps; a clean close removes the run's memory steps."""
+    torch.set_num_threads(1)
+    memory, base = tmp_path / "shm", str(tmp_path)
+    imports = [(OVERRIDE, {"memory": str(memory)})]
+    options = {"interval": 4, "async_mode": "async_with_pinned_mem", "keep_latest_k": 0}
+    stored = lambda: sorted(p.name for p in (tmp_path / "checkpoint").glob("step-*"))  # noqa: E731
+
+    job = llama_job(base, imports, seed=0, **options)
+    assert job.checkpointer.config.save_options().memory == str(memory)
+    assert job.checkpointer.load() is False  # a fresh start
+    for _ in range(3):
+        seeded_step(job)
+        assert job.checkpointer.save(job.train_state.step) is True  # a memory step each time
+    at_three = job.snapshot()
+    run = job.checkpointer.engine.run
+    _crash(job.checkpointer)
+    assert stored() == [] and (memory / run / "step-00000003").is_dir()  # the failure kept them
+
+    second = llama_job(base, imports, seed=7, **options)
+    assert second.checkpointer.load() is True  # from memory: storage holds no step yet
+    for state in _LLAMA_STATES:
+        assert_bitwise(second.snapshot()[state], at_three[state], f"memory step 3: {state}")
+    for _ in range(4):
+        seeded_step(second)
+        second.checkpointer.save(second.train_state.step)
+    at_seven = second.snapshot()
+    _crash(second.checkpointer)
+    assert stored() == ["step-00000004"]
+
+    third = llama_job(base, imports, seed=9, **options)
+    assert third.checkpointer.load() is True  # memory step 7, newer than storage's step 4
+    for state in _LLAMA_STATES:
+        assert_bitwise(third.snapshot()[state], at_seven[state], f"memory step 7: {state}")
+    third.checkpointer.close()  # a clean finish
+    assert memory.is_dir() and not (memory / run).exists()
