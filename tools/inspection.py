@@ -1,7 +1,9 @@
 """ckpt-inspect: list a run's steps across its mounts, verify every stored byte, or summarise one checkpoint.
 
-    ckpt-inspect ROOT [--mount URL ...] [--catalog DIR] [--json]    steps x mounts table (and the steps
-                                                                    set aside as damaged on each mount)
+    ckpt-inspect ROOT [--mount URL ...] [--catalog DIR] [--memory DIR] [--json]
+                                                                    steps x mounts table (and the steps
+                                                                    set aside as damaged on each mount),
+                                                                    then the run's memory steps here
     ckpt-inspect ROOT --verify [--step N] [--quiet]                 read and check every blob
     ckpt-inspect ROOT/step-N [--json]                               one checkpoint: totals, sizes per prefix,
                                                                     tensors, values, the recorded run config
@@ -13,7 +15,9 @@ Mounts are ROOT and every ``--mount``; never the mounts the catalog (``ROOT/.cat
 for a local ROOT) names, which are only mentioned in a note. The listing's states come from the
 mounts themselves (committed, or missing), merged with what the catalog knows of steps in flight
 (pending, copying, failed, dropped, refused): the mounts are the truth; the catalog is only read, except by
---rebuild-catalog, which rebuilds it from ROOT and --mount. URLs (``s3://bucket/run``) take their
+--rebuild-catalog, which rebuilds it from ROOT and --mount. After the table, the memory tier's steps
+of ROOT's run that this machine holds (``--memory DIR``, else the ``checkpoint.memory`` the newest step's
+run config records, when it exists here: :mod:`ckpt.inspect.memory`), read only. URLs (``s3://bucket/run``) take their
 endpoint and credentials from the standard environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...).
 
 ``--json`` prints one JSON document on stdout in every mode (keys are stable). Exit codes
@@ -39,6 +43,7 @@ from ckpt.inspect import (
     is_weights_file,
     safetensors_summary,
     compare_mounts,
+    memory_listing,
     mount_list,
     open_manifests,
     set_aside_steps,
@@ -59,6 +64,7 @@ MAX_HEADER = 24  # a mount URL longer than this is shown as "mount N" with a leg
 EPILOG = """examples:
   ckpt-inspect ckpts/run1                                  steps, kinds, sizes, state per mount
   ckpt-inspect ckpts/run1 --mount s3://bucket/run1         ... and its replica
+  ckpt-inspect ckpts/run1 --memory /dev/shm/ckpt           ... and the run's memory steps on this node
   ckpt-inspect ckpts/run1 --verify                         check every checksum on every mount
   ckpt-inspect s3://bucket/run1 --verify --step 1200       one step (AWS_ENDPOINT_URL etc. apply)
   ckpt-inspect ckpts/run1/step-00001200 --json             one checkpoint's manifest, for scripts
@@ -75,11 +81,40 @@ def note(text: str) -> None:
 
 # -- which checkpoint ------------------------------------------------------------------------------
 
-def print_listing(root: Location, catalog_path, mounts, rows, as_json: bool, damaged: list[dict] = ()) -> None:
+def rank_ranges(ranks: list[int] | None) -> str | None:
+    """``[0, 1, 2, 5]`` -> ``0-2,5`` (None stays None: shown as ``-``)."""
+    if not ranks:
+        return None if ranks is None else "none"
+    runs = [[ranks[0], ranks[0]]]
+    for rank in ranks[1:]:
+        if rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def print_memory(directory: str | None, run: str | None, rows: list[dict]) -> None:
+    """The memory steps of ``run`` in ``directory`` on this machine (nothing without a directory)."""
+    if directory is None or run is None:
+        return
+    if not rows:
+        views.say(f"\nno memory steps of run {run} in {directory} on this machine")  # a recorded name: escaped
+        return
+    views.say(f"\nmemory steps of run {run} in {directory} on this machine:")
+    body = [[r["step"], r["node"], rank_ranges(r["own"]),
+             None if r["partner"] is None else rank_ranges(r["partner"])
+             + ("" if r["partner_node"] is None else f" (node {r['partner_node']})"),
+             human_bytes(r["bytes"])] for r in rows]
+    print(table(["step", "node", "own ranks", "partner copies", "size"], body))
+
+
+def print_listing(root: Location, catalog_path, mounts, rows, as_json: bool, damaged: list[dict] = (),
+                  memory: tuple = (None, None, [])) -> None:
     urls = [url for url, _location in mounts]
     if as_json:
         print(json.dumps({"root": root.display_name, "catalog": catalog_path, "mounts": urls, "steps": rows,
-                          "damaged": list(damaged)}, indent=2))
+                          "damaged": list(damaged), "memory_directory": memory[0], "memory": memory[2]}, indent=2))
         return
     headers = [url if len(url) <= MAX_HEADER else f"mount {i}" for i, url in enumerate(urls, 1)]
     for i, (url, header) in enumerate(zip(urls, headers), 1):
@@ -92,6 +127,7 @@ def print_listing(root: Location, catalog_path, mounts, rows, as_json: bool, dam
         print(f"no committed steps under {root}")
     for entry in damaged:
         print(f"set aside, no mount could load it: step {entry['step']} as {entry['name']} on {entry['mount']}")
+    print_memory(*memory)
 
 
 def listing(args, root: Location, *, rebuilt: bool = False) -> int:
@@ -101,9 +137,12 @@ def listing(args, root: Location, *, rebuilt: bool = False) -> int:
                                      explicit=args.catalog is not None and not rebuilt)
     rows = step_rows(mounts, listed, catalog)
     damaged = set_aside_steps(mounts)
-    if not rows and not catalog and not damaged and not CheckpointRoot(root).step_dirs():
+    here = listed[mounts[0][0]]  # ROOT's committed steps: the newest records the run config
+    newest = CheckpointRoot(root).step_path(max(here)) if here else None
+    memory = memory_listing(root, newest, args.memory, note=note)
+    if not rows and not catalog and not damaged and not memory[2] and not CheckpointRoot(root).step_dirs():
         raise CheckpointNotFoundError(f"{root} is not a checkpoint root (no step directories)", path=str(root))
-    print_listing(root, catalog_path if (catalog or rebuilt) else None, mounts, rows, args.json, damaged)
+    print_listing(root, catalog_path if (catalog or rebuilt) else None, mounts, rows, args.json, damaged, memory)
     return 0
 
 
@@ -200,6 +239,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mount", action="append", default=[], metavar="URL",
                    help="a further mount (replica) to list or verify; repeatable")
     p.add_argument("--catalog", metavar="DIR", help="the catalog directory (default ROOT/.catalog for a local ROOT)")
+    p.add_argument("--memory", metavar="DIR", help="the memory tier's directory on this machine, to list the run's "
+                   "memory steps (default: the checkpoint.memory the newest step records, when it exists here)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.add_argument("--verify", action="store_true", help="read every blob and check its checksum")
     p.add_argument("--step", type=int, help="with --verify: only this step")
@@ -220,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--verify and --rebuild-catalog do not go together")
     if args.diff is not None and (args.verify or args.rebuild_catalog or args.mount or args.step is not None):
         p.error("--diff goes with none of --verify, --rebuild-catalog, --mount, --step")
+    if args.memory is not None and (args.verify or args.diff is not None):
+        p.error("--memory goes with the listing only (not --verify, --diff)")
     if args.no_values and args.diff is None:
         p.error("--no-values goes with --diff")
     if args.root is None and args.diff is None:
