@@ -43,6 +43,17 @@ from ._bases import delete_checkpoint, dependents, recorded_base
 from ._tree import ObjectTypes, encode_tree, read_tree
 
 
+def refuse_memory(options: SaveOptions, plugin: str) -> None:
+    """The memory tier (``SaveOptions.memory``) is the manager's and torchtitan's: where the framework
+    names the checkpoint path to load (Lightning, DeepSpeed, the HF Trainer), no resume could take a
+    memory step, so asking for one is an error rather than a tier that is silently never used."""
+    if options.memory is not None:
+        raise InvalidOptionError("memory", options.memory,
+                                 f"the memory tier is not available with {plugin}, whose resume loads the path the "
+                                 "framework names (a memory step has none); use ckpt.CheckpointManager or the "
+                                 "torchtitan plug-in (docs/ADOPTING.md)")
+
+
 class PathStore:
     """See the module docstring. ``objects``: allow-listed classes kept by their attributes;
     ``stats``: the counters to add to (a plug-in's, kept across stores)."""
@@ -53,6 +64,7 @@ class PathStore:
         if self.options.replicas:
             raise InvalidOptionError("replicas", self.options.replicas,
                                      "are not supported by path-based plug-ins (use a CheckpointManager root)")
+        refuse_memory(self.options, "a path-based plug-in (Lightning, DeepSpeed)")
         self.objects = objects or {}
         self.base_ok = base_ok or (lambda path: True)
         self._pipeline = SavePipeline(self.options, stats=stats)

@@ -73,7 +73,8 @@ class CkptCheckpointEngine(CheckpointEngine):
     """A DeepSpeed ``CheckpointEngine`` writing our format (see the module docstring).
 
     ``options`` / ``fields``: a :class:`ckpt.SaveOptions` and/or its fields (``async_mode``,
-    ``full_every``, ``compress``, ...)."""
+    ``full_every``, ``compress``, ...); ``memory`` is refused (:class:`ckpt.InvalidOptionError`: DeepSpeed
+    loads the path it names)."""
 
     def __init__(self, config_params: Any = None, options: SaveOptions | None = None, **fields: Any):
         super().__init__(config_params)

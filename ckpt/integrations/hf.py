@@ -24,7 +24,10 @@ without our checkpoint (a Trainer-written one) is loaded by the Trainer as usual
 
 Not supported: ``save_strategy="best"`` (decided after evaluation, where no callback can stand in
 for the save), DeepSpeed/FSDP inside the Trainer (their engines save themselves), a ``GradScaler``
-(mixed precision on GPUs: its state is not saved), PEFT adapters, ``push_to_hub`` of checkpoints.
+(mixed precision on GPUs: its state is not saved), PEFT adapters, ``push_to_hub`` of checkpoints, the
+memory tier (``memory=`` is refused: the Trainer resumes from the ``checkpoint-N`` folder it finds or is
+given, and the callback reads that step from storage before the optimizer exists, so a memory step,
+which has no folder and is recovered into the whole live state, cannot be what it loads).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from transformers.trainer_callback import ExportableState  # noqa: E402
 
 from .. import CheckpointError, CheckpointManager, CheckpointRoot, CommitInfo, RNGState, SaveOptions  # noqa: E402
 from .. import save as save_checkpoint, load as load_checkpoint  # noqa: E402
+from ._store import refuse_memory  # noqa: E402
 from ._tree import read_tree  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -70,7 +74,8 @@ class CkptCallback(TrainerCallback):
         root: our checkpoint root; default ``<output_dir>/ckpt``.
         options / fields: a :class:`ckpt.SaveOptions` and/or its fields (``full_every``,
             ``replicas``, ``async_mode``, ``compress``, ...). ``keep`` defaults to the Trainer's
-            ``save_total_limit`` (3 when that is None); ``interval`` does not apply.
+            ``save_total_limit`` (3 when that is None); ``interval`` does not apply; ``memory`` is
+            refused (:class:`ckpt.InvalidOptionError`, see the module docstring).
         storage_options: for URL roots and replicas (fsspec).
     """
 
@@ -78,6 +83,7 @@ class CkptCallback(TrainerCallback):
                  storage_options: dict | None = None, **fields: Any):
         self.root = None if root is None else os.fspath(root)
         self.options = (options or SaveOptions()).replace(**fields)
+        refuse_memory(self.options, "the Hugging Face Trainer")
         self._keep_given = "keep" in fields or options is not None
         self.storage_options = storage_options
         self.manager: CheckpointManager | None = None

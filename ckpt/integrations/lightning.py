@@ -47,7 +47,7 @@ from .. import SaveOptions, SaveStats  # noqa: E402
 from .. import read_manifest  # noqa: E402
 from .. import load as load_checkpoint  # noqa: E402
 from .. import save as save_checkpoint  # noqa: E402
-from ._store import PathStore  # noqa: E402
+from ._store import PathStore, refuse_memory  # noqa: E402
 from ..root.claim import new_run_id  # noqa: E402
 from ._tree import decode_tree, encode_tree, manifest_template  # noqa: E402
 
@@ -66,12 +66,14 @@ class CkptCheckpointIO(CheckpointIO):
     Args:
         options / fields: a :class:`ckpt.SaveOptions` and/or its fields (``async_mode``,
             ``full_every``, ``compress``, ``files_per_rank``, ``policy``, ...); ``interval``,
-            ``keep`` and ``replicas`` do not apply (``ModelCheckpoint`` decides what is kept).
+            ``keep`` and ``replicas`` do not apply (``ModelCheckpoint`` decides what is kept); ``memory``
+            is refused (:class:`ckpt.InvalidOptionError`: Lightning loads the path it names).
         fallback: on loading a damaged ``last`` checkpoint, use the newest sibling of its run that loads.
     """
 
     def __init__(self, options: SaveOptions | None = None, *, fallback: bool = True, **fields: Any):
         self.options = (options or SaveOptions()).replace(**fields)
+        refuse_memory(self.options, "Lightning")
         self.fallback = fallback
         self.run: str | None = None  # recorded in every save: the loaded checkpoint's run, else a new one
         self._stats = SaveStats()  # kept across the stores of successive fits
@@ -190,6 +192,7 @@ class CkptModelParallelStrategy(ModelParallelStrategy):
     def __init__(self, *args: Any, ckpt_options: SaveOptions | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.ckpt_options = ckpt_options or SaveOptions()
+        refuse_memory(self.ckpt_options, "Lightning")
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
         if not self._save_distributed_checkpoint:

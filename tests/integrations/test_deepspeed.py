@@ -116,3 +116,15 @@ def test_config_selects_the_engine_and_rejects_an_unknown_one():
 
     with pytest.raises(ValueError, match="knows only 'ckpt'"):
         ckpt_deepspeed.initialize(model=torch.nn.Linear(2, 2), config={"checkpoint": {"engine": "other"}})
+
+
+def test_the_memory_tier_is_refused_not_ignored(tmp_path):
+    """DeepSpeed loads the path (tag) it names, so no resume could take a memory step: memory= is one
+    clear error, whichever way the options come."""
+    from ckpt.integrations import deepspeed as ckpt_deepspeed
+
+    for make in (lambda: ckpt_deepspeed.CkptCheckpointEngine(memory=str(tmp_path)),
+                 lambda: ckpt_deepspeed.CkptCheckpointEngine(options=ckpt.SaveOptions(memory=str(tmp_path)))):
+        with pytest.raises(ckpt.InvalidOptionError, match="memory tier is not available with a path-based"):
+            make()
+    assert not os.listdir(tmp_path)

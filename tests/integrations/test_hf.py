@@ -100,3 +100,13 @@ def test_accelerate_save_state_writes_the_weights_through_the_engine(tmp_path):
     accelerator.load_state(str(tmp_path / "state"))
     for key, value in saved.items():
         assert torch.equal(value, parameters(model)[key]), key
+
+
+def test_the_memory_tier_is_refused_not_ignored(tmp_path):
+    """The Trainer resumes from the checkpoint-N folder it names and the callback reads that step before
+    the optimizer exists: no resume could take a memory step, so memory= is one clear error."""
+    for make in (lambda: CkptCallback(memory=str(tmp_path)),
+                 lambda: CkptCallback(options=ckpt.SaveOptions(memory=str(tmp_path)))):
+        with pytest.raises(ckpt.InvalidOptionError, match="memory tier is not available with the Hugging Face"):
+            make()
+    assert not os.listdir(tmp_path)

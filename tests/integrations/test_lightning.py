@@ -187,3 +187,16 @@ def test_model_parallel_sharded_save_on_two_ranks_loads_resharded_on_one(tmp_pat
     for key, state in saved["optim"].items():
         for name, value in state.items():
             assert torch.equal(value, one["optim"][key][name]), (key, name)
+
+
+def test_the_memory_tier_is_refused_not_ignored(tmp_path):
+    """Lightning loads the path it names, so no resume could take a memory step: memory= is one clear
+    error, from the plug-in (as a field or in options) and from the sharded strategy."""
+    from ckpt.integrations.lightning import CkptModelParallelStrategy
+
+    for make in (lambda: CkptCheckpointIO(memory=str(tmp_path)),
+                 lambda: CkptCheckpointIO(ckpt.SaveOptions(memory=str(tmp_path))),
+                 lambda: CkptModelParallelStrategy(ckpt_options=ckpt.SaveOptions(memory=str(tmp_path)))):
+        with pytest.raises(ckpt.InvalidOptionError, match="memory tier is not available with Lightning"):
+            make()
+    assert not os.listdir(tmp_path)  # nothing made for it
