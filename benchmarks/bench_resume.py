@@ -35,7 +35,6 @@ their spread is noise), and of the load alone. The goal, per layout: ours' time 
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import sys
 import time
@@ -45,7 +44,9 @@ from pathlib import Path
 from harness import Load, argument_parser, machine_description, median, rotated, work_dir  # first
 
 from report import command_line, goal, metric, provenance, publish, ratio_span, table_head, write_json  # noqa: E402
-from resume_jobs import PARTS, JobFailed, dir_bytes, evict, parts_of, rank_records, torchrun  # noqa: E402
+from resume_jobs import (  # noqa: E402
+    PARTS, JobFailed, dir_bytes, evict, parts_of, rank_records, titan_available, torchrun,
+)
 
 BENCH_NAME = "resume"
 SECTION = "## Time to first step after resume (issue 27)"
@@ -73,13 +74,6 @@ BY_KEY = {c.key: c for c in CASES}
 QUICK = {"dim": 256, "layers": 4, "repeats": 1, "cases": ["2-2"]}
 FULL = {"dim": 512, "layers": 4, "repeats": 2, "cases": ["2-2", "2-4", "2-tp2", "4-2"]}
 TINY = {"dim": 64, "layers": 2, "repeats": 1, "cases": ["1-1"]}
-
-
-def titan_available() -> bool:
-    try:
-        return importlib.util.find_spec("torchtitan.components.checkpointer") is not None
-    except ModuleNotFoundError:
-        return False
 
 
 # ---------------------------------------------------------------------------------------------

@@ -212,18 +212,16 @@ def trainer(records: dict, path: Path) -> bool:
                        "tokens/s (higher is better)", "Trainer throughput with and without checkpointing", path, 5)
 
 
-def resume_parts(records: dict, path: Path) -> bool:
-    """Time to first step after resume: one stacked bar per (layout, system), a segment per part."""
-    ms = _metrics(records.get("resume"), "ttfs_part_s")
+def _stacked_parts(ms: list[dict], label_of, xlabel: str, title: str, path: Path) -> bool:
+    """One stacked horizontal bar per label (``label_of(metric)``), a segment per ``part`` (medians)."""
     if not ms:
         return False
-    bars: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+    bars: dict[str, dict[str, float]] = defaultdict(dict)
     parts: list[str] = []
     for m in ms:
-        bars[(m.get("case", ""), m["system"])][m.get("part", "")] = m["median"]
+        bars[label_of(m)][m.get("part", "")] = m["median"]
         if m.get("part", "") not in parts:
             parts.append(m.get("part", ""))
-    labels = [f"{case}: {system}" for case, system in bars]
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(bars) + 2.2))
     left = [0.0] * len(bars)
     for part in parts:
@@ -231,14 +229,30 @@ def resume_parts(records: dict, path: Path) -> bool:
         ax.barh(range(len(bars)), widths, left=left, label=part)
         left = [a + w for a, w in zip(left, widths)]
     ax.set_yticks(range(len(bars)))
-    ax.set_yticklabels(labels, fontsize=8)
+    ax.set_yticklabels(list(bars), fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("seconds from the launcher's clock to the first optimizer step (median)")
-    ax.set_title("Time to first step after resume, by part")
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=len(parts))
     ax.grid(True, axis="x", alpha=0.3)
     _save(fig, path)
     return True
+
+
+def resume_parts(records: dict, path: Path) -> bool:
+    """Time to first step after resume: one stacked bar per (layout, system), a segment per part."""
+    return _stacked_parts(_metrics(records.get("resume"), "ttfs_part_s"),
+                          lambda m: f"{m.get('case', '')}: {m['system']}",
+                          "seconds from the launcher's clock to the first optimizer step (median)",
+                          "Time to first step after resume, by part", path)
+
+
+def recover_parts(records: dict, path: Path) -> bool:
+    """Time to recover: one stacked bar per (system, scenario), the memory tier beside the peers."""
+    return _stacked_parts(_metrics(records.get("recover"), "recover_part_s"),
+                          lambda m: f"{m['system']} ({m.get('scenario', '')})",
+                          "seconds from the restart to the end of the first step (median)",
+                          "Time to recover after a crash or a lost node, by part", path)
 
 
 PLOTS = [
@@ -250,6 +264,7 @@ PLOTS = [
     ("storage.png", "Replication and object-store save/load", storage),
     ("trainer.png", "Trainer tokens/s", trainer),
     ("resume.png", "Time to first step after resume", resume_parts),
+    ("recover.png", "Time to recover after a crash or a lost node", recover_parts),
 ]
 
 

@@ -8,12 +8,14 @@ resume.
 * :func:`rank_records`: what each rank wrote (``<out>/rank-<R>.json``: its stamps and its result).
 * :func:`parts_of`: the parts of one resume (:data:`PARTS`): each boundary is the latest rank's
   stamp, each part the gap to the boundary before, ``total`` from the launcher's clock.
+* :func:`titan_available`: whether torchtitan's checkpoint manager can be imported (the dev extra).
 * :func:`evict`: ``fsync`` + ``posix_fadvise(DONTNEED)`` of every file under a path, so the next read
   comes from storage; :func:`dir_bytes`: a checkpoint's bytes on disk.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -50,6 +52,13 @@ def torchrun(nproc: int, rank_args: list[str], log: Path, timeout: float) -> flo
 
 class JobFailed(RuntimeError):
     """A torchrun job of the benchmark exited non-zero (its log's error lines and tail in the message)."""
+
+
+def titan_available() -> bool:
+    try:
+        return importlib.util.find_spec("torchtitan.components.checkpointer") is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def rank_records(out: Path, nproc: int) -> list[dict]:

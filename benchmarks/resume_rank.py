@@ -42,6 +42,7 @@ STARTED = time.time()
 import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import shlex  # noqa: E402
 import sys  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -68,6 +69,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--titan", action="store_true", help="save mode: also write torchtitan's checkpoint")
+    p.add_argument("--trainer-args", default="", help="more trainer options, appended (later ones win; "
+                   "give it as --trainer-args='--checkpoint.memory DIR ...'): bench_recover.py's memory tier and S3")
     return p.parse_args(argv)
 
 
@@ -79,7 +82,8 @@ def trainer_argv(args: argparse.Namespace, *, checkpoint: bool, steps: int, inte
             "--parallelism.tp", str(args.tp), "--parallelism.dp_shard", "-1",
             "--metrics.log_freq", "1000", "--job.dump_folder", args.dump,
             "--checkpoint.enable", "true" if checkpoint else "false", "--checkpoint.folder", str(Path(args.root, "ours")),
-            "--checkpoint.interval", str(interval), "--checkpoint.async_mode", "sync", "--checkpoint.keep", "2"]
+            "--checkpoint.interval", str(interval), "--checkpoint.async_mode", "sync", "--checkpoint.keep", "2",
+            *shlex.split(args.trainer_args)]
 
 
 def dcp_state(trainer) -> dict:
@@ -139,7 +143,9 @@ def save(args: argparse.Namespace, Trainer, load_config) -> dict:
             manager.close()
     finally:
         trainer.close()  # the process group last: the saves above are collective
-    return {"losses": losses, "params": sum(p.numel() for p in trainer.model.parameters())}
+    stats = trainer.checkpoints.manager.stats
+    return {"losses": losses, "params": sum(p.numel() for p in trainer.model.parameters()),
+            "memory_saves": stats.memory_saves, "memory_failures": stats.memory_failures}
 
 
 def built(stamps: dict) -> None:
@@ -182,6 +188,7 @@ def resume(args: argparse.Namespace, Trainer, load_config, stamps: dict) -> dict
                 raise RuntimeError("torchtitan's CheckpointManager found no checkpoint to load")
             stamps["loaded"] = time.time()
         step = trainer.train_state.step
+        read = trainer.checkpoints.manager.load_stats.bytes_read if ours else None  # 0: from the memory tier
         if step != args.steps:
             raise RuntimeError(f"{args.system}: resumed at step {step}, expected {args.steps}")
         losses = trainer.fit(stop_at=step + 1)
@@ -190,7 +197,7 @@ def resume(args: argparse.Namespace, Trainer, load_config, stamps: dict) -> dict
         trainer.close()
         if args.system == "titan" and "manager" in locals():
             manager.close()
-    return {"loss": losses[0], "step": step}
+    return {"loss": losses[0], "step": step, "bytes_read": read}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,7 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "stamps": stamps, **result}))
-    return 0
+    # Done and written: leave without the interpreter's finalization, where torch 2.13's C++ teardown
+    # after a DeviceMesh sometimes aborts (SIGABRT; see tests/support/launch.py), failing a job that did its work.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

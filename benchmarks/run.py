@@ -69,6 +69,8 @@ BENCHES = [
           "Lightning and HF Trainer plug-ins vs their default saving"),
     Bench("resume", "bench_resume.py", ["--quick"], ["--repeats", "3"],
           "time to first step after resume"),
+    Bench("recover", "bench_recover.py", ["--quick"], [],
+          "time to recover after a crash or a lost node: memory tier vs storage"),
     Bench("planning", "bench_planning.py", ["--quick"], [],
           "load planning per rank vs world size, ours vs DCP"),
     Bench("layouts", "bench_layouts.py", ["--quick"], ["--repeats", "3"],

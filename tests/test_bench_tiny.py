@@ -36,6 +36,10 @@ THIRD_PARTY_PRIVATE = {
     ("peers.py", "serialization._tensor_as_memoryview_via_untyped_storage"):
         "torchsnapshot 0.1.0's bf16 byte view, replaced by a correct one (see peers.fix_torchsnapshot_bf16)",
     ("device_checks.py", "os._exit"): "the standard library's exit without clean-up, on SIGTERM",
+    ("recover_rank.py", "os._exit"): "the standard library's exit without clean-up: a dead worker (--mode crash), "
+                                     "and past the written results (torch 2.13's teardown may abort)",
+    ("resume_rank.py", "os._exit"): "the standard library's exit without clean-up past the written results "
+                                    "(torch 2.13's teardown may abort)",
     ("bench_integrations.py", "'_save_checkpoint'"): "the HF Trainer's own save, timed for the default variant",
 }
 OURS = ("ckpt", "trainer", "tools")
