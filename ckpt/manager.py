@@ -124,15 +124,17 @@ class CheckpointManager:
         order the compute stream after the copy, without blocking the host)."""
         self._pipeline.before_step()
 
-    def save(self, step: int, state: dict[str, Any], *, force: bool = False) -> bool:
+    def save(self, step: int, state: dict[str, Any], *, force: bool = False, memory: bool | None = None) -> bool:
         """Checkpoint ``state`` as ``step`` if due (``step % interval == 0``) or forced; with the memory
-        tier on, also (or only) into memory when ``step % memory_interval == 0``.
+        tier on, also (or only) into memory when ``step % memory_interval == 0`` (``memory=False``: not
+        this save, e.g. a final model-only export; ``True``: whatever the interval).
 
         Returns whether a save was started. Returns before the bytes are on disk (async mode).
         A failed earlier save is raised (or warned about) here, at a due step, on every rank at once."""
         self._check_open()
         stored = force or not step % self.options.interval
-        memory = self._pipeline.memory is not None and not step % self.options.memory_interval
+        memory = self._pipeline.memory is not None and (not step % self.options.memory_interval
+                                                         if memory is None else memory)
         if not (stored or memory):
             return False
         start = time.perf_counter()
@@ -164,13 +166,23 @@ class CheckpointManager:
 
         if step is not None:
             return resume.load_step(self._mounts, state, step, load, run=self.run, agree=agree)
-        if self._pipeline.memory is not None:  # newer than storage after a crash, and read from RAM
-            stored = self.steps(agreed=True)
-            recovered = self._pipeline.memory.recover(state, stored[-1] if stored else None, strict=strict)
-            if recovered is not None:
-                return recovered
+        recovered = self.recover_memory(state, strict=strict)  # newer than storage after a crash, from RAM
+        if recovered is not None:
+            return recovered
         return resume.load_latest(self._mounts, state, load, run=self.run, agree=agree,
                                   on_set_aside=lambda mount, old, _: self._catalog.forget(mount.path, old))
+
+    def recover_memory(self, state: dict[str, Any], *, strict: bool = True) -> int | None:
+        """Load the newest memory-tier step every rank can assemble (see :mod:`ckpt.memory.tier`) when
+        it is at least as new as storage's newest step; None (nothing loaded) otherwise, or without
+        the tier. Collective. ``load()`` tries this first; a caller that loads storage its own way
+        (a model-only step into the model alone) asks for it apart."""
+        self._check_open()
+        self.wait()
+        if self._pipeline.memory is None:
+            return None
+        stored = self.steps(agreed=True)
+        return self._pipeline.memory.recover(state, stored[-1] if stored else None, strict=strict)
 
     def discard_after(self, step: int) -> list[int]:
         """Delete every committed step after ``step`` on every mount (rank 0; collective), so that

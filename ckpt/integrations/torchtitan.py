@@ -39,7 +39,9 @@ The memory tier (``memory="/dev/shm/ckpt"``, with ``memory_interval``, ``memory_
 step newer than storage's (also when storage holds none yet). ``close()`` after a clean run removes the
 run's memory steps; torchtitan's ``train.py`` also calls it when training raised (inside its ``except``),
 and then they stay for the restart, as they do after a killed process. A model-only newest step (a
-seed checkpoint, a final export) is loaded as before, the memory tier not consulted.
+seed checkpoint, a final export) is loaded as before unless a memory step newer than it holds the whole
+state (a run begun from a seed that crashed before its first storage save); a final model-only export
+is never put in memory.
 
 The engine brings deltas (``full_every``), replicas/S3 (``replicas``), checksummed chunks verified on
 load, a pickle-free load (torchtitan's dataloader still unpickles its own position blob), atomic
@@ -174,7 +176,7 @@ class CheckpointManager(BaseCheckpointManager):
         model_only = config.last_save_model_only
         tree = titan_state.training_tree(self.states, model_only=model_only,
                                          dtype=self.export_dtype if model_only else None)
-        started = self.engine.save(curr_step, tree, force=True)
+        started = self.engine.save(curr_step, tree, force=True, memory=False if model_only else None)
         self.engine.wait()
         return started
 
@@ -228,6 +230,13 @@ class CheckpointManager(BaseCheckpointManager):
                 raise ValueError(f"{name} not found in state_dict.")
         tree = titan_state.training_tree(self.states, model_only=model_only, exclude=exclude, dtype=dtypes)
         if model_only and step is None:
+            # a memory step newer than the model-only one (a run begun from a seed checkpoint): the whole state
+            full = titan_state.training_tree(self.states, exclude=exclude)
+            recovered = self.engine.recover_memory(full, strict=not exclude)
+            if recovered is not None:
+                titan_state.restore(self.states, full)
+                log.info("Loaded step %s from the memory tier", recovered)
+                return True
             step = newest  # a model-only step is what the run ended with: load it, not an older full one
         loaded = self.engine.load(tree, step, strict=not exclude)
         if loaded is None:

@@ -406,3 +406,31 @@ def test_llama3_resumes_from_the_memory_tier_between_storage_saves(tmp_path):
         assert_bitwise(third.snapshot()[state], at_seven[state], f"memory step 7: {state}")
     third.checkpointer.close()  # a clean finish
     assert memory.is_dir() and not (memory / run).exists()
+
+
+def test_a_run_begun_from_a_seed_resumes_from_its_memory_step(tmp_path):
+    """Storage holds only the model-only seed (step 0); the run kept steps 1-2 in memory and failed
+    before its first storage save: the restart takes memory step 2 (the whole state), not the seed.
+    A final model-only export is not put in memory."""
+    memory = tmp_path / "shm"
+    seed = _single(str(tmp_path), create_seed_checkpoint=True)
+    assert seed.checkpointer.save(curr_step=0, last_step=True) is True
+    seed.checkpointer.close()
+    engine = {"memory": str(memory)}
+    job = _single(str(tmp_path), seed=1, engine=engine, interval=4)
+    assert job.checkpointer.load() is True  # the seed: the model alone
+    for _ in range(2):
+        job.train_step()
+        assert job.checkpointer.save(job.train_state.step) is True  # memory steps 1, 2
+    at_two = job.snapshot()
+    run = job.checkpointer.engine.run
+    _crash(job.checkpointer)
+    again = _single(str(tmp_path), seed=5, engine=engine, interval=4)
+    assert again.checkpointer.load() is True
+    assert again.train_state.step == 2
+    for state, value in at_two.items():
+        assert_bitwise(again.snapshot()[state], value, f"memory step 2: {state}")
+    again.train_step()
+    again.checkpointer.save(again.train_state.step, last_step=True)  # step 3: the final export
+    again.checkpointer.close()
+    assert not (memory / run).exists()  # a clean finish

@@ -137,3 +137,24 @@ def test_a_newer_storage_step_wins(tmp_path):
     memory.mkdir()
     run_ranks(WORLD, _train, str(root), str(memory), 4, None, 3)  # memory at 3, storage at 2 and 4
     assert run_ranks(WORLD, _resume, str(root), str(memory)) == [(4, True)] * WORLD
+
+
+def test_one_process_saves_to_memory_unless_told_not_and_recovers_memory_alone(tmp_path):
+    """One process (no partner): every step to memory, storage every 2; ``save(memory=False)`` leaves a
+    step out of memory; ``recover_memory`` loads the newest memory step and nothing from storage."""
+    import ckpt
+
+    memory = tmp_path / "shm"
+    memory.mkdir()
+    manager = ckpt.CheckpointManager(tmp_path / "ckpt", interval=2, memory=str(memory / "node0"))
+    for step in (1, 2, 3):
+        manager.save(step, _state(0, step))
+    manager.save(4, _state(0, 4), force=True, memory=False)  # a final export: storage only
+    manager.wait()
+    assert (manager.stats.saves, manager.stats.memory_saves) == (2, 3)
+    manager.close(finished=False)
+    again = ckpt.CheckpointManager(tmp_path / "ckpt", interval=2, memory=str(memory / "node0"))
+    live = _state(0, 0)
+    assert again.recover_memory(live) is None  # memory's newest (3) is older than storage's (4)
+    assert again.load(live) == 4 and torch.equal(live["w0"], _state(0, 4)["w0"])
+    again.close()
