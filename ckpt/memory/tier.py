@@ -6,7 +6,8 @@ recovery from them in seconds — storage stays the backstop.
     step = tier.recover(state, newest_storage_step)       # start-up, every rank: the step loaded, or None
 
 A memory step is one ordinary checkpoint of ours per rank (the rank's local shards, written by
-:class:`ckpt.dcp.Writer` without collectives: same format, checksums while writing, manifest last)
+:class:`ckpt.dcp.Writer` without collectives: same format, checksums while writing, manifest last;
+a DTensor is kept as its local tensor, a plain tensor of the rank's own, and loaded back into it)
 in ``<directory>/<run>/step-N/rank-R`` (:mod:`ckpt.memory.store`). One save, on every rank in the
 same order (the pipeline's saves are agreed):
 
@@ -36,14 +37,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from ..api import load_with_manifest, write_tree
 from ..errors import CheckpointError
 from ..options import SaveOptions
 from ..outcomes import SaveStats
 from ..read import read_manifest
-from ..state import export_state
-from ..tree import leaves
+from ..state import export_state, stored_whole
+from ..tree import descend_containers, leaves, transform
 from ..write.delta import tensor_signature
 from ..write.storage_writer import Writer
 from .nodes import node_of, partner_rank, source_rank
@@ -60,6 +62,38 @@ def layout_of(tree: Any) -> str:
     """A short digest of a rank's tensor layout (local shapes and dtypes, in order): a memory step
     loads only where this is unchanged."""
     return hashlib.sha256(repr(tensor_signature(tree)).encode()).hexdigest()[:16]
+
+
+def local_tree(tree: Any) -> Any:
+    """``tree`` with each DTensor replaced by its local tensor (the same memory): a rank's own
+    checkpoint holds its shards whole, as plain tensors (a DTensor's would not cover its global shape)."""
+    return transform(tree, descend_containers(lambda leaf: leaf.to_local() if isinstance(leaf, DTensor) else leaf))
+
+
+def load_local(state: dict, location: Any, manifest: Any, *, strict: bool) -> None:
+    """Load a rank's own checkpoint (:func:`local_tree`'s) into ``state``: DCP fills each DTensor's
+    local tensor in place, then the exported tree, DTensors back in it, goes to the user's objects."""
+    tree, restore = export_state(state, stored_whole(set(manifest.values), [*manifest.values, *manifest.tensors]))
+    swapped = _swap_local(tree)
+    try:
+        load_with_manifest(tree, location, manifest, strict=strict, no_dist=True)
+    finally:
+        for container, key, dtensor in swapped:
+            container[key] = dtensor
+    restore()
+
+
+def _swap_local(node: Any, swapped: list | None = None) -> list:
+    """Replace, in place, each DTensor in ``node``'s dicts and lists by its local tensor; the
+    ``(container, key, dtensor)`` replaced, to put back."""
+    swapped = [] if swapped is None else swapped
+    for key, value in list(node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()):
+        if isinstance(value, DTensor):
+            swapped.append((node, key, value))
+            node[key] = value.to_local()
+        else:
+            _swap_local(value, swapped)
+    return swapped
 
 
 def tree_bytes(tree: Any) -> int:
@@ -118,6 +152,7 @@ class MemoryTier:
     def _write_and_swap(self, step: int, tree: Any) -> BaseException | None:
         error = None
         own = self.store.rank_location(step, self.rank)
+        tree = local_tree(tree)
         try:
             self.store.prepare_step(step)
             writer = Writer(own, overwrite=True, step=step,
@@ -166,7 +201,7 @@ class MemoryTier:
         if self._first_error(error, step):
             return None
         try:
-            load_with_manifest(state, location, manifest, strict=strict, no_dist=True)
+            load_local(state, location, manifest, strict=strict)
         except (CheckpointError, OSError) as exc:
             error = exc
         if self._first_error(error, step):
