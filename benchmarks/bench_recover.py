@@ -157,10 +157,12 @@ class Bench:
 
         self.job(RECOVER_RANK, f"{tag}-crash", lambda n: node_args(n, "crash"), may_fail=True)
         self.job(RECOVER_RANK, f"{tag}-restart", lambda n: node_args(n, "restart"))
-        resumed = rank_records(self.work / f"{tag}-restart", WORLD)[0]["resumed"]
+        ranks = rank_records(self.work / f"{tag}-restart", WORLD)
+        resumed, read = ranks[0]["resumed"], sum(r["bytes_read"] for r in ranks)
         self.memory.clear()
         shutil.rmtree(root, ignore_errors=True)
-        return {"interval": interval, "crash_at": crash_at, "resumed": resumed, "lost": crash_at - (resumed or 0)}
+        return {"interval": interval, "crash_at": crash_at, "resumed": resumed, "lost": crash_at - (resumed or 0),
+                "from": "storage" if read else "memory tier"}
 
     # -- tokens/s -----------------------------------------------------------------------------------
     def throughput(self, variant: str, tag: str) -> dict:
@@ -204,7 +206,7 @@ def run(args, work: Path, rows: list[Row]) -> dict:
         lost = [bench.lost_work(interval) for interval in (1, args.lost_interval)]
         for item in lost:
             print(f"lost work at memory_interval {item['interval']}: crash after step {item['crash_at']}, "
-                  f"resumed at {item['resumed']}: {item['lost']} step(s) redone", flush=True)
+                  f"resumed at {item['resumed']} from {item['from']}: {item['lost']} step(s) redone", flush=True)
         tps: dict = {}
         for rep in range(args.repeats):
             for variant in rotated(list(VARIANTS), rep):

@@ -250,7 +250,7 @@ def resume_parts(records: dict, path: Path) -> bool:
 def recover_parts(records: dict, path: Path) -> bool:
     """Time to recover: one stacked bar per (system, scenario), the memory tier beside the peers."""
     return _stacked_parts(_metrics(records.get("recover"), "recover_part_s"),
-                          lambda m: f"{m['system']} ({m.get('scenario', '')})",
+                          lambda m: f"{m['system']}: {m.get('scenario', '')}",
                           "seconds from the restart to the end of the first step (median)",
                           "Time to recover after a crash or a lost node, by part", path)
 

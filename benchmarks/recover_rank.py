@@ -12,7 +12,7 @@ crash    ``Trainer.fit(stop_at=C)``, then ``os._exit(1)`` on every rank: no clos
          thread killed wherever it is, as when a worker dies and torchrun tears down the job; the
          memory folders and storage stay as the run left them. The job exits non-zero.
 restart  the trainer's own resume (memory tier first, then storage); records the step it resumed
-         at, then takes one step.
+         at and the bytes its load read from storage (0: from the memory tier), then takes one step.
 train    ``fit`` to step ``--warmup``, then the timed window to ``--steps`` (the saves drained by
          ``manager.wait()`` inside it, so the writer's work is counted); records tokens/s of the window
          (global batch × sequence length per step) and the manager's counters: storage saves, memory
@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.mode == "restart":
             resumed = trainer.checkpoints.resumed_step
             losses = trainer.fit(stop_at=(resumed or 0) + 1)
-            write(args, {"resumed": resumed, "loss": losses[0]})
+            write(args, {"resumed": resumed, "loss": losses[0],
+                         "bytes_read": trainer.checkpoints.manager.load_stats.bytes_read})
         else:
             trainer.fit(stop_at=args.warmup)
             dist.barrier()

@@ -68,7 +68,8 @@ def memory_goals(result: dict, vs: dict, state: int) -> list[dict]:
     runs = result["runs"]
     used = "mem-loss" in runs and _from_memory(runs["mem-loss"])
     goals = []
-    for key, target, name in (("s3", GOAL_X_S3, "ours from S3"), ("disk", GOAL_X_DISK, "ours from local disk, pages evicted")):
+    for key, target, name in (("s3", GOAL_X_S3, "ours from S3"),
+                              ("disk", GOAL_X_DISK, "ours from local disk, pages evicted")):
         xs = vs.get("loss", {}).get(key)
         crash = vs.get("crash", {}).get(key)
         detail = (f"load part, memory tier after a node loss / {name}, paired per repeat ({len(xs)}); after a worker "
@@ -80,14 +81,15 @@ def memory_goals(result: dict, vs: dict, state: int) -> list[dict]:
 
 
 def lost_lines(result: dict) -> tuple[list[str], list[dict], list[dict]]:
-    lines = table_head(["memory_interval", "Crash after step", "Resumed at", "Steps redone"], "rrrr")
+    lines = table_head(["memory_interval", "Crash after step", "Resumed at", "From", "Steps redone"], "rrrlr")
     metrics = []
     for item in result["lost"]:
-        lines.append(f"| {item['interval']} | {item['crash_at']} | {item['resumed']} | {item['lost']} |")
+        lines.append(f"| {item['interval']} | {item['crash_at']} | {item['resumed']} | {item['from']} | {item['lost']} |")
         metrics.append(metric(f"memory_interval {item['interval']}", "lost_steps", "steps", [item["lost"]]))
     first, other = result["lost"]
     goals = [goal(f"recover: lost work at memory_interval 1 ≤ {GOAL_LOST} step", first["lost"], GOAL_LOST, "<=",
-                  f"steps redone after every rank died right after step {first['crash_at']}; at memory_interval "
+                  f"steps redone after every rank died right after step {first['crash_at']} (resumed from "
+                  f"{first['from']}); at memory_interval "
                   f"{other['interval']}: {other['lost']} (a crash at a uniformly random step redoes "
                   f"{(other['interval'] - 1) / 2:.1f} on average)")]
     return lines, metrics, goals
@@ -149,8 +151,8 @@ def report(result: dict, rows, args, info: dict, command: str) -> tuple[str, lis
         f"step's save call returned — the worst moment: with `double_buffer` one save may be writing and the next "
         f"staged — and a fresh job resumes):", "",
         *lost, "",
-        f"Tokens/s over {args.window} steps after {result['warmup']} (debug flavour, 4 ranks, `async_mode double_buffer`, the saves "
-        f"drained inside the window):", "",
+        f"Tokens/s over {args.window} steps after {result['warmup']} (debug flavour, 4 ranks, `async_mode "
+        f"double_buffer`, the saves drained inside the window):", "",
         *tps, "",
         "Notes:",
         "- A worker crash is a fresh job over the memory folders as the crashed run left them (the saving run keeps "
@@ -160,6 +162,8 @@ def report(result: dict, rows, args, info: dict, command: str) -> tuple[str, lis
         "- Storage, DCP and torchtitan read nothing from the memory folders: the same recovery after a crash or a lost "
         "node, measured once (scenario \"either\"). No row saves in its first resumed step (the memory rows run with "
         "`memory_interval 1000`), so the first step is the same work everywhere.",
+        "- The goals compare the load parts. Opening an S3 root (the run's claim, the listing) happens in the "
+        "manager's construction, so it falls in \"process group + build\" for the S3 row: its total shows it.",
         "- Read from storage: the bytes the ranks' `CheckpointManager.load` read from storage (`LoadStats.bytes_read`, "
         "summed); 0 means the state came from the memory tier. The first loss must be the same in every row (same "
         "weights and data position).",
