@@ -98,6 +98,7 @@ class CheckpointManager:
             self._pipeline.use_memory(MemoryTier(
                 options.memory, self.run, rank=self.rank, world=world, local_world=local_world_size(world),
                 group=self._memory_pg, keep=options.memory_keep, replicas=options.memory_replicas))
+        self.loaded_from: str | None = None  # "memory" or "storage": where the last load's step came from
         self._closed = False
 
     # -- training-loop API -----------------------------------------------------------------------
@@ -164,13 +165,18 @@ class CheckpointManager:
             load_with_manifest(target, path, manifest, strict=strict,
                                process_group=self._control_pg, mirrors=mirrors, stats=stats)
 
+        self.loaded_from = None
         if step is not None:
-            return resume.load_step(self._mounts, state, step, load, run=self.run, agree=agree)
+            return self._stored(resume.load_step(self._mounts, state, step, load, run=self.run, agree=agree))
         recovered = self.recover_memory(state, strict=strict)  # newer than storage after a crash, from RAM
         if recovered is not None:
             return recovered
-        return resume.load_latest(self._mounts, state, load, run=self.run, agree=agree,
-                                  on_set_aside=lambda mount, old, _: self._catalog.forget(mount.path, old))
+        return self._stored(resume.load_latest(self._mounts, state, load, run=self.run, agree=agree,
+                                               on_set_aside=lambda mount, old, _: self._catalog.forget(mount.path, old)))
+
+    def _stored(self, step: int | None) -> int | None:
+        self.loaded_from = None if step is None else "storage"
+        return step
 
     def recover_memory(self, state: dict[str, Any], *, strict: bool = True) -> int | None:
         """Load the newest memory-tier step every rank can assemble (see :mod:`ckpt.memory.tier`) when
@@ -182,7 +188,16 @@ class CheckpointManager:
         if self._pipeline.memory is None:
             return None
         stored = self.steps(agreed=True)
-        return self._pipeline.memory.recover(state, stored[-1] if stored else None, strict=strict)
+        step = self._pipeline.memory.recover(state, stored[-1] if stored else None, strict=strict)
+        if step is not None:
+            self.loaded_from = "memory"
+        return step
+
+    @property
+    def memory_note(self) -> str | None:
+        """The memory tier's one line about the last load (every rank; logged by rank 0): the memory
+        step it resumed from, or why storage was used instead; None without the tier or a word to say."""
+        return None if self._pipeline.memory is None else self._pipeline.memory.note
 
     def discard_after(self, step: int) -> list[int]:
         """Delete every committed step after ``step`` on every mount (rank 0; collective), so that

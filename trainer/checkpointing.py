@@ -10,7 +10,9 @@ committed step, or, when nothing was resumed, loads the model's weights only fro
 ``checkpoint.initial_load_path`` (:func:`initial_checkpoint`: :func:`ckpt.root.resolve_checkpoint`). Errors become the run's exits
 (:mod:`trainer.exits`): what cannot be used as asked is :class:`~trainer.exits.Refused` (exit 2),
 a checkpoint that cannot be loaded :class:`~trainer.exits.Failed` (exit 1). Rank 0 prints one line
-per committed checkpoint (:func:`commit_line`).
+per committed checkpoint (:func:`commit_line`) and, on a resume, the step and where it came from
+(``checkpoint.memory``'s memory tier or the folder), after the tier's line saying why a memory step
+was not used, when it has one.
 """
 
 from __future__ import annotations
@@ -140,9 +142,17 @@ class RunCheckpoints:
             if load_step is not None and isinstance(exc, ckpt.CheckpointNotFoundError):
                 raise exits.Refused(f"checkpoint.load_step={load_step}: {exc}") from exc
             raise exits.Failed(f"the checkpoint to resume from cannot be loaded: {exc}") from exc
+        memory_note = self.manager.memory_note
+        if memory_note and self.manager.loaded_from != "memory":  # why a memory step was not used
+            self.log(memory_note)
         if step is not None:
             self._branch_if_asked(step)  # before the resume line: a refused start prints none
             self.resumed_step = step
+            if self.manager.loaded_from == "memory":
+                newest = self.newest()
+                self.log(f"resumed from checkpoint step {step} (from memory: {self.cfg.checkpoint.memory}; newest "
+                         f"in {self.manager.root}: {'none' if newest is None else f'step {newest}'}){note}")
+                return
             self.log(f"resumed from checkpoint step {step} ({self.manager.root}){note}; "
                      f"{self.manager.load_stats.summary()} on this rank")
 

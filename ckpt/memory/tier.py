@@ -121,6 +121,7 @@ class MemoryTier:
             log.warning("memory tier: one node, so no partner copy (a lost node loses its memory steps; "
                         "storage is the backstop)")
         self._warned_room = False
+        self.note: str | None = None  # the last recovery's one line (every rank), None when it had nothing to say
 
     # -- saving (the writer thread) -----------------------------------------------------------------
     def save(self, step: int, tree: Any) -> bool:
@@ -176,11 +177,16 @@ class MemoryTier:
     def recover(self, state: dict, newest_storage: int | None, *, strict: bool = True) -> int | None:
         """Load the newest memory step every rank can assemble into ``state``; None (nothing loaded,
         the reason logged once) when there is none, storage is newer, or anything fails."""
+        self.note = None
         if self.leader:
             self.store.remove_incomplete()
         holders = self._holders()
         complete = [step for step, held in holders.items() if set(range(self.world)) <= held.keys()]
         if not complete:
+            if holders:  # steps there, but some rank's files on no node: say so, once
+                newest = max(holders)
+                lost = ", ".join(map(str, sorted(set(range(self.world)) - holders[newest].keys())))
+                self._say(f"memory step {newest} unusable (rank {lost}: its files are on no node): resuming from storage")
             return None
         step = max(complete)
         if newest_storage is not None and newest_storage > step:
@@ -221,6 +227,7 @@ class MemoryTier:
         holders: dict[int, dict[int, int]] = {}
         for reader, steps in enumerate(gathered):
             for step, ranks in steps.items():
+                holders.setdefault(step, {})  # a complete step every rank's files of which are gone is still named
                 for r in ranks:
                     if node_of(reader, self.local_world) == node_of(r, self.local_world):
                         holders.setdefault(step, {})[r] = r  # its own node: read locally
@@ -260,6 +267,7 @@ class MemoryTier:
         return bool(tensor.item())
 
     def _say(self, line: str, level: int = logging.WARNING) -> None:
+        self.note = line
         if self.rank == 0:
             log.log(level, line)
 

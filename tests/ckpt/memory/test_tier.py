@@ -193,3 +193,29 @@ def test_a_sharded_state_is_kept_and_resumed_as_each_rank_s_local_shard(tmp_path
     (tmp_path / "shm").mkdir()
     results = run_ranks(WORLD, _sharded_run, str(tmp_path / "ckpt"), str(tmp_path / "shm"))
     assert results == [(3, 3, True)] * WORLD  # storage holds step 2 only
+
+
+def test_where_a_load_came_from_and_why_storage_when_a_rank_s_files_are_gone(tmp_path):
+    """``loaded_from`` names the tier the last load's step came from, ``memory_note`` the tier's one
+    line about it; a step whose every copy of a rank's files is gone is named as the reason storage
+    was used (was: storage used without a word)."""
+    import ckpt
+
+    memory = tmp_path / "shm"
+    memory.mkdir()
+    manager = ckpt.CheckpointManager(tmp_path / "ckpt", interval=2, memory=str(memory / "node0"))
+    for step in (1, 2, 3):
+        manager.save(step, _state(0, step))
+    manager.close(finished=False)
+    again = ckpt.CheckpointManager(tmp_path / "ckpt", interval=2, memory=str(memory / "node0"))
+    assert again.loaded_from is None
+    assert again.load(_state(0, 0)) == 3
+    assert again.loaded_from == "memory" and again.memory_note == "resumed from memory step 3 (storage's newest: 2)"
+    again.close(finished=False)
+    (run,) = (memory / "node0").iterdir()
+    for step in ("step-00000002", "step-00000003"):  # memory_keep 2: both steps lose rank 0's files
+        shutil.rmtree(run / step / "rank-00000")
+    again = ckpt.CheckpointManager(tmp_path / "ckpt", interval=2, memory=str(memory / "node0"))
+    assert again.load(_state(0, 0)) == 2 and again.loaded_from == "storage"
+    assert again.memory_note == "memory step 3 unusable (rank 0: its files are on no node): resuming from storage"
+    again.close()
