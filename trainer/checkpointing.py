@@ -104,6 +104,7 @@ class RunCheckpoints:
         self.written = 0  # checkpoints committed by this run
         self.resumed_step: int | None = None
         self.last_saved: int | None = None  # the last step this run started a save of
+        self._memory_told: set[str] = set()  # memory-tier troubles already said once
         c = cfg.checkpoint
         if not (c.enable or c.create_seed_checkpoint):
             return
@@ -234,6 +235,15 @@ class RunCheckpoints:
         """Saves that failed under on_error=continue so far."""
         return 0 if self.manager is None else self.manager.stats.failures
 
+    @property
+    def memory_counts(self) -> dict:
+        """The memory tier's counters for the metrics (empty without the tier)."""
+        if self.manager is None or self.cfg.checkpoint.memory is None:
+            return {}
+        stats = self.manager.stats
+        return {"ckpt_memory_saves": stats.memory_saves, "ckpt_memory_skipped": stats.memory_skipped,
+                "ckpt_memory_failed": stats.memory_failures}
+
     def save(self, step: int, state: dict, *, force: bool) -> ckpt.CheckpointError | None:
         """``manager.save`` (nothing without checkpoints); the error of a failed save, to be agreed
         on by all ranks, or None."""
@@ -244,7 +254,19 @@ class RunCheckpoints:
                 self.last_saved = step
         except ckpt.CheckpointError as exc:
             return exc
+        self._tell_memory_trouble()
         return None
+
+    def _tell_memory_trouble(self) -> None:
+        """One line the first time the memory tier skips a save (no room) and the first time one
+        fails: the engine's own warnings go to its logger, which the trainer does not show."""
+        stats = self.manager.stats
+        for count, what, seen in ((stats.memory_skipped, "skipped: no room in", "skipped"),
+                                  (stats.memory_failures, "failed in", "failed")):
+            if count and seen not in self._memory_told:
+                self._memory_told.add(seen)
+                self.log(f"memory tier: a save {what} {self.cfg.checkpoint.memory} (ckpt_memory_{seen} in the "
+                         "metrics counts them); storage checkpoints go on as configured")
 
     def finish(self) -> ckpt.CheckpointError | None:
         """Wait for every save in flight (after the final save, before its metrics record): a failure

@@ -228,6 +228,7 @@ class Trainer:
                     "memory_gib": peak_memory_gib(self.device_type),
                     "ckpt_stall_ms": 1e3 * stall / window_steps,
                     "ckpt_failures": self.checkpoints.failures,
+                    **self.checkpoints.memory_counts,
                     **({"moe_aux_loss": moe_aux[0]} if moe_aux else {}),
                 })
                 window_start, window_steps, stall = time.perf_counter(), 0, 0.0
