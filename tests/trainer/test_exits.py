@@ -20,13 +20,13 @@ from tests.support.trainer_runs import trainer_args
 # Runs the trainer CLI with every data file of the named steps failing as on a full disk.
 _FAILING_WRITES = """
 import errno, sys
-import ckpt.write
-real = ckpt.write.write_file
+import ckpt.write.files
+real = ckpt.write.files.write_file
 def write_file(path, *args, **kwargs):
     if any(f"step-{s:08d}.tmp" in str(path) for s in FAIL):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
     return real(path, *args, **kwargs)
-ckpt.write.write_file = write_file
+ckpt.write.files.write_file = write_file  # where write_rank looks it up
 from trainer.train import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -184,7 +184,7 @@ def _fail_on_one_rank(rank: int, world: int, root: str) -> tuple[int, int]:
     import ckpt.write.files
     from trainer.train import main
 
-    real_write, real_save = ckpt.write.write_file, ckpt.CheckpointManager.save
+    real_write, real_save = ckpt.write.files.write_file, ckpt.CheckpointManager.save
 
     def write_file(path, *args, **kwargs):  # rank 1's disk is full at step 4: the engine tells every rank
         if rank == 1 and "step-00000004.tmp" in str(path):
@@ -196,9 +196,9 @@ def _fail_on_one_rank(rank: int, world: int, root: str) -> tuple[int, int]:
             raise ckpt.CheckpointWriteError("injected: rank 0 alone")
         return real_save(self, step, state, **kwargs)
 
-    ckpt.write.write_file = write_file
+    ckpt.write.files.write_file = write_file
     propagated = main(trainer_args(f"{root}/write", steps=8, checkpoint__interval=2))
-    ckpt.write.write_file, ckpt.CheckpointManager.save = real_write, save
+    ckpt.write.files.write_file, ckpt.CheckpointManager.save = real_write, save
     alone = main(trainer_args(f"{root}/alone", steps=8, checkpoint__interval=2))
     return propagated, alone
 
