@@ -79,7 +79,7 @@ def full_tensors(path: str | os.PathLike | Location, keys: Iterable[str] | None 
     other tensors keep their dtype. One full tensor plus one chunk is held at a time (the caller
     should drop each tensor before asking for the next). ``manifest``: the checkpoint's, when the
     caller has already read it. A :class:`~ckpt.storage.Location` is used as it is (resolved by the caller)."""
-    location = path if isinstance(path, Location) else locate(path, storage_options)
+    location = locate(path, storage_options)
     manifest = read_manifest(location) if manifest is None else manifest
     keys = sorted(manifest.tensors) if keys is None else list(keys)
     for key in keys:

@@ -93,7 +93,7 @@ def write_output(dst: str | os.PathLike | Location, specs: Sequence[TensorSpec],
             raise UnsupportedFormatError(f"{unsupported[0].key}: dtype {unsupported[0].dtype} has no safetensors "
                                          f"code ({len(unsupported)} such tensor(s)); use --format torch")
     metadata = {"format": "pt", **{str(k): str(v) for k, v in (metadata or {}).items()}}
-    dst = dst if isinstance(dst, Location) else locate(dst, storage_options)
+    dst = locate(dst, storage_options)
     if extra_files and max_shard_size is None:
         raise CheckpointError("extra_files go into a directory output: give max_shard_size")
     with _Checked(specs, tensors, progress) as stream:

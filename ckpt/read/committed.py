@@ -62,7 +62,7 @@ def read_metadata_file(path: Location, name: str, limit: int, error: type[Checkp
 def read_manifest(path: str | os.PathLike | Location, storage_options: dict | None = None) -> Manifest:
     """Parse and validate the manifest of the committed checkpoint at ``path`` (a directory or a URL,
     resolved here: the door; a :class:`~ckpt.storage.Location` is used as it is)."""
-    return read_manifest_bytes(path if isinstance(path, Location) else locate(path, storage_options))[0]
+    return read_manifest_bytes(locate(path, storage_options))[0]
 
 
 def read_manifest_bytes(path: Location) -> tuple[Manifest, bytes]:

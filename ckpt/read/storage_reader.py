@@ -59,19 +59,15 @@ class Reader(StorageReader):
         self.process_group = process_group
         self.stats = LoadStats()
         self.storage_options = storage_options
-        self.mirrors = tuple(self._resolve(m) for m in mirrors)
-        self.path = self._resolve(path) if path is not None else None
+        self.mirrors = tuple(locate(m, self.storage_options) for m in mirrors)
+        self.path = locate(path, self.storage_options) if path is not None else None
         self.manifest = manifest
         self._unreadable: CheckpointError | None = None
         self.peer_lost: CheckpointError | None = None  # a rank that died while chunks were exchanged
 
-    def _resolve(self, target) -> Location:
-        """The door: a path or URL resolved once here; a Location (``ckpt.load``'s) used as it is."""
-        return target if isinstance(target, Location) else locate(target, self.storage_options)
-
     def reset(self, checkpoint_id: str | os.PathLike | Location | None = None) -> None:
         if checkpoint_id is not None:
-            self.path = self._resolve(checkpoint_id)
+            self.path = locate(checkpoint_id, self.storage_options)
             self.manifest = None
 
     # No **kwargs: DCP would otherwise retry a failed read as "rank-local metadata".

@@ -60,7 +60,7 @@ class CheckpointRoot:
     """The checkpoints of one run under ``path``, a directory or URL (see the module docstring)."""
 
     def __init__(self, path: str | os.PathLike | Location, storage_options: dict | None = None):
-        self.path = path if isinstance(path, Location) else locate(path, storage_options)  # the door: once
+        self.path = locate(path, storage_options)  # the door: once (a Location passes through)
         self._headers: dict[int, tuple] = {}  # step -> (base step | None | UNREADABLE, run | None)
         self._newest: tuple[int, object, Manifest] | None = None  # (step, its directory_id, manifest)
         self._bases_lock = threading.Lock()  # the writer thread and replica workers share the map

@@ -85,7 +85,7 @@ class Writer(StorageWriter):
             raise InvalidOptionError("kind", kind, "must be 'delta' exactly when base=DeltaBase(...) is given")
         if base is not None and not isinstance(base, DeltaBase):
             raise TypeError(f"base must be a ckpt.delta.DeltaBase, not {type(base).__name__}")
-        self.path = self._resolve(path) if path is not None else None
+        self.path = locate(path, self.storage_options) if path is not None else None
         if base is not None and (base.step == step or (self.path is not None and base.name == self.path.name)):
             raise InvalidOptionError("base", base.name, f"a delta cannot be its own base (step {base.step})")
         self.overwrite, self.step, self.base = overwrite, step, base
@@ -95,14 +95,10 @@ class Writer(StorageWriter):
         self.before_commit = None  # the fence the coordinator runs right before the commit point (the manager's)
         self.run: str | None = None  # the run identity recorded in the manifest (the manager's)
 
-    def _resolve(self, target) -> Location:
-        """The door: a path or URL resolved once here; a Location (the manager's) used as it is."""
-        return target if isinstance(target, Location) else locate(target, self.storage_options)
-
     # -- DCP protocol ------------------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | Location | None = None) -> None:
         if checkpoint_id is not None:
-            self.path = self._resolve(checkpoint_id)
+            self.path = locate(checkpoint_id, self.storage_options)
         self.attempt = None
         self.manifest = None
 

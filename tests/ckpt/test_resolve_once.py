@@ -1,7 +1,8 @@
 """Resolve once at the door (issue 37 item 3e): a public entry point turns a path or URL into a
 :class:`~ckpt.storage.Location` once and passes it inward; nothing inside calls ``locate`` again.
 
-Counted by wrapping every binding of :func:`ckpt.storage.locate` in the engine's modules."""
+Counted by wrapping every binding of :func:`ckpt.storage.locate` in the engine's modules: each call
+given a path or URL (a Location passes through ``locate`` unchanged: nothing is resolved)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def locate_calls(monkeypatch) -> list:
     calls, real = [], ckpt.storage.locate
 
     def counted(target, *args, **kwargs):
-        calls.append(target)
+        if not isinstance(target, ckpt.storage.Location):  # a Location passes through: nothing resolved
+            calls.append(target)
         return real(target, *args, **kwargs)
 
     for name, module in list(sys.modules.items()):

@@ -250,7 +250,7 @@ def read_dcp_metadata(path: str | os.PathLike | Location, storage_options: dict 
     the file runs) and checked for shape: a refused global or opcode raises
     :class:`UnsafeCheckpointError` naming it; anything malformed :class:`CorruptCheckpointError`. A
     :class:`~ckpt.storage.Location` is used as it is (resolved by the caller)."""
-    path = path if isinstance(path, Location) else locate(path, storage_options)
+    path = locate(path, storage_options)
     if not (path / METADATA_NAME).is_file():
         raise CorruptCheckpointError(f"{path} holds no {METADATA_NAME}: not a DCP checkpoint", path=str(path),
                                      file=METADATA_NAME)
