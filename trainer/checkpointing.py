@@ -260,6 +260,8 @@ class RunCheckpoints:
     def _tell_memory_trouble(self) -> None:
         """One line the first time the memory tier skips a save (no room) and the first time one
         fails: the engine's own warnings go to its logger, which the trainer does not show."""
+        if self.cfg.checkpoint.memory is None or len(self._memory_told) == 2:  # every step: nothing to look at
+            return
         stats = self.manager.stats
         for count, what, seen in ((stats.memory_skipped, "skipped: no room in", "skipped"),
                                   (stats.memory_failures, "failed in", "failed")):
