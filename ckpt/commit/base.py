@@ -107,7 +107,12 @@ class CommitStrategy:
         manifest = path / MANIFEST_NAME
         if manifest.is_file():
             storage.remove(manifest.path)
-            storage.sync_dir(path.path)
+            try:
+                storage.sync_dir(path.path)
+            except FileNotFoundError:
+                # our own run's start-up clean-up took the rest (a directory without a manifest):
+                # what is asked, the step gone, is done
+                return
         storage.remove_tree(path.path)
 
     # -- one file --------------------------------------------------------------------------------

@@ -74,3 +74,25 @@ def test_two_managers_on_one_root_the_second_is_refused_naming_the_holder(tmp_pa
     with ckpt.CheckpointManager(tmp_path / "run"):
         with pytest.raises(ckpt.CheckpointLockedError, match=f"host .* pid {os.getpid()}"):
             ckpt.CheckpointManager(tmp_path / "run")
+
+
+def test_a_step_whose_rest_goes_with_a_concurrent_clean_up_is_deleted_not_an_error(tmp_path, monkeypatch):
+    """A branch's deletion removes the manifest first; the run's start-up clean-up (a replica's,
+    in the replicator's thread) may then take the manifest-less directory before the deletion's
+    directory fsync. Found under load (-n 2): the branch failed with ENOENT for a step that was gone."""
+    from ckpt.storage.local import LocalStorage
+
+    for step in (1, 2):
+        ckpt.save({"x": torch.ones(2)}, step_path(tmp_path, step))
+    root = CheckpointRoot(tmp_path)
+    remove = LocalStorage.remove
+
+    def remove_then_clean_up(storage, path):
+        remove(storage, path)
+        if path.endswith("manifest.json") and "step-00000002" in path:
+            import shutil
+            shutil.rmtree(tmp_path / "step-00000002")  # what collect_uncommitted does meanwhile
+
+    monkeypatch.setattr(LocalStorage, "remove", remove_then_clean_up)
+    root.delete(2)
+    assert root.steps() == [1] and not (tmp_path / "step-00000002").exists()
