@@ -24,8 +24,10 @@ reads) under torchtitan's names, the fused wqkv as its split wq/wk/wv.
                weights under Hugging Face names with the rotary q/k rows permuted to its layout
                (model.safetensors, or model-0000i-of-0000n.safetensors + model.safetensors.index.json
                beyond --max-shard-size, default 5GB), config.json, generation_config.json, and the
-               run's tokenizer.json (+ tokenizer_config.json) when it used one; a run on the built-in
-               byte tokenizer has no tokenizer file (ids 0-255 are UTF-8 bytes, 256 BOS, 257 EOS).
+               tokenizer.json + tokenizer_config.json: the run's own tokenizer.json when it used one,
+               else the built-in byte tokenizer written as one (ids 0-255 are UTF-8 bytes, 256 BOS,
+               257 EOS; needs the tokenizers package), so AutoTokenizer loads the export; none for a
+               step imported from torchtitan or from an HF folder that had none (a note says why).
   torch,       the weights under our own names (layers.0.attention.wq.weight: what
   safetensors  trainer.model.Transformer.load_state_dict takes) in one torch.save / .safetensors
                file, or with --max-shard-size a directory of shards + index.
