@@ -17,6 +17,8 @@ without a claim takes the run of its newest step, so a restored root resumes as 
 Interrupted (Ctrl-C, or SIGTERM, which unwinds the same way), the step being copied is removed from
 DST before the tool exits: nothing half-written is left, no ``step-N.tmp-*`` either.
 
+The progress bar (on a terminal) counts the steps' data bytes as they are written, not steps.
+
 Exit codes (tools/cli.py): 0 done, 1 a step could not be read or written (one line on stderr says
 which and why), 2 bad arguments, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
 """
@@ -105,15 +107,19 @@ def _copy(args: argparse.Namespace) -> int:
         copied, skipped, total = [], [], 0
         try:
             refuse_another_runs_target(source, target, steps)
-            with progress(len(steps), "copy", quiet=args.quiet, unit="step") as bar:
+            manifests = {step: read_manifest_bytes(source.step_path(step)) for step in steps}
+            sizes = {step: sum(manifest.files.values()) for step, (manifest, _) in manifests.items()}
+            # bytes, not steps: one step can be most of the copy (805 MB sat at 0/1 when steps were counted)
+            with progress(sum(sizes.values()), "copy", quiet=args.quiet) as bar:
                 for step in steps:
-                    if holds_copy(target.step_path(step), read_manifest_bytes(source.step_path(step))[1],
-                                  source.step_path(step)):
+                    moved = bar.n
+                    if holds_copy(target.step_path(step), manifests[step][1], source.step_path(step)):
                         skipped.append(step)
                     else:
-                        total += copy_step(source.step_path(step), target.step_path(step), read_back=args.read_back)
+                        total += copy_step(source.step_path(step), target.step_path(step), read_back=args.read_back,
+                                           progress=bar.update)
                         copied.append(step)
-                    bar.update(1)
+                    bar.update(moved + sizes[step] - bar.n)  # a step already there counts as done
         finally:
             target.unlock()
     except EXPECTED_FAILURES as exc:

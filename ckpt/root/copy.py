@@ -17,7 +17,8 @@ Contract of one copy (:func:`copy_step`):
    finished, and a version-3 blob's block table, as copied, must be the table of those verified
    bytes, so corruption on the source is never committed on a replica. Each written file is
    finished durably and its size checked; with ``read_back=True`` every blob is then read back from
-   the replica and verified (:func:`ckpt.read.source.verify_blobs`).
+   the replica and verified (:func:`ckpt.read.source.verify_blobs`). ``progress(n)``, when given, is
+   told each slice of ``n`` bytes as it is written (a tool's progress bar counts bytes, not steps).
 3. Only when every rank succeeded does rank 0 write the manifest — the primary's bytes, unchanged —
    on the replica: the commit point. Otherwise — a failure on any rank or at the commit point, or an
    interrupt (Ctrl-C; ``ckpt-copy`` turns SIGTERM into one) — the attempt is removed before the error
@@ -95,10 +96,10 @@ def _blobs_by_file(manifest: Manifest) -> dict[str, list[tuple[str, Blob]]]:
 
 
 def copy_file(source: DataFiles, target: Location, name: str, blobs: list[tuple[str, Blob]],
-              size: int | None = None) -> int:
+              size: int | None = None, progress: Callable[[int], None] | None = None) -> int:
     """Stream the data file ``name`` (``size`` bytes, as its manifest records) from ``source`` to
     ``target/name``, verifying every blob as it passes; returns the bytes written. A mismatch
-    aborts the file (nothing of it stays)."""
+    aborts the file (nothing of it stays). ``progress(n)``: after each slice of ``n`` bytes written."""
     reader = source.open(name)
     if size is not None and reader.size != size:
         raise SourceCorruptError(f"{source.root}: {name} holds {reader.size} bytes, its manifest says {size}",
@@ -120,6 +121,8 @@ def copy_file(source: DataFiles, target: Location, name: str, blobs: list[tuple[
                 kept += piece
             out.write(piece)
             position += len(piece)
+            if progress is not None:
+                progress(len(piece))
 
     tables: dict[int, tuple[str, Blob, bytes]] = {}  # a version-3 blob's table as its bytes hashed
     try:
@@ -202,10 +205,12 @@ def _source_manifest(source: Location) -> tuple[Manifest, bytes]:
 
 
 def copy_step(source: Location, target: Location, *, read_back: bool = False, group=None,
-              distributed: bool = False, fence: Callable[[], None] | None = None) -> int:
+              distributed: bool = False, fence: Callable[[], None] | None = None,
+              progress: Callable[[int], None] | None = None) -> int:
     """Copy the committed checkpoint ``source`` to ``target`` (see the module docstring); returns the
     bytes this rank copied. Collective over ``group`` when ``distributed``. ``fence``: the target
-    root's (:meth:`~ckpt.root.steps.CheckpointRoot.check_held`), checked before its commit point."""
+    root's (:meth:`~ckpt.root.steps.CheckpointRoot.check_held`), checked before its commit point;
+    ``progress(n)``: told the bytes of each slice this rank writes."""
     rank = dist.get_rank(group) if distributed else 0
     world = dist.get_world_size(group) if distributed else 1
     plan, attempt, error = None, None, None
@@ -227,7 +232,7 @@ def copy_step(source: Location, target: Location, *, read_back: bool = False, gr
         if plan == "done":
             return 0
         return _copy_attempt(source, target, plan, attempt, rank, world, read_back=read_back, group=group,
-                             distributed=distributed, fence=fence)
+                             distributed=distributed, fence=fence, progress=progress)
     except BaseException:  # also an interrupt (Ctrl-C, the CLI's SIGTERM): nothing half-written stays
         if attempt is not None:
             _discard(attempt, target)
@@ -244,7 +249,7 @@ def _discard(attempt, target: Location) -> None:
 
 
 def _copy_attempt(source: Location, target: Location, plan, attempt, rank: int, world: int, *, read_back: bool,
-                  group, distributed: bool, fence) -> int:
+                  group, distributed: bool, fence, progress: Callable[[int], None] | None = None) -> int:
     """Every rank's share of the data files into the attempt, then rank 0's commit point (or abort)."""
     raw, directory = plan
     manifest = Manifest.from_json(raw, source=str(source))
@@ -256,7 +261,8 @@ def _copy_attempt(source: Location, target: Location, plan, attempt, rank: int, 
         files = DataFiles(source)
         try:
             for name in mine:
-                copied += copy_file(files, directory, name, blobs.get(name, []), manifest.files.get(name))
+                copied += copy_file(files, directory, name, blobs.get(name, []), manifest.files.get(name),
+                                    progress)
         finally:
             files.close()
         if read_back:

@@ -178,3 +178,43 @@ def test_a_data_file_with_trailing_bytes_is_refused_by_verify_and_by_copy(tmp_pa
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and said in err
     assert ckpt.CheckpointRoot(tmp_path / "dst").steps() == []
+
+
+class _Bar:
+    """tools.cli.progress's bar as the copy uses it: its total, every update, the count so far."""
+
+    def __init__(self, total: int, description: str, *, quiet: bool, unit: str = "B"):
+        self.total, self.unit, self.updates, self.n = total, unit, [], 0
+
+    def update(self, n: int) -> None:
+        self.updates.append(n)
+        self.n += n
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_the_progress_bar_counts_bytes_as_they_are_copied(tmp_path, monkeypatch, capsys):
+    """Issue 40 item 7: the bar's total is the steps' data bytes and it moves inside a step, slice by
+    slice (it counted steps: one large step sat at 0/1); a step already there counts as done."""
+    import ckpt.root.copy
+    import tools.copy
+    from tools.copy import main
+
+    train_with_chain(tmp_path / "src", steps=3, full_every=3)
+    bars = []
+    monkeypatch.setattr(tools.copy, "progress", lambda *a, **k: bars.append(_Bar(*a, **k)) or bars[-1])
+    monkeypatch.setattr(ckpt.root.copy, "SLICE", 1024)
+    assert main([str(tmp_path / "src"), str(tmp_path / "dst"), "--step", "1", "--json", "--quiet"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert main([str(tmp_path / "src"), str(tmp_path / "dst"), "--json", "--quiet"]) == 0
+    second = json.loads(capsys.readouterr().out)
+    source = ckpt.CheckpointRoot(tmp_path / "src")
+    size = {step: sum(ckpt.read_manifest(source.step_path(step)).files.values()) for step in (1, 2, 3)}
+    assert (bars[0].unit, bars[0].total, bars[0].n) == ("B", size[1], size[1]) == ("B", first["bytes"], first["bytes"])
+    assert bars[0].updates[:-1] and max(bars[0].updates) <= 1024  # slice by slice (the last update tops up 0)
+    assert (bars[1].total, bars[1].n, second["already_there"]) == (sum(size.values()), sum(size.values()), [1])
+    assert bars[1].updates[0] == size[1] and second["bytes"] == size[2] + size[3]
