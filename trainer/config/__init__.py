@@ -14,6 +14,8 @@ line. The pieces, each with its contract in its docstring (each imports only tho
 * :mod:`trainer.config.derive`: the model's shapes and the batch split a configuration implies;
 * :mod:`trainer.config.validate`: value ranges and choices;
 * :mod:`trainer.config.load`: :class:`Config` and :func:`load_config`.
+* :mod:`trainer.config.reference`: docs/CONFIG.md, the key reference, from the pieces ``--help`` prints
+  (``python -m trainer.config > docs/CONFIG.md``).
 """
 
 from __future__ import annotations

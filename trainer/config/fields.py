@@ -3,7 +3,7 @@
 Contract: :func:`coerce` turns a raw value from a file or the command line (or one set by hand)
 into the annotated type of ``section.key`` (``X | None`` fields take ``none``/``null``; booleans
 take true/false/1/0/yes/no/y/n/on/off) or raises :class:`ConfigError` naming the key.
-:func:`field_help` and :func:`help_lines` give the field's help (its ``help`` metadata, else its
+:func:`field_help`, :func:`field_docs` and :func:`help_lines` give the field's help (its ``help`` metadata, else its
 attribute docstring, parsed with :mod:`ast` from the source of the module defining the section
 class or the base class that declares it, at import time), type and default.
 """
@@ -157,10 +157,25 @@ def _type_text(section: str, key: str) -> str:
     return base.__name__ + ("|none" if optional else "")
 
 
+class FieldDoc(typing.NamedTuple):
+    """One field as ``--help`` and docs/CONFIG.md show it."""
+
+    flag: str  # --section.key
+    type: str  # int, str|none, {a,b,c}
+    default: str  # as the value would be written: 'text', 3, none, true
+    help: str
+
+
+def field_docs(section: str) -> list[FieldDoc]:
+    """Every field of ``section``, in declaration order, as :class:`FieldDoc`."""
+    return [FieldDoc(f"--{section}.{f.name}", _type_text(section, f.name), _default_text(f), field_help(section, f.name))
+            for f in dataclasses.fields(SECTIONS[section])]
+
+
 def help_lines(section: str) -> list[str]:
     """Two lines per field of ``section``: ``--section.key TYPE  (default: X)`` and its help."""
     lines = []
-    for f in dataclasses.fields(SECTIONS[section]):
-        lines.append(f"  --{section}.{f.name} {_type_text(section, f.name)}  (default: {_default_text(f)})")
-        lines.append(f"      {field_help(section, f.name)}")
+    for doc in field_docs(section):
+        lines.append(f"  {doc.flag} {doc.type}  (default: {doc.default})")
+        lines.append(f"      {doc.help}")
     return lines

@@ -2,7 +2,8 @@
 
 Contract: one dataclass per section; every field has an attribute docstring (the string literal
 under it), which :mod:`trainer.config.fields` parses for ``--help``, or its help in the field's
-metadata (the ``checkpoint`` section's engine options, :mod:`trainer.config.checkpoint`).
+metadata (the ``checkpoint`` section's engine options, :mod:`trainer.config.checkpoint`, and
+``model.flavor``, whose help lists the flavors of :data:`trainer.flavors.FLAVORS` so it cannot miss one).
 :data:`SECTIONS` lists the sections in help/file order and :data:`CHOICES` the fields restricted to
 a set of values (the checkpoint ones are the engine's enums from :mod:`ckpt.options`, not a second
 list). :func:`is_byte_tokenizer` says what ``model.tokenizer`` names. Nothing here parses or
@@ -11,9 +12,10 @@ validates; :class:`trainer.config.Config` composes the sections.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from ..flavors import FLAVORS, LLAMA3_FLAVORS
 from .checkpoint import CHOICES as CHECKPOINT_CHOICES
 from .checkpoint import CheckpointConfig
 
@@ -48,9 +50,9 @@ class ModelConfig:
     name: str = "llama"
     """Model family (case-insensitive): "llama", or "llama3" (torchtitan's name: then model.flavor
     is one of torchtitan's llama3 flavors, debugmodel, 1B, 3B, 8B, 70B)."""
-    flavor: str = "debug"
-    """Size preset of the family, e.g. "debug", "7B", "13B", "70B" (Llama-2 shapes), "debugmodel",
-    "llama3-1b", "llama3-3b", "llama3-8b", "llama3-70b" (seed key: model.size)."""
+    flavor: str = field(default="debug", metadata={"help": (
+        f"Size preset of the family (case-insensitive): {', '.join(FLAVORS)}; with model.name = llama3, "
+        f"torchtitan's names {', '.join(LLAMA3_FLAVORS)} (docs/CONFIG.md lists the shapes; seed key: model.size).")})
     vocab_size: int | None = None
     """Vocabulary size (embedding and output rows); none: the tokenizer's. Smaller than the
     tokenizer's vocabulary is refused (its token ids would not fit)."""
