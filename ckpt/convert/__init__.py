@@ -8,6 +8,8 @@ Each module states its contract; each imports only the engine below it and the r
                    ``merge``: ckpt-merge's library call
     merged         ``ckpt.save(..., merged=True)``: the live state gathered into one .safetensors file
     replay         a delta chain's step materialised as a full checkpoint (ckpt-replay)
+    plugins        a plug-in's step (DeepSpeed, Lightning, the HF Trainer) as its model's weights under the
+                   names its framework's model takes; DeepSpeed's ZeRO 1/2 fp32 masters joined (ckpt-convert)
     dcp/           a plain DCP checkpoint converted chunk by chunk into ours (ckpt-convert --from dcp):
                    its ``.metadata`` by an allow-list unpickler, its data files' items with
                    ``torch.load(weights_only=True)``, both bounded (its own room)
@@ -20,11 +22,12 @@ from .dcp import import_dcp, read_dcp_metadata, total_tensor_bytes
 from .export import HF_NAMES, merge, plan_shards, step_metadata, write_output
 from .formats import FORMATS, SAFETENSORS_DTYPES, TensorSpec, TorchZipWriter, safetensors_header
 from .merged import save_merged
+from .plugins import PluginStep, export_plugin_step, open_plugin_step
 from .replay import materialize
 
 __all__ = [
-    "FORMATS", "GROUPS", "HF_NAMES", "MMAP_MIN_BYTES", "SAFETENSORS_DTYPES", "TensorSpec", "TorchZipWriter",
-    "converted_dtype", "empty_tensor", "full_tensors", "import_dcp", "materialize", "merge", "plan_shards",
-    "read_dcp_metadata", "safetensors_header", "save_merged", "select_keys", "step_metadata", "tensor_specs",
-    "total_tensor_bytes", "write_output",
+    "FORMATS", "GROUPS", "HF_NAMES", "MMAP_MIN_BYTES", "PluginStep", "SAFETENSORS_DTYPES", "TensorSpec",
+    "TorchZipWriter", "converted_dtype", "empty_tensor", "export_plugin_step", "full_tensors", "import_dcp",
+    "materialize", "merge", "open_plugin_step", "plan_shards", "read_dcp_metadata", "safetensors_header",
+    "save_merged", "select_keys", "step_metadata", "tensor_specs", "total_tensor_bytes", "write_output",
 ]

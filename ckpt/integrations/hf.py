@@ -13,6 +13,8 @@ own: asynchronous double-buffered snapshots, checksums, atomic commits, deltas (
 replicas (``replicas=``), pickle-free loads. ``save_total_limit`` is the manager's ``keep``.
 Beside each committed step the callback writes ``<output_dir>/checkpoint-N/trainer_state.json``
 (the Trainer's own JSON), the folder the Trainer's resume looks for; retention removes it with the step.
+The model's ``config.json`` (a transformers model's) is recorded in the step too (value
+``model_config``): ``ckpt-convert STEP DIR --to hf`` writes a folder ``from_pretrained`` reads.
 
 **Resuming.** ``trainer.train(resume_from_checkpoint=...)`` goes through the Trainer's own resume
 path; the callback, bound to its Trainer when the Trainer is built, answers the Trainer's load calls
@@ -51,6 +53,7 @@ from transformers.trainer_callback import ExportableState  # noqa: E402
 
 from .. import CheckpointError, CheckpointManager, CheckpointRoot, CommitInfo, RNGState, SaveOptions  # noqa: E402
 from .. import save as save_checkpoint, load as load_checkpoint  # noqa: E402
+from ..convert.plugins import HF_CONFIG_VALUE  # noqa: E402
 from ._store import refuse_memory  # noqa: E402
 from ._tree import read_tree  # noqa: E402
 
@@ -162,6 +165,9 @@ class CkptCallback(TrainerCallback):
         trainer_state = json.loads(json.dumps(dataclasses.asdict(state)))  # what save_to_json writes
         self._pending[state.global_step] = json.dumps(trainer_state, indent=2, sort_keys=True) + "\n"
         tree = {"model": model, "optimizer": optimizer, "rng": RNGState(), "trainer_state": trainer_state}
+        config = getattr(model, "config", None)
+        if hasattr(config, "to_json_string"):  # what ckpt-convert --to hf writes as config.json
+            tree[HF_CONFIG_VALUE] = json.loads(config.to_json_string(use_diff=False))
         if kwargs.get("lr_scheduler") is not None:
             tree["scheduler"] = kwargs["lr_scheduler"]
         manager.save(state.global_step, tree, force=True)
