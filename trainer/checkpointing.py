@@ -12,7 +12,8 @@ committed step, or, when nothing was resumed, loads the model's weights only fro
 a checkpoint that cannot be loaded :class:`~trainer.exits.Failed` (exit 1). Rank 0 prints one line
 per committed checkpoint (:func:`commit_line`) and, on a resume, the step and where it came from
 (``checkpoint.memory``'s memory tier or the folder), after the tier's line saying why a memory step
-was not used, when it has one.
+was not used, when it has one; ``events`` (:mod:`trainer.checkpoint_events`) records what happens to
+the checkpoints in metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from ckpt.format import step_name
 from ckpt.read import looks_like_dcp
 from ckpt.root import resolve_checkpoint
 from ckpt.storage import is_url, locate
-from ckpt.units import human_bytes
+from ckpt.units import binary_bytes
 from . import exits
+from .checkpoint_events import CheckpointEvents
 from .config import Config
 
 
@@ -44,7 +46,7 @@ def checkpoint_folder(cfg: Config) -> str:
 def commit_line(info: ckpt.CommitInfo) -> str:
     """The line a run prints when a checkpoint is committed."""
     copies = f"; copying to {info.replicas} replica{'s' * (info.replicas > 1)}" if info.replicas else ""
-    return (f"checkpoint step {info.step} committed: {info.kind}, {human_bytes(info.bytes)} in "
+    return (f"checkpoint step {info.step} committed: {info.kind}, {binary_bytes(info.bytes)} in "
             f"{info.seconds:.2f} s, {info.path}{copies}")
 
 
@@ -101,6 +103,7 @@ class RunCheckpoints:
                  model: torch.nn.Module, log: Callable[[str], None]):
         self.cfg, self.log = cfg, log
         self.manager: ckpt.CheckpointManager | None = None
+        self.events: CheckpointEvents | None = None
         self.written = 0  # checkpoints committed by this run
         self.resumed_step: int | None = None
         self.last_saved: int | None = None  # the last step this run started a save of
@@ -116,14 +119,17 @@ class RunCheckpoints:
         if hint:  # another trainer's steps: neither trained over nor ignored
             raise exits.Refused(f"checkpoint.folder={str(folder)!r} is not this trainer's{hint}, and point "
                                 "checkpoint.folder at the result")
-        with exits.refusing(f"checkpoint.folder={str(folder)!r}"):
+        # the lock is rank 0's, its refusal agreed: every rank raises it, local rank 0 says it
+        with exits.refusing_together(f"checkpoint.folder={str(folder)!r}", alike=(ckpt.CheckpointLockedError,)):
             self.manager = ckpt.CheckpointManager(folder, options, on_commit=self._committed)
         self.manager.attach(optimizer, model=model)  # and forwards that change persistent buffers
+        self.events = CheckpointEvents(self.manager)
 
     def _committed(self, info: ckpt.CommitInfo) -> None:
-        """One line per committed checkpoint (the manager calls this on rank 0, from its writer)."""
+        """One line and one record per committed checkpoint (the manager calls this on rank 0, from its writer)."""
         self.log(commit_line(info))
         self.written += 1
+        self.events.committed(info)
 
     def start(self, state: dict, model: torch.nn.Module) -> None:
         """Resume (unless the run writes the seed checkpoint), else take checkpoint.initial_load_path's weights."""
@@ -136,18 +142,20 @@ class RunCheckpoints:
     def resume(self, state: dict) -> None:
         """Load checkpoint.load_step, or the newest committed step if any."""
         load_step = self.cfg.checkpoint.load_step
-        state, note = self._without_foreign_data(state, load_step)
+        listed = self.manager.steps()
+        state, note = self._without_foreign_data(state, load_step, listed)
         try:
             step = self.manager.load(state, step=load_step)
         except ckpt.CheckpointError as exc:
             if load_step is not None and isinstance(exc, ckpt.CheckpointNotFoundError):
                 raise exits.Refused(f"checkpoint.load_step={load_step}: {exc}") from exc
             raise exits.Failed(f"the checkpoint to resume from cannot be loaded: {exc}") from exc
-        memory_note = self.manager.memory_note
-        if memory_note and self.manager.loaded_from != "memory":  # why a memory step was not used
+        memory_note = self.manager.memory_note if self.manager.loaded_from != "memory" else None
+        if memory_note:  # why a memory step was not used
             self.log(memory_note)
         if step is not None:
             self._branch_if_asked(step)  # before the resume line: a refused start prints none
+            self.events.resumed(step, listed_before=listed if load_step is None else [], memory_note=memory_note)
             self.resumed_step = step
             if self.manager.loaded_from == "memory":
                 newest = self.newest()
@@ -183,11 +191,10 @@ class RunCheckpoints:
         if deleted or later:
             self.log(f"branching from step {step}: deleted the later steps {', '.join(map(str, deleted)) or shown}")
 
-    def _without_foreign_data(self, state: dict, load_step: int | None) -> tuple[dict, str]:
+    def _without_foreign_data(self, state: dict, load_step: int | None, steps: list[int]) -> tuple[dict, str]:
         """``state`` without the data loader when the step to resume was converted from another
         trainer's checkpoint, which holds no position of our loader (``ckpt-convert --from
-        torchtitan``), and the note for the resume line; else ``state`` as it is."""
-        steps = self.manager.steps()
+        torchtitan``), and the note for the resume line; else ``state`` as it is. ``steps``: the committed ones."""
         step = load_step if load_step is not None else (steps[-1] if steps else None)
         if step not in steps or "dataloader" not in state:
             return state, ""
@@ -250,10 +257,12 @@ class RunCheckpoints:
         if self.manager is None:
             return None
         try:
-            if self.manager.save(step, state, force=force):
-                self.last_saved = step
+            started = self.manager.save(step, state, force=force)
         except ckpt.CheckpointError as exc:
             return exc
+        if started:
+            self.last_saved = step
+        self.events.saved(step, started=started)
         self._tell_memory_trouble()
         return None
 
@@ -280,6 +289,7 @@ class RunCheckpoints:
             self.manager.wait()
         except ckpt.CheckpointError as exc:
             return exc
+        self.events.observe()
         return None
 
     def write_seed(self, state: dict) -> None:
@@ -296,6 +306,8 @@ class RunCheckpoints:
             self.manager.close(finished=finished)
         except ckpt.CheckpointError as exc:
             raise exits.save_failed(self.manager, exc) from exc
+        finally:
+            self.events.observe()  # the last saves' outcomes, the replicas' final states
         failures = self.manager.stats.failures
         if failures:
             steps = self.manager.steps()
@@ -307,8 +319,15 @@ class RunCheckpoints:
         steps = self.manager.steps()
         return steps[-1] if steps else None
 
-    def summary(self) -> str:
-        """The run's last line's checkpoint part: checkpoints written, the newest step and where."""
+    def totals(self) -> dict:
+        """For the run_end record: checkpoints this run wrote, how many the folder keeps, the newest."""
         steps = self.manager.steps()
-        newest = f"newest step {steps[-1]} at {self.manager.root / step_name(steps[-1])}" if steps else "none committed"
-        return f"; {self.written} checkpoints written, {newest}"
+        return {"checkpoints_written": self.written, "checkpoints_kept": len(steps),
+                "newest_step": steps[-1] if steps else None}
+
+    def summary(self, totals: dict) -> str:
+        """The run's last line's checkpoint part (``totals``: :meth:`totals`'s): checkpoints written,
+        kept, the newest step and where."""
+        newest = totals["newest_step"]
+        where = f"newest step {newest} at {self.manager.root / step_name(newest)}" if newest is not None else "none committed"
+        return f"; {totals['checkpoints_written']} checkpoints written, {totals['checkpoints_kept']} kept, {where}"

@@ -11,7 +11,10 @@ The codes (the table is also in :mod:`trainer.train`'s docstring, i.e. ``--help`
   boundary (:mod:`trainer.signals`), the in-flight save finished, the newest committed step named.
 
 Anything else is a bug or an accident (out of memory, a lost peer) and keeps its traceback (exit 1,
-Python's). The line is this process's: under torchrun each rank that fails prints its own.
+Python's). The line is this process's: under torchrun each rank that fails prints its own, except a
+refusal every rank raises alike (:func:`refusing_together`: a locked checkpoint folder), which each
+node's local rank 0 alone prints, before torchrun's report of the failed workers; every rank still
+exits 2.
 
 :func:`release_process_groups` ends a run's process groups for good before the interpreter's
 finalization, so the exit code is the run's own (not SIGABRT from a collective's thread).
@@ -21,7 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
+import signal
 import sys
+import threading
 import warnings
 from typing import Callable, Iterator
 
@@ -37,7 +43,12 @@ DONE, FAILED, REFUSED = 0, 1, 2
 
 class Refused(Exception):
     """The run cannot start as asked (the checkpoint folder is locked or cannot be created, the
-    step to load is not committed); raised before anything is written."""
+    step to load is not committed); raised before anything is written. ``every_rank``: every rank
+    of the job raises this same refusal (:func:`refusing_together`)."""
+
+    def __init__(self, message: str, *, every_rank: bool = False):
+        super().__init__(message)
+        self.every_rank = every_rank
 
 
 class Failed(Exception):
@@ -49,15 +60,56 @@ _FAILURES = (Failed, CheckpointError)
 
 
 @contextlib.contextmanager
-def refusing(what: str) -> Iterator[None]:
+def refusing(what: str, *, alike: tuple[type[Exception], ...] = ()) -> Iterator[None]:
     """Start-up work: a CheckpointError or OSError in the block becomes :class:`Refused`, its
-    message prefixed with ``what`` (e.g. ``checkpoint.folder='/x'``); refusals pass through."""
+    message prefixed with ``what`` (e.g. ``checkpoint.folder='/x'``), ``every_rank`` when it is one of
+    the ``alike`` errors (which every rank raises the same); refusals pass through."""
     try:
         yield
     except _REFUSALS:
         raise
     except (CheckpointError, OSError) as exc:
-        raise Refused(f"{what}: {exc}") from exc
+        raise Refused(f"{what}: {exc}", every_rank=isinstance(exc, alike)) from exc
+
+
+@contextlib.contextmanager
+def refusing_together(what: str, alike: tuple[type[Exception], ...]) -> Iterator[None]:
+    """:func:`refusing` for collective start-up work whose ``alike`` errors every rank raises the same
+    (rank 0's error, agreed: ``ckpt.CheckpointManager``'s lock), said by local rank 0 alone (:func:`run`).
+
+    Under torchrun its agent sends SIGTERM to the other workers as soon as one has exited: a rank that
+    is a moment late would die before its line (or report -15 instead of 2). So each worker holds
+    SIGTERM from the start of the block: refused, it ignores SIGTERM until it exits (as it is about to,
+    with 2); else the SIGTERM that came meanwhile is delivered when the block ends."""
+    with _sigterm_held(), refusing(what, alike=alike):
+        yield
+
+
+@contextlib.contextmanager
+def _sigterm_held() -> Iterator[None]:
+    """In a torchrun worker's main thread: SIGTERM held through the block (see :func:`refusing_together`)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or threading.current_thread() is not threading.main_thread():
+        yield  # not a torchrun worker (nobody ends its siblings), or signals cannot be handled here
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: received.append(signum))
+    try:
+        yield
+    except Refused:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # on its way out with exit 2: nothing to stop
+        raise
+    except BaseException:
+        signal.signal(signal.SIGTERM, previous)
+        raise
+    signal.signal(signal.SIGTERM, previous)
+    if received:
+        signal.raise_signal(signal.SIGTERM)
+
+
+def _says_it(exc: BaseException) -> bool:
+    """Whether this process prints ``exc``'s line: a refusal every rank shares is said by each node's
+    local rank 0 only (torchrun's workers' lines all go to the one terminal, or log, of their node)."""
+    return not getattr(exc, "every_rank", False) or os.environ.get("LOCAL_RANK", "0") == "0"
 
 
 def save_failed(manager: CheckpointManager, failure: CheckpointError | None) -> Failed:
@@ -80,7 +132,7 @@ def _one_line(text: str) -> str:
 
 def run(body: Callable[[], None]) -> int:
     """Call ``body``; return :data:`DONE`, or print an expected error as one ``error: ...`` line
-    on stderr and return its code. Other exceptions propagate with their traceback. Meanwhile each
+    on stderr (a refusal every rank shares: on local rank 0 only) and return its code. Other exceptions propagate with their traceback. Meanwhile each
     warning (e.g. a failed save under on_error=continue) is printed as one ``warning: ...`` line
     (the engine's log records of the same events go only to handlers the user configured)."""
     format_warning = warnings.formatwarning
@@ -90,7 +142,8 @@ def run(body: Callable[[], None]) -> int:
     except Stopped as stop:  # preempted at a step boundary: the run already said where it stopped
         return stop.exit_code
     except _REFUSALS + _FAILURES as exc:
-        print(f"error: {_one_line(str(exc)) or type(exc).__name__}", file=sys.stderr, flush=True)
+        if _says_it(exc):  # flushed now: before torchrun's report of the failed workers
+            print(f"error: {_one_line(str(exc)) or type(exc).__name__}", file=sys.stderr, flush=True)
         return REFUSED if isinstance(exc, _REFUSALS) else FAILED
     finally:
         warnings.formatwarning = format_warning
