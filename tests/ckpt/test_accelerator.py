@@ -1,11 +1,13 @@
 """The staging path on a real accelerator (CUDA GPU or Ascend NPU; skipped elsewhere, so on CI):
 pinned host buffers (given back by close), snapshot ordering against delayed in-place writes, the
-lifetime of a temporary source, DTensors on a device mesh staged without a device copy, and a
-manager save of a 1-rank FSDP2 model loaded bitwise. ``benchmarks/device_checks.py`` runs these as its ordering section
-(``pytest -m accelerator``)."""
+lifetime of a temporary source while its (held back) copy is pending, with the negative control that
+shows the check can see a reused block, DTensors on a device mesh staged without a device copy, and a
+manager save of a 1-rank FSDP2 model and its optimizer loaded bitwise. ``benchmarks/device_checks.py``
+runs these as its ordering section (``pytest -m accelerator``)."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 
 import pytest
@@ -14,6 +16,7 @@ import torch.distributed as dist
 
 import ckpt
 from ckpt.device import accelerator_module, empty_host_cache, process_group_backend, resolve_device_type
+from ckpt.write.snapshot_copy import SnapshotCopy
 from ckpt.write.staging import DoubleBufferStager
 
 DEVICE_TYPE = resolve_device_type("auto")
@@ -22,14 +25,31 @@ pytestmark = [pytest.mark.accelerator,
               pytest.mark.skipif(ACCEL is None, reason="needs a CUDA GPU or an Ascend NPU")]
 
 
-def _delay_compute_stream(milliseconds: float = 50.0) -> None:
-    """Keep the compute stream busy for a while, so what is queued after it runs late."""
-    if DEVICE_TYPE == "cuda":
-        torch.cuda._sleep(int(milliseconds * 2e6))  # ~2 GHz cycles
-    else:  # no sleep kernel on NPU: a chain of matrix products
-        a = torch.randn(4096, 4096, device=DEVICE_TYPE)
-        for _ in range(int(milliseconds)):
-            a = a @ a / 4096
+def _delay(stream=None, milliseconds: float = 50.0) -> None:
+    """Keep ``stream`` (default: the current, compute stream) busy for a while, so that what is
+    queued on it after this runs late."""
+    with contextlib.nullcontext() if stream is None else ACCEL.stream(stream):
+        if DEVICE_TYPE == "cuda":
+            torch.cuda._sleep(int(milliseconds * 2e6))  # ~2 GHz cycles
+        else:  # no sleep kernel on NPU: a chain of matrix products
+            a = torch.randn(4096, 4096, device=DEVICE_TYPE)
+            for _ in range(int(milliseconds)):
+                a = a @ a / 4096
+
+
+class HeldBackCopy(SnapshotCopy):
+    """The snapshot copy engine with its side stream held back 200 ms before each copy: the copy
+    reads its sources long after ``stage()`` has returned and the caller has moved on."""
+
+    def _copy_on_side_stream(self, device, pairs):
+        if device not in self._streams:
+            self._streams[device] = self.accel.Stream(device=device)
+        _delay(self._streams[device], 200.0)
+        return super()._copy_on_side_stream(device, pairs)
+
+
+class HeldBackStager(DoubleBufferStager):
+    copy_engine = HeldBackCopy
 
 
 @pytest.fixture(scope="module")
@@ -75,11 +95,11 @@ def test_close_gives_the_pinned_memory_back_after_a_layout_change():
 def test_a_snapshot_holds_the_value_written_before_it_even_when_the_write_runs_late():
     x = torch.zeros(1 << 20, device=DEVICE_TYPE)
     stager = DoubleBufferStager(DEVICE_TYPE)
-    _delay_compute_stream()
+    _delay()
     x.add_(1.0)  # queued behind the delay: the copy must wait for it
     future = stager.stage({"x": x})
     stager.wait_snapshot()  # what the optimizer pre-hook does
-    _delay_compute_stream()
+    _delay()
     x.add_(1.0)  # after the wait: must not reach the snapshot
     assert torch.equal(future.result()["x"], torch.ones(1 << 20))
     ACCEL.synchronize()
@@ -87,16 +107,42 @@ def test_a_snapshot_holds_the_value_written_before_it_even_when_the_write_runs_l
     stager.close()
 
 
-def test_a_temporary_source_is_not_overwritten_while_it_is_copied():
+def test_a_temporary_source_outlives_its_held_back_copy():
+    """The only reference to a temporary (what ``state_dict()`` makes) is the snapshot's: while its
+    copy is pending, the caching allocator must not hand its block to the next allocation of the
+    compute stream (the stager holds the source and marks it in use by the copy stream)."""
+    ACCEL.empty_cache()  # no other free block of this size for the allocator to pick
     base = torch.randn(1 << 24, device=DEVICE_TYPE)  # 64 MiB
-    expected = (base * 2).cpu()
-    stager = DoubleBufferStager(DEVICE_TYPE)
-    future = stager.stage({"t": base * 2})  # the only reference to base * 2 is the snapshot's
-    stager.wait_snapshot()
-    reuse = torch.full_like(base, -7.0)  # the caching allocator would hand out the freed block here
+    temporary = base * 2
+    expected, block = temporary.cpu(), temporary.data_ptr()
+    stager = HeldBackStager(DEVICE_TYPE)
+    future = stager.stage({"t": temporary})
+    del temporary
+    reuse = torch.full_like(base, -7.0)  # same size, same stream: a freed block would be this one
+    assert reuse.data_ptr() != block
     assert torch.equal(future.result()["t"], expected)
-    del reuse
     stager.close()
+
+
+def test_negative_control_an_unprotected_held_back_copy_reads_the_reused_block():
+    """The same held-back copy of a temporary, made by hand without the stager's protection (no
+    reference held, no ``record_stream``): the next allocation gets the block and the copy reads its
+    bytes. Shows that the test above can see the race it guards against."""
+    ACCEL.empty_cache()
+    base = torch.randn(1 << 24, device=DEVICE_TYPE)
+    host = torch.empty(base.shape, dtype=base.dtype, pin_memory=True)
+    side = ACCEL.Stream()
+    temporary = base * 2
+    expected, block = temporary.cpu(), temporary.data_ptr()
+    side.wait_stream(ACCEL.current_stream())
+    _delay(side, 200.0)
+    with ACCEL.stream(side):
+        host.copy_(temporary, non_blocking=True)
+    del temporary
+    reuse = torch.full_like(base, -7.0)
+    side.synchronize()
+    assert reuse.data_ptr() == block
+    assert not torch.equal(host, expected) and bool((host == -7.0).all())
 
 
 def test_a_dtensor_on_a_device_mesh_is_staged_on_the_host_without_a_device_copy(one_rank_group):
@@ -119,7 +165,30 @@ def test_a_dtensor_on_a_device_mesh_is_staged_on_the_host_without_a_device_copy(
     stager.close()
 
 
-def test_a_manager_save_of_an_fsdp2_model_loads_bitwise(one_rank_group, tmp_path):
+def _on_host(value):
+    """A state dict with every tensor as a host copy (a DTensor as its full value)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, dict):
+        return {k: _on_host(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_host(v) for v in value)
+    if isinstance(value, DTensor):
+        return value.full_tensor().cpu().clone()
+    return value.detach().cpu().clone() if isinstance(value, torch.Tensor) else value
+
+
+def _bitwise_equal(a, b) -> bool:
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_bitwise_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_bitwise_equal, a, b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    return a == b
+
+
+def test_a_manager_save_of_an_fsdp2_model_and_its_optimizer_loads_bitwise(one_rank_group, tmp_path):
     from torch.distributed.fsdp import fully_shard
 
     def build(seed):
@@ -137,11 +206,12 @@ def test_a_manager_save_of_an_fsdp2_model_loads_bitwise(one_rank_group, tmp_path
             optim.step()
             optim.zero_grad()
             manager.save(step, {"model": model, "optim": optim})
-        expected = {k: v.full_tensor().cpu() for k, v in model.state_dict().items()}
+        expected = _on_host({"model": model.state_dict(), "optim": optim.state_dict()})
         model(torch.randn(8, 256, device=DEVICE_TYPE)).square().mean().backward()
         optim.step()  # after the save: must not reach it
     fresh, fresh_optim = build(1)
     ckpt.load({"model": fresh, "optim": fresh_optim}, tmp_path / "step-00000002")
-    loaded = {k: v.full_tensor().cpu() for k, v in fresh.state_dict().items()}
-    assert loaded.keys() == expected.keys()
-    assert all(torch.equal(loaded[k], expected[k]) for k in expected)
+    loaded = _on_host({"model": fresh.state_dict(), "optim": fresh_optim.state_dict()})
+    assert loaded["optim"]["state"] and loaded["optim"]["state"].keys() == expected["optim"]["state"].keys()
+    assert _bitwise_equal(loaded["model"], expected["model"])
+    assert _bitwise_equal(loaded["optim"], expected["optim"])
