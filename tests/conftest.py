@@ -1,5 +1,7 @@
 """Fixtures shared by every test directory: one torch thread a process; a real S3-protocol server
-(moto) on loopback; the checkout's modules compiled once per session (``pytest_sessionstart``).
+(moto) on loopback; the checkout's modules compiled once per session (``pytest_sessionstart``);
+the order and the hand-out of tests to pytest-xdist's workers (``-n auto``, the README's command:
+slow tests first, a file with a shared fixture to one worker whole).
 
 * ``one_torch_thread`` (autouse): every test runs torch on one intra-op thread, in pytest's process
   (``torch.set_num_threads(1)``: the trainer's in-process runs) and in the processes it starts
@@ -30,7 +32,9 @@ teardown.
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +42,50 @@ from pathlib import Path
 import pytest
 
 from tests.support import REPO, s3proxy, s3server
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hooks (the dev extra)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (the README's test command): one worker per core this process may use, at most 4.
+    Most tests run on one core (one torch thread; their ranks and tools wait on each other), so a
+    second worker nearly halves the 2-core box's wall time; more than 4 would only multiply the
+    rank processes that the multi-rank tests start."""
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slow tests first, each group in its order: under pytest-xdist the long ones then start
+    early instead of leaving one worker busy at the end (harmless without it)."""
+    items[:] = [item for item in items if item.get_closest_marker("slow")] + \
+               [item for item in items if not item.get_closest_marker("slow")]
+
+
+_SHARED_SCOPES = re.compile(r"""scope\s*=\s*["'](module|class|package)["']""")
+
+
+@functools.cache
+def _shares_fixtures(test_file: str) -> bool:
+    """Whether a test file defines, or sits below a conftest.py that defines, a fixture shared by
+    several tests (module, class or package scope)."""
+    path = REPO / test_file
+    sources = [path, *(parent / "conftest.py" for parent in path.parents if parent.is_relative_to(REPO / "tests"))]
+    return any(source.is_file() and _SHARED_SCOPES.search(source.read_text()) for source in sources)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist`` for ``-n``: tests are handed out one by one (the ordering above keeps the long ones
+    first), except that a file with a shared fixture goes to one worker whole, so that the fixture
+    (a trained run, a saved root, a module's server) is built once, not once per worker. (xdist's
+    ``loadgroup`` would say the same with marks, but its marks do not reach pytest 9.2's node ids.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            test_file = nodeid.split("::", 1)[0]
+            return test_file if _shares_fixtures(test_file) else nodeid
+
+    return SharedFixtureScheduling(config, log)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
