@@ -13,6 +13,15 @@ attention block a :class:`ContextParallel` core (:mod:`trainer.attention`'s inte
   each of the rank's two chunks attend to the keys up to its own end with the causal mask in global
   positions. The gather's backward is a reduce-scatter of the keys' and values' gradients (a
   functional collective, autograd-aware and traceable), so gradients are exact;
+* that mask is given as torch's causal bias aligned to the bottom-right corner
+  (``causal_lower_right``: a chunk's ``L`` queries end where its ``start + L`` keys end), not as a
+  boolean tensor, which rules out the flash kernel on CUDA and costs an ``L x (start + L)`` tensor
+  per chunk and layer. On CUDA torch runs the bias in the flash kernel (whose ``is_causal`` is
+  bottom-right aligned) or, where flash does not apply (fp32), the memory-efficient one; elsewhere
+  (CPU, NPU: torch's bias dispatch knows only CUDA's kernels) it materialises that same boolean
+  mask, so results there are the boolean mask's, bit for bit. torch.compile cannot construct a
+  bias (a tensor subclass), only take one in: :func:`apply_cp` has the model make the biases of its
+  input's length before its blocks run (a forward pre-hook), so compiled blocks find them made;
 * the loss is each rank's mean over its tokens; all ranks hold equally many, and FSDP2 averages the
   gradients over ``dp_shard × cp`` (:mod:`trainer.parallel`), so the step follows the mean over the
   global tokens.
@@ -33,6 +42,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from .attention import WholeSequence, repeat_kv
 
@@ -63,7 +73,7 @@ def shard_positions(seq_len: int, cp: int, rank: int) -> list[int]:
     return [p for start, end in chunks(seq_len, cp, rank) for p in range(start, end)]
 
 
-def _all_gather(x: torch.Tensor, group) -> torch.Tensor:
+def all_gather(x: torch.Tensor, group) -> torch.Tensor:
     """``x`` of every rank of ``group`` concatenated along dim 0, differentiable (backward:
     reduce-scatter of the gradient)."""
     from torch.distributed import _functional_collectives as funcol
@@ -75,9 +85,18 @@ def _all_gather(x: torch.Tensor, group) -> torch.Tensor:
 class ContextParallel(WholeSequence):
     """The attention core of one CP rank (see the module docstring)."""
 
-    def __init__(self, group, cp: int, rank: int):
+    def __init__(self, group, cp: int, rank: int, gather=all_gather):
         self.group, self.cp, self.rank = group, cp, rank
+        self.gather = gather  # (x, group) -> every rank's x along dim 0, rank-major (:func:`all_gather`)
         self._cache: dict = {}
+        self._biases: dict[int, tuple] = {}  # local length -> the causal bias of each chunk
+
+    def prepare(self, s: int) -> None:
+        """Make the causal biases of a local sequence length ``s`` (outside compiled code: see the
+        module docstring)."""
+        if s not in self._biases:
+            self._biases[s] = tuple(causal_lower_right(end - start, end)
+                                    for start, end in chunks(s * self.cp, self.cp, self.rank))
 
     def _indices(self, s: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's global positions, and the order that puts the gathered (rank-major) rows into
@@ -98,14 +117,16 @@ class ContextParallel(WholeSequence):
         s = q.shape[1]
         _, order = self._indices(s, q.device)
         kv = torch.stack((k, v)).movedim(2, 0)  # [s, 2, b, kv_heads, d]: one gather for both, sequence first
-        kv = _all_gather(kv, self.group).index_select(0, order).movedim(0, 2)  # [2, b, S, kv_heads, d]
+        kv = self.gather(kv, self.group).index_select(0, order).movedim(0, 2)  # [2, b, S, kv_heads, d]
         keys, values = repeat_kv(kv[0], n_rep).transpose(1, 2), repeat_kv(kv[1], n_rep).transpose(1, 2)
+        self.prepare(s)  # made already when the model's forward started; a core called alone makes them here
         outs = []
-        for (start, end), local in zip(chunks(s * self.cp, self.cp, self.rank), (slice(0, s // 2), slice(s // 2, s))):
-            # queries at global start..end-1 see keys 0..end-1: key j is visible to query i iff j <= start + i
-            mask = torch.ones(end - start, end, dtype=torch.bool, device=q.device).tril(diagonal=start)
+        for (_, end), local, causal in zip(chunks(s * self.cp, self.cp, self.rank),
+                                           (slice(0, s // 2), slice(s // 2, s)), self._biases[s]):
+            # queries at global start..end-1 see keys 0..end-1: key j is visible to query i iff
+            # j <= start + i, the causal mask of the bottom-right corner (the module docstring)
             outs.append(F.scaled_dot_product_attention(q[:, local].transpose(1, 2), keys[:, :, :end],
-                                                       values[:, :, :end], attn_mask=mask))
+                                                       values[:, :, :end], attn_mask=causal))
         return torch.cat(outs, dim=2).transpose(1, 2)
 
 
@@ -116,4 +137,10 @@ def apply_cp(model: torch.nn.Module, cp_mesh) -> None:
     core = ContextParallel(group, cp, rank)
     for block in model.layers.values():
         block.attention.core = core
+
+    def make_biases(module, args, kwargs):
+        tokens = args[0] if args else kwargs["tokens"]
+        core.prepare(tokens.shape[1])
+
+    model.register_forward_pre_hook(make_biases, with_kwargs=True)
 

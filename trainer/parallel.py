@@ -162,20 +162,46 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, loss_parallel: bool = Tru
         parallelize_module(block, tp_mesh, block_plan)
 
 
+SAVED_ATEN_OPS = (
+    "mm", "addmm", "bmm",
+    # every SDPA kernel: flash, memory-efficient, cuDNN, CPU flash, the one a PrivateUse1 device
+    # registers, and the memory-efficient forward that the CP causal bias calls directly (fp32 on CUDA)
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_fused_attention_overrideable", "_efficient_attention_forward",
+)
+"""The ``torch.ops.aten`` ops whose outputs op-level activation checkpointing keeps (those this torch
+has; the rest are recomputed)."""
+SAVED_NPU_OPS = ("npu_fusion_attention", "npu_fusion_attention_v2", "npu_fusion_attention_v3")
+"""torch_npu's fused attention ops (``torch.ops.npu``; torch_npu runs SDPA on the NPU as
+``npu_fusion_attention_v3``), kept too when torch_npu is loaded."""
+
+
+def op_level_saved_ops() -> frozenset:
+    """The op overloads op-level activation checkpointing saves: :data:`SAVED_ATEN_OPS`, and
+    :data:`SAVED_NPU_OPS` where torch_npu has been imported — its ops cannot run otherwise, and it is
+    never imported here (the device resolution imports it on an NPU machine, before the model is
+    wrapped)."""
+    import sys
+
+    found = [(torch.ops.aten, name) for name in SAVED_ATEN_OPS]
+    if "torch_npu" in sys.modules:
+        found += [(torch.ops.npu, name) for name in SAVED_NPU_OPS]
+    return frozenset(getattr(space, name).default for space, name in found if hasattr(space, name))
+
+
 def apply_activation_checkpointing(model: nn.Module, *, every: int = 1, op_level: bool = False) -> None:
     """Recompute activations in backward instead of keeping them: every ``every``-th block (by its
     global layer index, so a pipeline stage picks the same blocks as the whole model), either whole
-    (full recomputation) or, with ``op_level``, keeping the matmul and attention outputs and
-    recomputing only the cheap element-wise ops between them (selective op-level checkpointing)."""
+    (full recomputation) or, with ``op_level``, keeping the matmul and attention outputs
+    (:func:`op_level_saved_ops`) and recomputing only the cheap element-wise ops between them
+    (selective op-level checkpointing)."""
     from functools import partial
 
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-    saved = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
-             torch.ops.aten._scaled_dot_product_flash_attention.default,
-             torch.ops.aten._scaled_dot_product_efficient_attention.default,
-             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+    saved = op_level_saved_ops()
 
     def policy(ctx, op, *args, **kwargs):
         return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE

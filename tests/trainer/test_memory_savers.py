@@ -66,3 +66,35 @@ def test_compiled_blocks_checkpoint_under_the_same_names(tmp_path):
     assert not any("_orig_mod" in key for key in saved["compiled"].tensors)
     assert [c.blob.checksum for e in saved["plain"].tensors.values() for c in e.chunks] == \
         [c.blob.checksum for e in saved["compiled"].tensors.values() for c in e.chunks]
+
+
+def test_op_level_checkpointing_saves_every_fused_attention_kernel(monkeypatch):
+    """The save list of op-level checkpointing resolves the matmuls and every SDPA kernel torch has
+    (cuDNN's and a PrivateUse1 device's among them, and the memory-efficient forward the CP causal
+    bias calls) without importing torch_npu; with torch_npu loaded (a stand-in module, and its fused
+    attention ops defined on CPU) it adds those ops, the ones torch_npu does not define left out."""
+    import sys
+    import types
+
+    import torch
+    from torch.library import _scoped_library
+
+    from trainer.parallel import op_level_saved_ops
+
+    monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
+    aten = torch.ops.aten
+    expected = {aten.mm.default, aten.addmm.default, aten.bmm.default,
+                aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default,
+                aten._scaled_dot_product_cudnn_attention.default,
+                aten._scaled_dot_product_flash_attention_for_cpu.default,
+                aten._scaled_dot_product_fused_attention_overrideable.default,
+                aten._efficient_attention_forward.default}
+    assert op_level_saved_ops() == expected
+    assert "torch_npu" not in sys.modules
+
+    monkeypatch.setitem(sys.modules, "torch_npu", types.ModuleType("torch_npu"))
+    with _scoped_library("npu", "FRAGMENT") as lib:
+        for name in ("npu_fusion_attention", "npu_fusion_attention_v3"):
+            lib.define(f"{name}(Tensor query, Tensor key, Tensor value, int head_num, str input_layout) -> Tensor")
+        npu = op_level_saved_ops() - expected
+        assert npu == {torch.ops.npu.npu_fusion_attention.default, torch.ops.npu.npu_fusion_attention_v3.default}
