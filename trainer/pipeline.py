@@ -182,9 +182,10 @@ class Pipeline:
         return loss
 
 
-def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float, pp_group: dist.ProcessGroup | None) -> None:
+def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float,
+                   pp_group: dist.ProcessGroup | None) -> torch.Tensor:
     """``clip_grad_norm_`` over the whole model when its parameters are spread over pipeline stages:
-    the squared norms of the stages are summed over ``pp_group`` first."""
+    the squared norms of the stages are summed over ``pp_group`` first. Returns the norm (before clipping)."""
     grads = [p.grad for p in parameters if p.grad is not None]
     norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
     if hasattr(norm, "full_tensor"):  # DTensor gradients (FSDP2, TP)
@@ -194,6 +195,7 @@ def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float, pp_group: di
         dist.all_reduce(norm, group=pp_group)
         norm = norm.sqrt()
     torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm, foreach=True)
+    return norm
 
 
 def build(model: nn.Module, parallelize: Callable[[nn.Module], nn.Module], mesh, *, pp: int, virtual_stages: int,

@@ -1,10 +1,14 @@
-"""What a run leaves beside its checkpoints to tell runs apart: a run id, a ``run_start`` record in
-``metrics.jsonl``, and a ``config.json`` that is never replaced silently.
+"""What a run leaves beside its checkpoints to tell runs apart: a run id, ``run_start`` and ``run_end``
+records in ``metrics.jsonl``, and a ``config.json`` that is never replaced silently.
 
 Each start of the trainer (a fresh run or a resume) is a *run*, with an id (:func:`new_run_id`:
 UTC time and 6 random hex digits). Its first line in ``<dump_folder>/metrics.jsonl`` is
-``{"event": "run_start", "run_id", "resumed_step", "config_digest", "world_size", "time"}``, so the
-steps after it are known to be that run's (``python -m trainer.plot`` starts a new segment there).
+``{"event": "run_start", "run_id", "resumed_step", "resumed_from", "config_digest", "world_size",
+"time"}`` (``resumed_from``: ``"storage"``, ``"memory"`` or null), so the steps after it are known to
+be that run's (``python -m trainer.plot`` starts a new segment there); its last is
+``{"event": "run_end", "run_id", "status", "steps", "last_step", "seconds", "tokens_per_sec",
+"final_loss", "checkpoints_written", "checkpoints_kept", "newest_step", "time"}`` (``status``:
+``finished``, ``stopped`` by a signal, or ``failed``), written after the last save was waited for.
 ``config.json`` holds the current run's config; a different config left by an earlier run is kept
 as ``config-<its digest>.json`` and the run says so (one line naming the keys that changed).
 """
@@ -28,9 +32,16 @@ def config_digest(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def run_start(run_id: str, config: dict, *, resumed_step: int | None, world_size: int) -> dict:
-    return {"event": "run_start", "run_id": run_id, "resumed_step": resumed_step,
+def run_start(run_id: str, config: dict, *, resumed_step: int | None, resumed_from: str | None,
+              world_size: int) -> dict:
+    return {"event": "run_start", "run_id": run_id, "resumed_step": resumed_step, "resumed_from": resumed_from,
             "config_digest": config_digest(config), "world_size": world_size}
+
+
+def run_end(run_id: str, *, status: str, figures: dict, checkpoints: dict) -> dict:
+    """The run's last record: ``figures`` (steps, last_step, seconds, tokens_per_sec, final_loss) and
+    ``checkpoints`` (checkpoints_written, checkpoints_kept, newest_step; empty without them)."""
+    return {"event": "run_end", "run_id": run_id, "status": status, **figures, **checkpoints}
 
 
 def _changed_keys(old: dict, new: dict) -> list[str]:

@@ -6,7 +6,9 @@ mean loss (times ``scale``, the fp16 loss scale) in the parameters; it returns t
 loss is computed inside the model (:func:`trainer.loss.lm_loss`), under ``loss_parallel`` when the
 logits are vocabulary-sharded. ``sync_every_micro_step``: FSDP2 reduce-scatters every micro-step
 (sharded accumulation) instead of only the last one. :func:`optimizer_step` unscales (fp16),
-clips over the whole model (all pipeline stages) and steps, or skips the step on an overflow.
+clips over the whole model (all pipeline stages) and steps, or skips the step on an overflow; it
+returns the gradients' norm before clipping (the metrics' ``grad_norm``), a tensor left on the
+device (a DTensor under FSDP2/TP: :func:`norm_value` makes it a number, collectively).
 The trainer (:mod:`trainer.train`) and the measured dry run (:mod:`trainer.measure`) both run these,
 so what is measured is what trains.
 """
@@ -47,17 +49,19 @@ def forward_backward(model: torch.nn.Module, inputs: torch.Tensor, labels: torch
 
 
 def optimizer_step(parameters: list[torch.Tensor], optimizer: torch.optim.Optimizer, scheduler, *,
-                   max_norm: float, scaler=None, pp_group=None, clip_grad_norm=None) -> None:
+                   max_norm: float, scaler=None, pp_group=None, clip_grad_norm=None) -> torch.Tensor | None:
     """Unscale (fp16), clip over the whole model, step — or skip the step on an fp16 overflow.
-    ``clip_grad_norm(parameters, max_norm)`` replaces torch's clipping (expert parallel's two meshes)."""
+    ``clip_grad_norm(parameters, max_norm)`` replaces torch's clipping (expert parallel's two meshes).
+    Returns the norm the clipping computed; None when nothing was clipped (``max_norm`` 0, an overflow)."""
     overflow = scaler is not None and scaler.unscale_(parameters)
+    norm = None
     if max_norm > 0 and not overflow:
         if clip_grad_norm is not None:
-            clip_grad_norm(parameters, max_norm)
+            norm = clip_grad_norm(parameters, max_norm)
         elif pp_group is not None:
-            pipeline_mod.clip_grad_norm(parameters, max_norm, pp_group)
+            norm = pipeline_mod.clip_grad_norm(parameters, max_norm, pp_group)
         else:
-            torch.nn.utils.clip_grad_norm_(parameters, max_norm, foreach=True)
+            norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, foreach=True)
     if not overflow:
         optimizer.step()
     if scheduler is not None:
@@ -65,3 +69,14 @@ def optimizer_step(parameters: list[torch.Tensor], optimizer: torch.optim.Optimi
     optimizer.zero_grad(set_to_none=True)
     if scaler is not None:
         scaler.update(overflow)
+    return norm
+
+
+def norm_value(norm: torch.Tensor | None) -> float | None:
+    """``optimizer_step``'s norm as a number (None stays None). A DTensor's (FSDP2/TP gradients: a
+    partial norm) is reduced over its mesh first, so every rank must call this at the same step."""
+    if norm is None:
+        return None
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return float(norm)

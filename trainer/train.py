@@ -14,7 +14,8 @@ have seen, also with another data-parallel degree.
 
 Exit codes (an expected failure prints exactly one ``error: ...`` line on stderr, no traceback):
 
-    0  done: trained to training.steps, or wrote the seed checkpoint
+    0  done: trained to training.steps, or wrote the seed checkpoint, or nothing to train: the checkpoint
+       resumed is already at or past training.steps (one line says so; nothing is written)
     1  failed: the checkpoint to resume from (or initial_load_path) cannot be loaded, or a save failed under
        checkpoint.on_error=stop; committed checkpoints stay and a restart resumes from the newest
     2  refused before training, nothing written: a config that cannot work (keys, values, model shapes,
@@ -28,8 +29,6 @@ Exit codes (an expected failure prints exactly one ``error: ...`` line on stderr
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import signal
 import sys
 import time
@@ -45,13 +44,15 @@ from . import model as model_mod
 from .checkpointing import RunCheckpoints
 from .config import Config, help_text, load_config
 from .device import device_name, init_distributed, peak_memory_gib, resolve_device_type, synchronize
-from .metrics import MetricsLogger, peak_flops
+from .metrics import MetricsLogger, StepWindow, peak_flops
 from .scaler import ShardedGradScaler
 from . import optim as optim_mod
 from . import step as step_mod
+from . import run_lines
 from .assembly import assemble
+from .gc_schedule import scheduled_garbage_collection
 from .parallel import ParallelDims, all_reduce_mean, dp_rank
-from .run_record import new_run_id, run_start, write_config
+from .run_record import new_run_id, run_end, run_start, write_config
 from .signals import Stopped, StopSignals
 from .threads import set_torch_threads
 
@@ -70,33 +71,18 @@ class TrainState:
         self.step, self.tokens_seen = int(sd["step"]), int(sd["tokens_seen"])
 
 
-@contextlib.contextmanager
-def scheduled_garbage_collection(gc_freq: int):
-    """Automatic collection off for the block; ``collect(step)`` runs generations 0-1 every
-    ``gc_freq`` steps. Restores the interpreter's previous setting on exit."""
-    if gc_freq <= 0:
-        yield lambda step: None
-        return
-    was_enabled = gc.isenabled()
-    gc.disable()
-    gc.collect(1)
-    try:
-        yield lambda step: gc.collect(1) if step % gc_freq == 0 else None
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 class Trainer:
     """One run. The constructor refuses what cannot work before writing anything: the config and
     data first, then (with the process group) layout and model, then the checkpoint folder's lock,
-    then the resume (:mod:`trainer.checkpointing`); only then does it write config.json and open
-    metrics.jsonl. ``manager`` is the run's :class:`ckpt.CheckpointManager` (None without
-    checkpointing)."""
+    then the resume (:mod:`trainer.checkpointing`); only then, unless :attr:`nothing_to_train`, does
+    it write config.json and open metrics.jsonl. ``manager`` is the run's :class:`ckpt.CheckpointManager`
+    (None without checkpointing)."""
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.checkpoints, self.manager, self.metrics, self._owns_process_group = None, None, None, False
+        self.losses: list[float] = []  # the data-parallel mean loss of every step this run trained
+        self.grad_norm: torch.Tensor | None = None  # the last step's, on the device (trainer.step)
         self.started = time.perf_counter()
         self.run_id = new_run_id()  # this start of the trainer (trainer.run_record)
         try:
@@ -145,28 +131,41 @@ class Trainer:
                                           model=self.model, log=self.log)
         self.manager = self.checkpoints.manager
         self.checkpoints.start(self.state, self.model)
+        writes = self.rank == 0 and self.nothing_to_train is None  # a run with nothing to train writes nothing
         with exits.refusing(f"job.dump_folder={cfg.job.dump_folder!r}"):
-            self.metrics = MetricsLogger(cfg.job.dump_folder, enabled=self.rank == 0, tensorboard=cfg.metrics.tensorboard)
-            if self.rank == 0:
+            self.metrics = MetricsLogger(cfg.job.dump_folder, enabled=writes, tensorboard=cfg.metrics.tensorboard)
+            if writes:
                 write_config(cfg.job.dump_folder, cfg.to_record(), self.log)
         self.metrics.record(run_start(self.run_id, cfg.to_record(), resumed_step=self.checkpoints.resumed_step,
-                                      world_size=self.world))
+                                      resumed_from=self.manager and self.manager.loaded_from, world_size=self.world))
+        if self.checkpoints.events is not None:
+            self.checkpoints.events.send_to(self.metrics.record)
+
+    @property
+    def nothing_to_train(self) -> str | None:
+        """The line saying so when the checkpoint resumed is already at or past ``training.steps``."""
+        if self.cfg.checkpoint.create_seed_checkpoint:
+            return None
+        return run_lines.nothing_to_train(self.checkpoints.resumed_step, self.cfg.training.steps)
 
     def log(self, message: str) -> None:
         if self.rank == 0:
             print(redact(message), flush=True)  # a URL's credentials never in a line (issue 22, item 5)
 
     def train_step(self) -> torch.Tensor:
-        """One step (:mod:`trainer.step`): the micro-steps' forward/backward, clip, AdamW; the mean loss."""
+        """One step (:mod:`trainer.step`): the micro-steps' forward/backward, clip, AdamW; the mean loss.
+        Sets ``data_s`` (the seconds spent getting the batch to the device) and ``grad_norm``."""
+        started = time.perf_counter()
         inputs, labels = self.loader.next_batch()
         inputs, labels = inputs.to(self.device), labels.to(self.device)
+        self.data_s = time.perf_counter() - started
         autocast = torch.autocast(self.device_type, dtype=self.low_dtype or torch.bfloat16, enabled=self.autocast)
         total = step_mod.forward_backward(
             self.model, inputs, labels, pipeline=self.pipeline, micro_batch=self.micro_batch,
             accumulation=self.accumulation, sync_every_micro_step=self.run.sync_every_micro_step,
             loss_parallel=self.run.loss_parallel, autocast=autocast,
             scale=1.0 if self.scaler is None else self.scaler.scale, after_backward=self.run.after_backward)
-        step_mod.optimizer_step(list(self.model.parameters()), self.optimizer, self.scheduler,
+        self.grad_norm = step_mod.optimizer_step(list(self.model.parameters()), self.optimizer, self.scheduler,
                                 max_norm=self.cfg.training.max_norm, scaler=self.scaler,
                                 pp_group=self.mesh["pp"].get_group() if self.pipeline is not None else None,
                                 clip_grad_norm=self.run.clip_grad_norm)
@@ -185,9 +184,9 @@ class Trainer:
 
     def _train_until(self, last: int, collect_garbage, signals: StopSignals) -> list[float]:
         cfg, t = self.cfg, self.cfg.training
-        losses = []
+        losses = self.losses
         tokens_per_step = t.batch_size * t.seq_len
-        window_start, window_steps, stall = time.perf_counter(), 0, 0.0
+        window = StepWindow()
         while self.train_state.step < last:
             self.train_state.step += 1
             step = self.train_state.step
@@ -212,26 +211,27 @@ class Trainer:
             losses.append(mean_loss)
             if any_signal:
                 self._stop_after(step, signals.signum or signal.SIGTERM)
-            window_steps += 1
-            stall += self.checkpoints.stall_s - before
+            window.add(data_s=self.data_s, stall_s=self.checkpoints.stall_s - before)
             if step % cfg.metrics.log_freq == 0 or step == t.steps:
                 synchronize(self.device_type)
-                elapsed = time.perf_counter() - window_start - waited  # training's time, not the final drain
-                tps = window_steps * tokens_per_step / elapsed
+                grad_norm = step_mod.norm_value(self.grad_norm)  # every rank: a DTensor's is reduced
+                times = window.figures(excluded_s=waited)  # training's time, not the final drain
+                tps = window.steps * tokens_per_step / times.pop("seconds")
                 self.metrics.log({
                     "step": step,
                     "loss": losses[-1],
+                    "grad_norm": grad_norm,
                     "lr": self.scheduler.get_last_lr()[0],
                     "tokens_per_sec": tps,
                     "tokens_per_sec_per_device": tps / self.world,
                     "mfu_pct": None if self.peak is None else 100 * self.flops_per_token * tps / self.world / self.peak,
+                    **times,
                     "memory_gib": peak_memory_gib(self.device_type),
-                    "ckpt_stall_ms": 1e3 * stall / window_steps,
                     "ckpt_failures": self.checkpoints.failures,
                     **self.checkpoints.memory_counts,
                     **({"moe_aux_loss": moe_aux[0]} if moe_aux else {}),
                 })
-                window_start, window_steps, stall = time.perf_counter(), 0, 0.0
+                window.open()
             collect_garbage(step)
         return losses
 
@@ -244,41 +244,44 @@ class Trainer:
                 raise exits.save_failed(self.manager, failure)
         raise Stopped(signum, f"stopped by {StopSignals.name(signum)} after step {step}")
 
+    def figures(self) -> dict:
+        """The run so far, for its run_end record and summary line."""
+        t, seconds = self.cfg.training, time.perf_counter() - self.started
+        return {"steps": len(self.losses), "last_step": self.train_state.step, "seconds": round(seconds, 3),
+                "tokens_per_sec": len(self.losses) * t.batch_size * t.seq_len / max(seconds, 1e-9),
+                "final_loss": self.losses[-1] if self.losses else None}
+
     def close(self, *, quiet: bool = False, finished: bool = True) -> None:
         """Release everything. ``quiet``: already failing, so a further checkpoint error is dropped
         (the first one is reported) instead of raised; ``finished``: the run ended well (not quiet, not
-        stopped), so the memory tier's steps go."""
+        stopped), so the memory tier's steps go. The run_end record comes after the last saves."""
+        status = "failed" if quiet else "finished" if finished else "stopped"
         try:
             if self.manager is not None:
                 self.checkpoints.close(finished=finished and not quiet)
         except (exits.Failed, ckpt.CheckpointError):
+            status = "failed"
             if not quiet:
                 raise
         finally:
-            if self.metrics is not None:
+            if self.metrics is not None and self.metrics.enabled:
+                self.metrics.record(run_end(self.run_id, status=status, figures=self.figures(),
+                                            checkpoints=self.checkpoints.totals() if self.manager else {}))
                 self.metrics.close()
             if self._owns_process_group and dist.is_initialized():
                 dist.destroy_process_group()
-
-
-def _params_line(trainer: Trainer) -> str:
-    """The model's parameter count (global, whatever the sharding) and, under a pipeline, the
-    share of this rank's stage(s) — FSDP/TP shards are counted at their global size (DTensor)."""
-    with torch.device("meta"):
-        total = model_mod.num_params(model_mod.Transformer(trainer.model_args))
-    if trainer.dims.pp == 1:
-        return f"{total:,} params"
-    return f"{total:,} params, {model_mod.num_params(trainer.model):,} in this rank's pipeline stage(s)"
 
 
 def _train(argv: list[str]) -> None:
     threads = set_torch_threads()  # before the model is built (trainer.threads)
     trainer = Trainer(load_config(argv))
     try:
-        trainer.log(f"training {trainer.cfg.model.name}/{trainer.cfg.model.flavor} ({_params_line(trainer)}) "
-                    f"on {trainer.world} x {trainer.device_type}, dp={trainer.dims.dp}, cp={trainer.dims.cp}, "
-                    f"micro_batch={trainer.micro_batch}, accumulation={trainer.accumulation}, {threads}")
-        losses = trainer.fit()
+        if trainer.nothing_to_train is not None:  # a rerun of a finished job: say so, write nothing
+            trainer.log(trainer.nothing_to_train)
+            trainer.close()
+            return
+        trainer.log(run_lines.header(trainer, threads))
+        trainer.fit()
     except Stopped as stop:  # preempted: the saves in flight finish, then the newest step is named
         trainer.close(finished=False)
         newest = trainer.checkpoints.newest() if trainer.manager is not None else None
@@ -289,20 +292,7 @@ def _train(argv: list[str]) -> None:
         trainer.close(quiet=True)
         raise
     trainer.close()
-    trainer.log(summary(trainer, losses))
-
-
-def summary(trainer: Trainer, losses: list[float]) -> str:
-    """The run's last line: steps, time, tokens/s, checkpoints written, the newest step and where."""
-    t = trainer.cfg.training
-    elapsed = time.perf_counter() - trainer.started
-    line = (f"run finished: {len(losses)} steps in {elapsed:.1f} s, "
-            f"{len(losses) * t.batch_size * t.seq_len / max(elapsed, 1e-9):,.0f} tokens/s")
-    if losses:
-        line += f", final loss {losses[-1]:.4f}"
-    if trainer.manager is not None:
-        line += trainer.checkpoints.summary()
-    return line
+    trainer.log(run_lines.summary(trainer.figures(), trainer.checkpoints if trainer.manager is not None else None))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -172,7 +172,10 @@ def test_a_failed_save_under_on_error_continue_trains_on_and_counts_it(tmp_path)
     warning, = result.stderr.strip().splitlines()  # one line per failed save, no traceback
     assert warning.startswith("warning: checkpoint save failed") and "No space left on device" in warning
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert records[-1]["step"] == 8 and records[-1]["ckpt_failures"] == 1
+    steps = [r for r in records if "loss" in r]
+    assert steps[-1]["step"] == 8 and steps[-1]["ckpt_failures"] == 1
+    failed = [r for r in records if r.get("event") == "checkpoint_failed"]
+    assert [(r["failed_saves"], r["noticed_at_step"]) for r in failed] == [(1, 4)]  # the next due save noticed it
     assert "1 checkpoint save failed" in result.stdout
     assert _steps(run) == [4, 6, 8]
 

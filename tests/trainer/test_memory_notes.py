@@ -19,6 +19,9 @@ def test_a_memory_save_without_room_is_said_once_and_counted(tmp_path, monkeypat
                              checkpoint__memory=str(tmp_path / "shm" / "node0")))
     said = [line for line in capsys.readouterr().out.splitlines() if "memory tier: a save skipped" in line]
     assert len(said) == 1, said
-    last = [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines()][-1]
+    records = [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in records if "loss" in r][-1]
     assert (last["ckpt_memory_saves"], last["ckpt_memory_skipped"], last["ckpt_memory_failed"]) == (0, 10, 0)
+    memory = [(r["event"], r["step"]) for r in records if r.get("event", "").startswith("memory_")]
+    assert memory == [("memory_skipped", step) for step in range(1, 11)]  # one record a step (trainer.checkpoint_events)
     assert sorted(p.name for p in Path(job, "checkpoints").glob("step-*")) == ["step-00000005", "step-00000010"]

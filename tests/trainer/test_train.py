@@ -33,8 +33,9 @@ def test_resume_is_bitwise_on_two_fsdp_ranks(tmp_path):
     assert sum(straight[-5:]) < sum(straight[:5])  # it learns
     records = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
     assert records[0]["event"] == "run_start" and records[0]["resumed_step"] is None
-    lines = records[1:]
+    lines = [r for r in records if "event" not in r]
     assert [r["step"] for r in lines] == [5, 10, 15, 20]
+    assert all(r["grad_norm"] > 0 and r["step_time_ms"] > r["data_time_ms"] > 0 for r in lines)  # FSDP's norm reduced
     assert json.loads((tmp_path / "straight" / "config.json").read_text())["training"]["steps"] == 20
     assert all({"step", "loss", "tokens_per_sec", "ckpt_stall_ms"} <= r.keys() for r in lines)
     steps = sorted(p.name for p in (tmp_path / "resumed" / "checkpoints").iterdir() if p.name.startswith("step-"))
@@ -119,7 +120,7 @@ def test_cli_errors_are_one_line(tmp_path):
 def test_scheduled_garbage_collection_restores_the_interpreter_setting(monkeypatch):
     import gc
 
-    from trainer.train import scheduled_garbage_collection
+    from trainer.gc_schedule import scheduled_garbage_collection
 
     collected = []
     monkeypatch.setattr(gc, "collect", lambda generation=2: collected.append(generation) or 0)
@@ -201,4 +202,41 @@ def test_a_person_sees_one_line_per_commit_and_a_summary(tmp_path, capsys):
     commits = [line for line in out if line.startswith("checkpoint step ")]
     assert [line.split()[2] for line in commits] == ["2", "4"]
     assert all(" committed: full, " in line and str(tmp_path / "checkpoints") in line for line in commits)
-    assert out[-1].startswith("run finished: 4 steps in ") and "2 checkpoints written, newest step 4 at " in out[-1]
+    assert all(" MiB in " in line for line in commits)  # one unit family in every line (issue 40 item 6)
+    assert out[-1].startswith("run finished: 4 steps in ") and "2 checkpoints written, 2 kept, newest step 4 at " in out[-1]
+
+
+def test_a_rerun_with_nothing_to_train_says_so_in_one_line_and_writes_nothing(tmp_path, capsys):
+    """Issue 40 item 3: resuming step 4 with training.steps = 3 (or 4) trained 0 steps without a word."""
+    from trainer.train import main
+
+    args = dict(checkpoint__enable="true", checkpoint__interval=2)
+    assert main(trainer_args(str(tmp_path), steps=4, **args)) == 0
+    written = {name: (tmp_path / name).read_text() for name in ("metrics.jsonl", "config.json")}
+    capsys.readouterr()
+    for steps, where in ((3, "past"), (4, "at")):
+        assert main(trainer_args(str(tmp_path), steps=steps, **args)) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert out[-1] == (f"checkpoint step 4 is already {where} training.steps = {steps}: nothing to train; "
+                           "raise --training.steps or use another dump folder"), out
+        assert not any(line.startswith(("training ", "run finished", "config.json")) for line in out), out
+        assert {name: (tmp_path / name).read_text() for name in written} == written  # no record, no config moved
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "config.json", "metrics.jsonl"]
+
+
+def test_the_optimizer_step_returns_the_norm_it_clipped_with():
+    """grad_norm in the metrics (issue 40 item 6) is the norm clipping computed, before clipping."""
+    from trainer.step import norm_value, optimizer_step
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for max_norm in (1e-3, 0.0):
+        model(torch.randn(5, 4)).square().sum().backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        expected = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        norm = optimizer_step(list(model.parameters()), optimizer, None, max_norm=max_norm)
+        if max_norm:
+            assert norm_value(norm) == pytest.approx(expected.item(), rel=1e-6) and expected.item() > 10 * max_norm
+        else:
+            assert norm is None and norm_value(norm) is None  # nothing clipped: no norm computed
