@@ -64,3 +64,12 @@ def test_every_relative_link_resolves(page):
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             broken.append(f"{target}: {dest.name} has no heading #{anchor}")
     assert not broken, f"{page.relative_to(REPO)}: " + "; ".join(broken)
+
+
+def test_ci_runs_exactly_the_readmes_test_command():
+    """.ci/run's command is the README's second command (the tests), character for character."""
+    readme = (REPO / "README.md").read_text()
+    documented = [line for line in readme.splitlines() if line.startswith("bash scripts/setup.sh && ")]
+    ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line.startswith("bash scripts/setup.sh")]
+    assert len(documented) == 2 and len(ci) == 1
+    assert ci[0] == documented[1] and "pytest" in ci[0]
