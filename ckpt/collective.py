@@ -5,11 +5,19 @@ same type with the same attributes (``CorruptCheckpointError.file``,
 ``IncompatibleCheckpointError.missing``, ...). Only errors raised by our own ranks are ever
 unpickled; one that cannot be pickled travels as a :class:`~ckpt.errors.CheckpointError` carrying
 its type name and message. Without a process group every function is the local identity.
+
+Host memory between ranks (:func:`host_group`): point-to-point sends of CPU tensors on the group a
+load was given when CPU tensors sent on it travel through gloo (a gloo group, or a mixed group's
+``cpu:gloo`` side: :func:`host_side`), else on a gloo group over the same ranks, in the same order,
+made once per group and process (collectively: every rank of the group asks at the same point) and
+kept while the group lives. So bytes exchanged between ranks never go through device memory, and no
+accelerator communicator is made for them.
 """
 
 from __future__ import annotations
 
 import pickle
+import weakref
 from typing import Callable
 
 import torch
@@ -125,3 +133,38 @@ class Agreement:
 
 
 LOCAL = Agreement()
+
+
+_HOST_GROUPS: "weakref.WeakKeyDictionary[dist.ProcessGroup, dist.ProcessGroup]" = weakref.WeakKeyDictionary()
+
+
+def host_side(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
+    """``group`` (None: the default group) when CPU tensors sent on it travel through gloo, else None
+    (an NCCL or HCCL group without a ``cpu:gloo`` side)."""
+    group = group or dist.group.WORLD
+    config = str(dist.get_backend_config(group))  # "cpu:gloo,cuda:nccl"; a bare name serves every device
+    for part in config.split(","):
+        device, _, backend = part.strip().rpartition(":")
+        if device in ("", "cpu"):
+            return group if backend.lower() == "gloo" else None
+    return None
+
+
+def host_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
+    """The group on which ranks of ``group`` send each other CPU tensors (see the module docstring):
+    ranks and their order are ``group``'s. Collective on first use for a group without a host side."""
+    group = group or dist.group.WORLD
+    side = host_side(group)
+    if side is not None:
+        return side
+    made = _HOST_GROUPS.get(group)
+    if made is None:
+        ranks = sorted(dist.get_process_group_ranks(group), key=lambda r: dist.get_group_rank(group, r))
+        # a group of every rank: made by all; a smaller one: by its own ranks alone (the others are
+        # not in this load and never ask). Ranks in another order than the global one need
+        # sort_ranks, which only recent torch has.
+        order = {} if ranks == sorted(ranks) else {"sort_ranks": False}
+        made = dist.new_group(ranks=ranks, backend="gloo", group_desc="ckpt_host", **order,
+                              use_local_synchronization=len(ranks) < dist.get_world_size())
+        _HOST_GROUPS[group] = made
+    return made

@@ -40,6 +40,7 @@ import torch
 import xxhash
 
 from .. import commit
+from ..collective import host_side
 from ..errors import (CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, InvalidOptionError,
                       PeerLostError)
 from ..format import MANIFEST_NAME, MAX_BYTES, Manifest, is_data_file_name
@@ -86,11 +87,10 @@ SENDING, RECEIVING = "a partner copy was sent to it", "it was to send a partner 
 
 def _channel(group) -> Exchange:
     """Point-to-point sends on ``group``, refused unless they travel in host memory (gloo)."""
-    exchange = Exchange(group)
-    if exchange.device.type != "cpu":
+    if host_side(group) is None:
         raise InvalidOptionError("group", str(torch.distributed.get_backend(group)),
                                  "a gloo process group: partner copies travel in host memory")
-    return exchange
+    return Exchange(group)
 
 
 def _ints(*values: int) -> torch.Tensor:

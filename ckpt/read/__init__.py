@@ -12,6 +12,7 @@
 | :mod:`~ckpt.read.storage_reader` | DCP's StorageReader (:class:`ckpt.dcp.Reader`): the protocol object of a load, nothing more |
 | :mod:`~ckpt.read.assignment` | replicated bytes read once, the decision: which rank reads a chunk several need |
 | :mod:`~ckpt.read.exchange` | replicated bytes read once, the exchange between ranks |
+| :mod:`~ckpt.read.channel` | point-to-point messages between ranks, in host memory (a gloo group or side) |
 | :mod:`~ckpt.read.items` | a rank's plan read: values delivered, read order, direct targets |
 | :mod:`~ckpt.read.prefetch` | several verified reads in flight per rank, in a bounded read buffer |
 | :mod:`~ckpt.read.scatter` | where the bytes of a partly read chunk go (resharded loads) |

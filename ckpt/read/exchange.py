@@ -1,11 +1,12 @@
 """Replicated bytes read once, the exchange: each rank walks its :class:`~ckpt.read.assignment.RankShares`
 in the global order, reading and sending the chunks it was given, receiving the others.
 
-Transport: point-to-point sends on the load's process group (``group_dst``/``group_src``: ranks of
-that group), on the accelerator when the group's backend is an accelerator's (NCCL, HCCL: the
-training backend's collectives), else on CPU (gloo). Per receiver, one exchange is a header
-(status, digest) and, when the status is good, the chunk's decoded bytes — or a batch's: small
-chunks (:data:`~ckpt.read.assignment.SMALL_BYTES`) travel together, one buffer per batch.
+Transport: :class:`~ckpt.read.channel.Exchange`, point-to-point messages in host memory on the
+host side of the load's process group (never through a device: a chunk is read into host memory,
+or into its live tensor when that is on CPU, received into host memory, and copied into a live
+device tensor by that tensor's own ``copy_``). Per receiver, one exchange is a header (status,
+digest, bytes) and, when the status is good, the chunk's decoded bytes — or a batch's: small chunks
+(:data:`~ckpt.read.assignment.SMALL_BYTES`) travel together, one buffer per batch.
 
 Verification: the reader verifies the stored bytes against the manifest as every read does
 (:class:`~ckpt.read.source.ChunkSource`), decodes them, and only then takes the xxh3-64 of the very
@@ -13,11 +14,14 @@ buffer it sends; the receiver hashes what it received and refuses a mismatch
 (:class:`~ckpt.errors.CorruptCheckpointError`). So the bytes a receiver uses are the bytes the
 reader verified, whatever happened in between.
 
-Failure: a rank that failed (its read, its check) keeps walking its exchanges so that no peer waits
-forever: as a reader it sends a failed status (no data); as a receiver it still receives. It then
-raises its first error; a receiver told of a peer's failure raises :class:`PeerReadFailed`, which
-is no CheckpointError, so the caller unwrapping DCP's per-rank failures finds the reader's own. A
-peer whose link fails (its process died: gloo's RuntimeError) is a
+Failure: whatever fails on a rank — its read, its check, a buffer it could not allocate, even the
+set-up before its walk (``exchange_shared(error=...)``) — it keeps walking its exchanges so that no
+peer waits forever: as a reader it sends a failed status (no data); as a receiver it still takes
+every message its reader sends (into one piece of scratch when it has no buffer for them). It then
+raises its first error, as a :class:`~ckpt.errors.CheckpointError` (an error of another kind is
+wrapped in one, naming it); a receiver told of a peer's failure raises :class:`PeerReadFailed`,
+which is no CheckpointError, so the caller unwrapping DCP's per-rank failures finds the reader's
+own. A peer whose link fails (its process died: gloo's RuntimeError) is a
 :class:`~ckpt.errors.PeerLostError` naming its rank; it is not addressed again, and the walk goes
 on with the others (:attr:`Exchange.lost`, which ``ckpt.load`` raises when DCP's own collectives
 then fail on the dead rank).
@@ -29,18 +33,18 @@ failed load wrote, is put back by the load's rollback (:mod:`ckpt.read.rollback`
 from __future__ import annotations
 
 import math
+from contextlib import ExitStack
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 import xxhash
 
 from .assignment import RankShares
-from ..errors import CorruptCheckpointError, PeerLostError
+from .channel import Exchange
+from ..errors import CheckpointError, CorruptCheckpointError, PeerLostError
 from ..outcomes import LoadStats
 
 _OK, _FAILED = 1, 0
-_ACCELERATOR_BACKENDS = {"nccl": "cuda", "hccl": "npu"}
 
 
 class PeerReadFailed(RuntimeError):
@@ -57,138 +61,110 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1).view(torch.uint8)
 
 
-class Exchange:
-    """Point-to-point sends of one load's process group (see the module docstring)."""
-
-    def __init__(self, group: dist.ProcessGroup):
-        self.group = group
-        self.rank = dist.get_rank(group)
-        backend = str(dist.get_backend(group))
-        device_type = next((d for b, d in _ACCELERATOR_BACKENDS.items() if b in backend), "cpu")
-        if device_type == "cpu":
-            self.device = torch.device("cpu")
-        else:
-            module = getattr(torch, device_type)
-            self.device = torch.device(device_type, module.current_device())
-
-        self.lost: dict[int, PeerLostError] = {}  # peers whose link failed, never addressed again
-
-    def send(self, receivers: tuple[int, ...], header: torch.Tensor, raw: torch.Tensor | None, what: str) -> None:
-        """Send to each receiver still reachable; raise the first :class:`PeerLostError` after the
-        others got theirs."""
-        tensors = [header] if raw is None else [header, raw]
-        tensors = [t.to(self.device) for t in tensors]
-        receivers = [r for r in receivers if r not in self.lost]
-        works = {r: [self._talk(r, what, lambda t=t, r=r: dist.isend(t, group=self.group, group_dst=r))
-                     for t in tensors] for r in receivers}
-        failure = None
-        for r, pending in works.items():
-            try:
-                for work in pending:
-                    self._talk(r, what, work.wait)
-            except PeerLostError as exc:
-                failure = failure or exc
-        if failure is not None:
-            raise failure
-
-    def receive_header(self, reader: int, what: str) -> torch.Tensor:
-        header = torch.zeros(2, dtype=torch.int64, device=self.device)
-        self._talk(reader, what, lambda: dist.recv(header, group=self.group, group_src=reader))
-        return header.cpu()
-
-    def receive_into(self, reader: int, raw: torch.Tensor, what: str) -> None:
-        if self.device.type == "cpu":
-            self._talk(reader, what, lambda: dist.recv(raw, group=self.group, group_src=reader))
-            return
-        staged = torch.empty(raw.shape, dtype=raw.dtype, device=self.device)
-        self._talk(reader, what, lambda: dist.recv(staged, group=self.group, group_src=reader))
-        raw.copy_(staged)
-
-    def _talk(self, peer: int, what: str, call: Callable[[], Any]) -> Any:
-        """``call()`` (a send or receive with ``peer``), a backend failure (gloo's RuntimeError when
-        the peer's process died: "Connection closed by peer") raised as :class:`PeerLostError`."""
-        if peer in self.lost:
-            raise self.lost[peer]
-        try:
-            return call()
-        except RuntimeError as exc:
-            self.lost[peer] = PeerLostError(f"rank {peer} of the load's process group stopped answering while "
-                                            f"{what} ({type(exc).__name__}: {exc})", peer=peer, tensor=what)
-            raise self.lost[peer] from exc
+def _failure(exc: BaseException, rank: int, what: str) -> BaseException:
+    """``exc`` as this rank raises it: ours and :class:`PeerReadFailed` as they are, anything else
+    (a MemoryError, a bug) wrapped in a :class:`CheckpointError` that names it."""
+    if isinstance(exc, (CheckpointError, PeerReadFailed)):
+        return exc
+    error = CheckpointError(f"rank {rank} of the load's process group failed while {what} was exchanged "
+                            f"({type(exc).__name__}: {exc})", tensor=what)
+    error.__cause__ = exc
+    return error
 
 
 def exchange_shared(shares: RankShares, exchange: Exchange, *, read: Callable[[Any, list], torch.Tensor],
                     target: Callable[[Any, list], torch.Tensor | None], deliver: Callable[[list, torch.Tensor], None],
-                    chunk_of: Callable[[Any], tuple[tuple, torch.dtype]], items: dict, stats: LoadStats) -> None:
+                    chunk_of: Callable[[Any], tuple[tuple, torch.dtype]], items: dict, stats: LoadStats,
+                    error: BaseException | None = None) -> None:
     """Walk ``shares`` (see the module docstring). ``read(index, items)``: the stored chunk, verified
     and decoded (into the live tensor when ``target`` gave one); ``target(index, items)``: a live
     CPU tensor to receive the whole chunk into, or None; ``deliver(items, tensor)``: hand the chunk
     to the planner; ``chunk_of(index)``: its sizes and dtype; ``items``: this rank's read items by
     stored chunk. A batch (several chunks in one exchange) travels as one buffer, each chunk at an
-    offset both ends work out from the manifest (:func:`_layout`)."""
-    error: BaseException | None = None
+    offset both ends work out from the manifest (:func:`_layout`). ``error``: this rank already
+    failed (before its walk): it only releases its peers, then raises that."""
+    local = dict(read=read, target=target, deliver=deliver, chunk_of=chunk_of, items=items, stats=stats)
     for op in shares.ops:
-        layout, nbytes = _layout(op.indices, chunk_of)
-        what = op.indices[0].fqn
-        if op.reader == exchange.rank:
-            raw, header, tensors = None, torch.tensor([_FAILED, 0], dtype=torch.int64), []
-            if error is None:
-                try:
-                    tensors = [read(index, items[index]) for index in op.indices]
-                    raw = _pack(tensors, layout, nbytes)
-                    header = torch.tensor([_OK, _digest(raw)], dtype=torch.int64)
-                except Exception as exc:
-                    error, raw = exc, None
-            try:
-                exchange.send(op.receivers, header, raw, f"{what} was sent to it")
-            except PeerLostError as exc:
-                error = error or exc
-            if raw is not None:
-                stats.bytes_sent += nbytes * len(op.receivers)
-                try:
-                    for index, tensor in zip(op.indices, tensors):
-                        deliver(items[index], tensor)
-                except Exception as exc:
-                    error = error or exc
-            continue
-        if op.reader in exchange.lost:  # gone: it sends nothing more (its loss is this rank's error)
-            continue
-        try:
-            status, digest = exchange.receive_header(op.reader, f"it was to send {what}").tolist()
-        except PeerLostError as exc:
-            error = error or exc
-            continue
-        if status != _OK:
-            error = error or PeerReadFailed(f"rank {op.reader} could not read {what} for this rank "
-                                            "(its own error says why)")
-            continue
-        into = None
-        if error is None and len(op.indices) == 1:
-            try:
-                into = target(op.indices[0], items[op.indices[0]])
-            except Exception as exc:
-                error = exc
-        raw = _as_bytes(into) if into is not None else torch.empty(nbytes, dtype=torch.uint8)
-        try:  # received even after a failure: the reader is sending it
-            exchange.receive_into(op.reader, raw, f"it was sending {what}")
-        except PeerLostError as exc:
-            error = error or exc
-            continue
-        stats.bytes_received += nbytes
-        stats.chunks_received += len(op.indices)
-        if error is not None:
-            continue
-        try:
-            if _digest(raw) != digest:
-                raise CorruptCheckpointError(f"{what}: the bytes received from rank {op.reader} differ "
-                                             "from the bytes it read and verified", tensor=what)
-            for index, (at, sizes, dtype) in zip(op.indices, layout):
-                piece = into if into is not None else _unpack(raw, at, sizes, dtype)
-                deliver(items[index], piece)
-        except Exception as exc:
-            error = exc
+        walk = _send if op.reader == exchange.rank else _receive
+        error = walk(op, exchange, error, **local)
     if error is not None:
-        raise error
+        raise _failure(error, exchange.rank, "shared chunks")
+
+
+def _send(op, exchange: Exchange, error, *, read, deliver, chunk_of, items, stats, **_) -> BaseException | None:
+    """This rank's turn as ``op``'s reader: read, send (a failed status once it failed), deliver its
+    own share; its first error (``error`` if it came in with one)."""
+    what = op.indices[0].fqn
+    raw, header, tensors = None, torch.tensor([_FAILED, 0, 0], dtype=torch.int64), []
+    if error is None:
+        try:
+            layout, nbytes = _layout(op.indices, chunk_of)
+            tensors = [read(index, items[index]) for index in op.indices]
+            raw = _pack(tensors, layout, nbytes)
+            header = torch.tensor([_OK, _digest(raw), nbytes], dtype=torch.int64)
+        except Exception as exc:
+            error, raw = _failure(exc, exchange.rank, what), None
+    try:
+        exchange.send(op.receivers, header, raw, f"{what} was sent to it")
+    except PeerLostError as exc:
+        error = error or exc
+    if raw is None:
+        return error
+    stats.bytes_sent += raw.numel() * len(op.receivers)
+    try:
+        for index, tensor in zip(op.indices, tensors):
+            deliver(items[index], tensor)
+    except Exception as exc:
+        error = error or _failure(exc, exchange.rank, what)
+    return error
+
+
+def _receive(op, exchange: Exchange, error, *, target, deliver, chunk_of, items, stats, **_) -> BaseException | None:
+    """This rank's turn as one of ``op``'s receivers: take everything the reader sends (drained once
+    this rank failed), check it, deliver it; its first error."""
+    what = op.indices[0].fqn
+    if op.reader in exchange.lost:  # gone: it sends nothing more (its loss is this rank's error)
+        return error
+    try:
+        status, digest, nbytes = exchange.receive_header(op.reader, f"it was to send {what}").tolist()
+    except PeerLostError as exc:
+        return error or exc
+    if status != _OK:
+        return error or PeerReadFailed(f"rank {op.reader} could not read {what} for this rank "
+                                       "(its own error says why)")
+    into = raw = None
+    if error is None:
+        try:
+            layout, expected = _layout(op.indices, chunk_of)
+            if nbytes != expected:
+                raise CorruptCheckpointError(f"{what}: rank {op.reader} sends {nbytes} bytes where the "
+                                             f"manifest has {expected}", tensor=what)
+            into = target(op.indices[0], items[op.indices[0]]) if len(op.indices) == 1 else None
+            raw = _as_bytes(into) if into is not None else exchange.buffer(nbytes)
+        except Exception as exc:
+            error, into, raw = _failure(exc, exchange.rank, what), None, None
+    try:  # taken even after a failure: the reader is sending it
+        if raw is None:
+            exchange.drain(op.reader, max(nbytes, 0), f"it was sending {what}")
+        else:
+            exchange.receive_into(op.reader, raw, f"it was sending {what}")
+    except PeerLostError as exc:
+        return error or exc
+    except Exception as exc:  # not even scratch for it: nothing more this rank can do for the reader
+        return error or _failure(exc, exchange.rank, what)
+    stats.bytes_received += nbytes
+    stats.chunks_received += len(op.indices)
+    if error is not None:
+        return error
+    try:
+        if _digest(raw) != digest:
+            raise CorruptCheckpointError(f"{what}: the bytes received from rank {op.reader} differ "
+                                         "from the bytes it read and verified", tensor=what)
+        for index, (at, sizes, dtype) in zip(op.indices, layout):
+            deliver(items[index], into if into is not None else _unpack(raw, at, sizes, dtype))
+    except Exception as exc:
+        error = _failure(exc, exchange.rank, what)
+    return error
 
 
 _ALIGN = 64  # each chunk of a batch starts at a multiple of this (any dtype's view of it is aligned)
@@ -220,38 +196,45 @@ def _unpack(buffer: torch.Tensor, at: int, sizes: tuple, dtype: torch.dtype) -> 
     return buffer[at: at + math.prod(sizes) * dtype.itemsize].view(dtype).reshape(sizes)
 
 
-def serve_shared(plan, planner, source, storage: dict, exchange: Exchange, stats: LoadStats) -> list:
+def serve_shared(plan, planner, open_source: Callable[[], Any], storage: dict, exchange: Exchange,
+                 stats: LoadStats) -> list:
     """Take part in the exchange ``plan.storage_data`` assigns this rank (none without a
     :class:`RankShares`) over ``exchange`` and deliver what it brings; the plan's other items, for
-    the reader's own storage path."""
+    the reader's own storage path. ``open_source()``: the :class:`~ckpt.read.source.ChunkSource`
+    to read from (a context manager); if opening it fails, this rank still walks its exchanges
+    (failed: see the module docstring) before it raises."""
     shares = plan.storage_data
     if not isinstance(shares, RankShares) or not shares.ops:
         return list(plan.items)
-    mine = shares.indices()
-    items: dict = {index: [] for index in mine}
-    rest = []
-    for item in plan.items:
-        (items[item.storage_index] if item.storage_index in mine else rest).append(item)
-    manifest = source.manifest
+    with ExitStack() as stack:
+        failed, rest, items, source = None, [], {}, None
+        try:
+            mine = shares.indices()
+            items = {index: [] for index in mine}
+            for item in plan.items:
+                (items[item.storage_index] if item.storage_index in mine else rest).append(item)
+            source = stack.enter_context(open_source())
+        except Exception as exc:
+            failed = exc
 
-    def chunk_of(index):
-        return storage[index].sizes, manifest.tensors[index.fqn].dtype
+        def chunk_of(index):
+            return storage[index].sizes, source.manifest.tensors[index.fqn].dtype
 
-    def target(index, wanted):
-        return _whole_target(planner, wanted, storage[index], manifest.tensors[index.fqn].dtype)
+        def target(index, wanted):
+            return _whole_target(planner, wanted, storage[index], source.manifest.tensors[index.fqn].dtype)
 
-    def read(index, wanted):
-        chunk = storage[index]
-        source.files.check(chunk.blob, what=index.fqn)
-        source.files.check_table(chunk.blob, what=index.fqn)  # as every read: a cut file is refused whole
-        into = target(index, wanted) if chunk.blob.codec == "raw" else None
-        return next(iter(source.read_tensors([(None, index.fqn, chunk, into)])))[1]
+        def read(index, wanted):
+            chunk = storage[index]
+            source.files.check(chunk.blob, what=index.fqn)
+            source.files.check_table(chunk.blob, what=index.fqn)  # as every read: a cut file is refused whole
+            into = target(index, wanted) if chunk.blob.codec == "raw" else None
+            return next(iter(source.read_tensors([(None, index.fqn, chunk, into)])))[1]
 
-    def deliver(wanted, tensor):
-        _deliver(planner, wanted, tensor)
+        def deliver(wanted, tensor):
+            _deliver(planner, wanted, tensor)
 
-    exchange_shared(shares, exchange, read=read, target=target, deliver=deliver, chunk_of=chunk_of,
-                    items=items, stats=stats)
+        exchange_shared(shares, exchange, read=read, target=target, deliver=deliver, chunk_of=chunk_of,
+                        items=items, stats=stats, error=failed)
     return rest
 
 

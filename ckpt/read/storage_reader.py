@@ -126,9 +126,9 @@ class Reader(StorageReader):
             return list(plan.items)
         exchange = Exchange(self.process_group)
         try:
-            with ChunkSource(counted(self.path, counter), self.manifest,
-                             mirrors=tuple(counted(m, counter) for m in self.mirrors)) as source:
-                return serve_shared(plan, planner, source, self.storage, exchange, self.stats)
+            return serve_shared(plan, planner, lambda: ChunkSource(counted(self.path, counter), self.manifest,
+                                                                   mirrors=tuple(counted(m, counter) for m in self.mirrors)),
+                                self.storage, exchange, self.stats)
         finally:  # a lost peer also breaks DCP's collectives after this: ckpt.load raises it instead
             self.peer_lost = next(iter(exchange.lost.values()), None)
 
