@@ -32,10 +32,18 @@ reads) under torchtitan's names, the fused wqkv as its split wq/wk/wv.
   safetensors  trainer.model.Transformer.load_state_dict takes) in one torch.save / .safetensors
                file, or with --max-shard-size a directory of shards + index.
 
---from hf: SRC is a local Hugging Face llama directory (config.json + model.safetensors, or shards
-with model.safetensors.index.json); DST becomes a checkpoint root holding step N (default 0) with
-the model weights under "model." (floats as fp32 unless --dtype: the trainer's parameters are fp32),
-read and written one tensor at a time. The trainer starts from it with
+A plug-in's step (SRC written by ckpt.integrations.deepspeed: its save_dir, the tag `latest` names or
+global_step<N> with --step N, or a tag; by .lightning: a .ckpt checkpoint, or their folder for last.ckpt;
+by .hf: <output_dir>/ckpt, a step of it, or a checkpoint-N folder) exports its model's weights under the
+names that framework's model takes: DeepSpeed's module.state_dict() (ZeRO 1/2: the fp32 masters joined
+from every rank's partition, as zero_to_fp32.py does), the LightningModule's checkpoint["state_dict"],
+the transformers model's own state dict; --to hf only for the HF Trainer's (a transformers model: its
+recorded config.json beside the weights, for from_pretrained).
+
+--from hf: SRC is a local Hugging Face llama or Mixtral directory (config.json + model.safetensors, or
+shards with model.safetensors.index.json; a Mixtral's experts become our 3-D expert weights); DST
+becomes a checkpoint root holding step N (default 0) with the model weights under "model." (floats as
+fp32 unless --dtype: the trainer's parameters are fp32), read and written one tensor at a time. The trainer starts from it with
 --checkpoint.initial_load_path DST and the --model.* flags printed (weights only; the optimizer,
 schedule and data position start fresh).
 
@@ -74,7 +82,8 @@ import torch
 
 import ckpt
 from ckpt import CheckpointError, CheckpointNotFoundError
-from ckpt.convert import import_dcp, read_dcp_metadata, total_tensor_bytes
+from ckpt.convert import PluginStep, export_plugin_step, import_dcp, open_plugin_step, read_dcp_metadata
+from ckpt.convert import total_tensor_bytes
 from ckpt.inspect import run_config
 from ckpt.root import resolve_checkpoint
 from ckpt.storage import is_url
@@ -196,6 +205,9 @@ def _export(args, dtype: torch.dtype | None) -> tuple[list[str], dict]:
         with tempfile.TemporaryDirectory(prefix=".ckpt-convert-torchtitan-") as tmp:
             imported = titan.import_torchtitan(args.src, tmp, flavor=args.flavor, step=args.step, model_only=True)
             return _export_step(args, dtype, imported.path, imported.source)
+    plugin = open_plugin_step(args.src, args.step)
+    if plugin is not None:
+        return _export_plugin(args, dtype, plugin)
     try:
         source = resolve_checkpoint(args.src, args.step)
     except CheckpointNotFoundError as exc:
@@ -254,12 +266,30 @@ def _export_step(args, dtype: torch.dtype | None, source, origin) -> tuple[list[
             f"{args.to} -> {args.dst}" + (f" ({shards})" if len(weights) > 1 else "")], report
 
 
+def _export_plugin(args, dtype: torch.dtype | None, plugin: PluginStep) -> tuple[list[str], dict]:
+    """A plug-in's step: its model's weights under its framework's names (ckpt.convert.plugins)."""
+    if args.config or args.model_args:
+        raise CheckpointError(f"{plugin.path} is a step of the {plugin.framework} plug-in: {MODEL_OPTIONS} describe "
+                              "our trainer's model, not its", path=plugin.path)
+    specs = plugin.specs(dtype)
+    total = sum(s.nbytes for s in specs)
+    with progress(total, f"convert {plugin.framework}", quiet=args.quiet or args.json) as bar:
+        written = export_plugin_step(plugin, args.dst, format=args.to, dtype=dtype, overwrite=args.force,
+                                     max_shard_size=args.max_shard_size, progress=bar.update)
+    report = {"step": plugin.step, "kind": plugin.manifest.kind, "checkpoint": plugin.path,
+              "framework": plugin.framework, "tensors": len(specs), "bytes": total, "written": written,
+              "verified": "every chunk read"}
+    return [f"{plugin.framework} step {plugin.step} ({plugin.path}) -> {args.dst}: {len(specs)} tensors, "
+            f"{human_bytes(total)} as {args.to} ({plugin.takes} takes them)"], report
+
+
 def _import_hf(args, dtype: torch.dtype | None) -> tuple[list[str], dict]:
     model = hf.open_hf(args.src)
     with progress(model.import_bytes(dtype or torch.float32), "import hf", quiet=args.quiet or args.json) as bar:
         result = hf.import_hf(args.src, args.dst, step=args.step or 0, dtype=dtype or torch.float32,
                               overwrite=args.force, progress=bar.update)
-    lines = [f"Hugging Face llama {args.src} ({hf.describe(result.model.args)}) -> {result.path}: "
+    lines = [f"Hugging Face {'mixtral' if result.model.args.is_moe else 'llama'} {args.src} "
+             f"({hf.describe(result.model.args)}) -> {result.path}: "
              f"{result.tensors} tensors, {human_bytes(result.nbytes)}"]
     flags = hf.trainer_flags(result.model_config) if result.model_config is not None else None
     notes = []

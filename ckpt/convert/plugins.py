@@ -170,7 +170,8 @@ def _renamed(path: str, manifest: Manifest, names: dict[str, str], framework: st
     stored = {key: name for name, key in names.items()}
 
     def specs(dtype):
-        return [TensorSpec(stored[s.key], s.dtype, s.shape) for s in tensor_specs(manifest, names.values(), dtype=dtype)]
+        described = tensor_specs(manifest, names.values(), dtype=dtype)
+        return [TensorSpec(stored[s.key], s.dtype, s.shape) for s in described]
 
     def tensors(dtype):
         for key, tensor in full_tensors(path, sorted(names.values()), dtype=dtype, manifest=manifest):
@@ -222,7 +223,8 @@ def _hf_root(folder: Path, step: int | None) -> Path | None:
 
 # -- DeepSpeed -------------------------------------------------------------------------------------------
 def _deepspeed_tag(folder: Path, step: int | None) -> Path | None:
-    """A DeepSpeed tag directory: ``folder`` itself, or the tag of its save_dir (``latest``, or ``global_step<step>``)."""
+    """A DeepSpeed tag directory: ``folder`` itself, or the tag of its save_dir (``latest``, or
+    ``global_step<step>``); None: neither."""
     if (folder / _DS_MODEL / "manifest.json").is_file():
         return folder
     if not (folder / "latest").is_file():
@@ -296,7 +298,7 @@ def _deepspeed_masters(tag: Path, path: str, manifest: Manifest, tree: dict, mod
                                              dtype), stored[k].shape) for n, k in own.items()]
         out += [TensorSpec(n, dtype or torch.float32, s) for group in groups for n, s in group.items()]
         by_name = {s.key: s for s in out}
-        return out + [TensorSpec(n, by_name[src].dtype, by_name[src].shape) for n, src in shared.items() if src in by_name]
+        return out + [TensorSpec(n, by_name[s].dtype, by_name[s].shape) for n, s in shared.items() if s in by_name]
 
     def tensors(dtype):
         done = {}

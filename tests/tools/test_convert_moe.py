@@ -86,3 +86,58 @@ def test_a_shared_expert_has_no_mixtral_layout(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "shared expert" in err and err.count("\n") == 1
     assert not (tmp_path / "hf").exists()
+
+
+def _mixtral(folder: Path, **overrides) -> Path:
+    """A tiny random MixtralForCausalLM saved as transformers saves it (per-expert weights on disk)."""
+    torch.manual_seed(0)
+    config = transformers.MixtralConfig(vocab_size=320, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                        num_experts_per_tok=2, max_position_embeddings=64, **overrides)
+    transformers.MixtralForCausalLM(config).save_pretrained(str(folder))
+    return folder
+
+
+def test_from_hf_imports_a_mixtral_that_computes_its_logits_and_exports_it_back_bitwise(tmp_path):
+    from safetensors.torch import load_file
+
+    source = _mixtral(tmp_path / "mixtral")
+    assert convert.main([str(source), str(tmp_path / "ours"), "--from", "hf", "--quiet"]) == 0
+    step = tmp_path / "ours" / "step-00000000"
+    ours = _ours(step)
+    assert (ours.args.num_experts, ours.args.top_k, ours.args.moe_ffn_dim) == (4, 2, 48)
+    section = ckpt.read_manifest(step).user["config"]["model"]  # the trainer flags printed build it
+    assert (section["num_experts"], section["top_k"], section["moe_ffn_dim"]) == (4, 2, 48)
+    reference = transformers.MixtralForCausalLM.from_pretrained(str(source), attn_implementation="eager",
+                                                                dtype=torch.float32).eval()
+    tokens = torch.randint(0, 320, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        diff = (ours(tokens) - reference(tokens).logits).abs().max().item()
+    assert diff < TOLERANCE, diff
+
+    assert convert.main([str(step), str(tmp_path / "back"), "--to", "hf", "--quiet"]) == 0
+    original, back = load_file(source / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
+    assert original.keys() == back.keys()
+    for key, value in original.items():
+        assert torch.equal(value, back[key]), key
+
+
+def test_our_moe_checkpoint_goes_to_mixtral_and_back_bitwise(step, tmp_path):
+    assert convert.main([str(step), str(tmp_path / "hf"), "--to", "hf", "--quiet"]) == 0
+    assert convert.main([str(tmp_path / "hf"), str(tmp_path / "back"), "--from", "hf", "--quiet"]) == 0
+    back = tmp_path / "back" / "step-00000000"
+    original = dict(ckpt.convert.full_tensors(step, ckpt.convert.select_keys(ckpt.read_manifest(step), "model")))
+    returned = dict(ckpt.convert.full_tensors(back))
+    assert original.keys() == returned.keys()
+    for key, value in original.items():
+        assert torch.equal(value, returned[key]), key
+    flags = ckpt.read_manifest(back).user["config"]["model"]
+    assert (flags["num_experts"], flags["top_k"], flags["num_shared_experts"], flags["moe_ffn_dim"]) == (8, 2, 0, 128)
+
+
+def test_a_mixtral_with_a_sliding_window_is_refused_in_one_line(tmp_path, capsys):
+    source = _mixtral(tmp_path / "mixtral", sliding_window=8)
+    capsys.readouterr()  # transformers' own progress lines
+    assert convert.main([str(source), str(tmp_path / "ours"), "--from", "hf"]) == 1
+    err = capsys.readouterr().err
+    assert "sliding_window" in err and err.count("\n") == 1 and not (tmp_path / "ours").exists()

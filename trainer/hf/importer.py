@@ -1,4 +1,4 @@
-"""A local Hugging Face llama directory as a checkpoint the trainer starts from.
+"""A local Hugging Face llama or Mixtral (:mod:`trainer.hf.mixtral`) directory as a checkpoint to start from.
 
 Contract: :func:`open_hf` reads ``config.json`` and the safetensors headers (weights located, not
 read; only ``.safetensors``, which need no unpickling) and refuses, with a CheckpointError naming
@@ -6,7 +6,8 @@ why, what our model cannot represent or what is not such a directory; :func:`imp
 weights under ``model.<our key>`` (q/k rows permuted back to our rotary layout, floats as
 ``dtype``) one tensor at a time as step ``step`` of a new checkpoint root, committed by the engine's
 protocol (:func:`write_step`, through :class:`ckpt.write.assemble.NewCheckpoint`), recording the model's
-exact arguments and, when a flavor builds it, the trainer's ``model`` config section.
+exact arguments and, when a flavor builds it, the trainer's ``model`` config section. A Mixtral's
+per-expert weights become our 3-D expert tensors (stacked, expert 0 first), its router as it is.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ckpt.storage import Location
 from ckpt.write import NewCheckpoint, Payload, Place, new_manifest, tensor_bytes
 from .checks import MAX_INDEX_ENTRIES, HFInputError, check_plain_file, read_json, weights_file
 from .config import UnsupportedHFConfig, args_from_hf_config
+from .mixtral import MIXTRAL_MODEL_TYPE, args_from_mixtral_config, moe_name, our_moe_key
 from .names import HF_IGNORED, our_name
 from .rotary import from_hf
 from .run import PREFIX, shape_problems, trainer_model_config
@@ -44,8 +46,10 @@ class HFModel:
     config: dict
     args: ModelArgs
     weights: dict[str, tuple[Path, torch.dtype, tuple[int, ...]]]  # our key -> (file, dtype, shape), HF order
-    hf_keys: dict[str, str]  # our key -> Hugging Face key
+    hf_keys: dict[str, str]  # our key -> Hugging Face key (an expert weight: expert 0's)
     tokenizer: Path | None
+    experts: dict[str, list[tuple[Path, str]]] = dataclasses.field(default_factory=dict)
+    # a Mixtral's 3-D expert weights: our key -> (file, Hugging Face key) of each expert, stacked on import
 
     def import_bytes(self, dtype: torch.dtype | None = torch.float32) -> int:
         """The tensor bytes :func:`import_hf` writes of it (floats as ``dtype``; None: as stored)."""
@@ -69,7 +73,8 @@ def open_hf(path: str | os.PathLike) -> HFModel:
             raise CheckpointNotFoundError(f"{directory} is a trainer run's folder (its config.json is the run's), "
                                           "not a Hugging Face model directory; export its checkpoints with --to",
                                           path=str(directory))
-        args = args_from_hf_config(config)
+        mixtral = isinstance(config, dict) and config.get("model_type") == MIXTRAL_MODEL_TYPE
+        args = args_from_mixtral_config(config) if mixtral else args_from_hf_config(config)
     except HFInputError as exc:
         exc.path = str(directory)
         if not str(exc).startswith(str(config_file)):  # named by its key alone: name the file too
@@ -94,7 +99,7 @@ def open_hf(path: str | os.PathLike) -> HFModel:
         hint = (f" (it has {torch_files[0]}: only .safetensors weights are read, as they need no unpickling; "
                 "re-save with save_pretrained(..., safe_serialization=True))") if torch_files else ""
         raise CheckpointNotFoundError(f"{directory} holds no {HF_WEIGHTS} or {HF_INDEX}{hint}", path=str(directory))
-    weights, hf_keys, foreign = {}, {}, []
+    weights, hf_keys, foreign, parts = {}, {}, [], {}
     for file in files:
         if not file.is_file() and not file.is_symlink():
             raise CheckpointNotFoundError(f"{file} (named by {HF_INDEX}) is missing", path=str(directory))
@@ -104,21 +109,23 @@ def open_hf(path: str | os.PathLike) -> HFModel:
                 for hf_key in handle.keys():
                     if HF_IGNORED.match(hf_key):
                         continue
-                    try:
-                        key = our_name(hf_key)
-                    except KeyError:
+                    key, expert = _our_key(hf_key, args)
+                    if key is None:
                         foreign.append(hf_key)
                         continue
                     view = handle.get_slice(hf_key)
                     dtype = _SAFETENSORS_DTYPES.get(view.get_dtype())
                     if dtype is None:
                         raise CheckpointError(f"{file}: {hf_key} has dtype {view.get_dtype()}", path=str(directory))
-                    weights[key] = (file, dtype, tuple(view.get_shape()))
-                    hf_keys[key] = hf_key
+                    if expert is None:
+                        weights[key], hf_keys[key] = (file, dtype, tuple(view.get_shape())), hf_key
+                    else:
+                        parts.setdefault(key, {})[expert] = (file, hf_key, dtype, tuple(view.get_shape()))
         except CheckpointError:
             raise
         except Exception as exc:  # safetensors reports a damaged header as its own error types
             raise CheckpointError(f"{file} cannot be read as safetensors: {exc}", path=str(directory)) from None
+    experts = _stacked(parts, args, weights, hf_keys, directory)
     if args.tie_embeddings and "tok_embeddings.weight" in weights:  # one matrix: lm_head, if stored, is it
         weights["output.weight"], hf_keys["output.weight"] = weights["tok_embeddings.weight"], hf_keys["tok_embeddings.weight"]
     problems = shape_problems({k: v[2] for k, v in weights.items()}, args)
@@ -129,7 +136,37 @@ def open_hf(path: str | os.PathLike) -> HFModel:
         raise CheckpointError(f"{directory}: the weights do not fit its config.json: {'; '.join(problems)}",
                               path=str(directory))
     tokenizer = directory / "tokenizer.json"
-    return HFModel(directory, config, args, weights, hf_keys, tokenizer if tokenizer.is_file() else None)
+    return HFModel(directory, config, args, weights, hf_keys, tokenizer if tokenizer.is_file() else None, experts)
+
+
+def _our_key(hf_key: str, args: ModelArgs) -> tuple[str | None, int | None]:
+    """Our key for ``hf_key`` and, for one expert's weight, the expert; (None, None): no place for it."""
+    moe = our_moe_key(hf_key) if args.is_moe else None
+    if moe is not None:
+        return moe
+    try:
+        return our_name(hf_key), None
+    except KeyError:
+        return None, None
+
+
+def _stacked(parts: dict, args: ModelArgs, weights: dict, hf_keys: dict, directory: Path) -> dict:
+    """Each 3-D expert weight of ours located from its experts' tensors (every expert there, one
+    dtype and shape), entered in ``weights``; returns our key -> (file, key) per expert."""
+    experts = {}
+    for key, found in parts.items():
+        if sorted(found) != list(range(args.num_experts)):
+            missing = sorted(set(range(args.num_experts)) - set(found))
+            raise CheckpointError(f"{directory}: {key} has experts {sorted(found)[:8]}, not 0..{args.num_experts - 1}"
+                                  f" (missing {missing[:8]})", path=str(directory))
+        kinds = {(dtype, shape) for _, _, dtype, shape in found.values()}
+        if len(kinds) != 1:
+            raise CheckpointError(f"{directory}: the experts of {key} differ in dtype or shape", path=str(directory))
+        (dtype, shape), = kinds
+        weights[key] = (found[0][0], dtype, (args.num_experts, *shape))
+        hf_keys[key] = found[0][1]
+        experts[key] = [found[e][:2] for e in range(args.num_experts)]
+    return experts
 
 
 _SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -178,11 +215,19 @@ def import_hf(src: str | os.PathLike, dst: str | os.PathLike, *, step: int = 0,
     specs = [(PREFIX + key, converted_dtype(stored, dtype), shape) for key, (_, stored, shape) in model.weights.items()]
     handles: dict[Path, object] = {}
 
+    def tensor_of(file: Path, hf_key: str) -> torch.Tensor:
+        if file not in handles:
+            handles[file] = safe_open(str(file), framework="pt")
+        return handles[file].get_tensor(hf_key)
+
     def produce(key: str, file: Path, out_dtype: torch.dtype):
         def read() -> torch.Tensor:
-            if file not in handles:
-                handles[file] = safe_open(str(file), framework="pt")
-            _, tensor = from_hf(model.hf_keys[key], handles[file].get_tensor(model.hf_keys[key]), model.args)
+            if key in model.experts:  # a Mixtral's experts, one tensor each: our 3-D weight
+                tensor = torch.stack([tensor_of(f, hf_key) for f, hf_key in model.experts[key]])
+            elif moe_name(key) is not None:  # the router: as it is
+                tensor = tensor_of(file, model.hf_keys[key])
+            else:
+                _, tensor = from_hf(model.hf_keys[key], tensor_of(file, model.hf_keys[key]), model.args)
             tensor = tensor.to(out_dtype).contiguous()
             if progress is not None:
                 progress(tensor.numel() * tensor.element_size())

@@ -20,6 +20,7 @@ from ckpt import CheckpointError
 from ckpt.format import Manifest
 from ..config import Config, ConfigError
 from ..data import HFTokenizer, tokenizer_file
+from ..flavors import expert_hidden_dim
 from ..model import FLAVORS, ModelArgs, Transformer, ffn_hidden_dim, model_args
 
 PREFIX = "model."
@@ -82,6 +83,14 @@ def _numerics(args: ModelArgs) -> dict:
             "tie_embeddings": args.tie_embeddings}
 
 
+def _experts(args: ModelArgs) -> dict:
+    """The trainer's mixture-of-experts keys that build ``args``' experts (none for a dense model)."""
+    if not args.is_moe:
+        return {}
+    return {"num_experts": args.num_experts, "top_k": args.top_k, "num_shared_experts": args.num_shared_experts,
+            "moe_ffn_dim": expert_hidden_dim(args), "moe_aux_loss_coef": args.moe_aux_loss_coef}
+
+
 def trainer_model_config(args: ModelArgs, *, tokenizer: str | None = None,
                          max_seq_len: bool = False) -> dict | None:
     """The trainer's ``model`` config section that builds a model with ``args``' weights and
@@ -107,13 +116,14 @@ def trainer_model_config(args: ModelArgs, *, tokenizer: str | None = None,
     name, extra = best
     section = {"name": "llama", "flavor": name, "vocab_size": args.vocab_size, "hidden_dim": args.dim,
                "n_layers": args.n_layers, "n_heads": args.n_heads, "n_kv_heads": args.kv_heads, **extra,
-               "tokenizer": tokenizer}
+               **_experts(args), "tokenizer": tokenizer}
     try:
         rebuilt = Config.from_dict({"model": {**section, "tokenizer": None},
                                     "training": {"seq_len": min(args.max_seq_len, 128)}}).model_args(args.vocab_size)
     except ConfigError:
         return None
-    if _numerics(rebuilt) != wanted or (max_seq_len and rebuilt.max_seq_len != args.max_seq_len):
+    if _numerics(rebuilt) != wanted or (max_seq_len and rebuilt.max_seq_len != args.max_seq_len) or \
+            _experts(rebuilt) != _experts(args):
         return None
     return section
 
@@ -141,8 +151,9 @@ def tokenizer_files(path: str) -> tuple[dict[str, bytes], Any]:
 def describe(args: ModelArgs) -> str:
     """One line: the shapes that matter to a reader."""
     kv = f", {args.kv_heads} kv heads" if args.kv_heads != args.n_heads else ""
-    return (f"dim {args.dim}, {args.n_layers} layers, {args.n_heads} heads{kv}, ffn {ffn_hidden_dim(args)}, "
-            f"vocab {args.vocab_size}")
+    ffn = (f"{args.num_experts} experts of ffn {expert_hidden_dim(args)}, {args.top_k} per token" if args.is_moe
+           else f"ffn {ffn_hidden_dim(args)}")
+    return f"dim {args.dim}, {args.n_layers} layers, {args.n_heads} heads{kv}, {ffn}, vocab {args.vocab_size}"
 
 
 def model_args_of(manifest: Manifest, source: object = "the checkpoint") -> ModelArgs:
