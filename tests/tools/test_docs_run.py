@@ -37,15 +37,20 @@ SETUP = "bash scripts/setup.sh && "
 TRAIN = ".venv/bin/python -m trainer.train --config configs/debug.toml"
 TORCHRUN = ".venv/bin/torchrun --standalone --nproc_per_node 2 -m trainer.train --config configs/debug.toml"
 QUICK = "--checkpoint.interval 2 --training.seq_len 32"  # 2-step intervals keep keep=3's history meaningful
+# the README's commands after its activation line: the same, found on PATH
+ACTIVE_TRAIN = TRAIN.removeprefix(".venv/bin/")
+ACTIVE_TORCHRUN = TORCHRUN.removeprefix(".venv/bin/")
+DRY_RUN_70B = "python -m trainer.train --config configs/seed_70b.yaml --dry-run --world-size 64 --training.seq_len 2048"
 
 # README's main job and its resume trio (300 / 400 / 450 steps, checkpoints every 50, a branch from
 # 400 that replaces 450) as 6 / 8 / 10 steps with checkpoints every 2 and a branch from 8.
 SMALL = {
     TORCHRUN: f"{TORCHRUN} --training.steps 6 {QUICK}",
-    f"{TORCHRUN} --training.steps 400": f"{TORCHRUN} --training.steps 8 {QUICK}",
-    f"{TRAIN} --training.steps 450": f"{TRAIN} --training.steps 10 {QUICK}",
-    f"{TRAIN} --training.steps 450 --checkpoint.load_step 400 --checkpoint.branch true":
-        f"{TRAIN} --training.steps 10 {QUICK} --checkpoint.load_step 8 --checkpoint.branch true",
+    f"{ACTIVE_TORCHRUN} --training.steps 400": f"{ACTIVE_TORCHRUN} --training.steps 8 {QUICK}",
+    f"{ACTIVE_TRAIN} --training.steps 450": f"{ACTIVE_TRAIN} --training.steps 10 {QUICK}",
+    f"{ACTIVE_TRAIN} --training.steps 450 --checkpoint.load_step 400 --checkpoint.branch true":
+        f"{ACTIVE_TRAIN} --training.steps 10 {QUICK} --checkpoint.load_step 8 --checkpoint.branch true",
+    DRY_RUN_70B: DRY_RUN_70B,  # a plan on the meta device: nothing trains, it runs as written
     # TOOLS.md's walk-through keeps its steps (10, 20: the later commands name them), fewer tokens
     f"{TRAIN} --job.dump_folder outputs/tools-demo --training.steps 20 --checkpoint.interval 10 "
     "--training.seq_len 64":
