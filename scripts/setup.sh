@@ -23,3 +23,8 @@ else
     "${PIP[@]}" install --quiet "torch==$TORCH_VERSION"
 fi
 "${PIP[@]}" install --quiet -e ".[dev,bench]"
+# Nothing activates the environment for the shell that ran this script (a child process cannot):
+# every documented command assumes the line below, once per new shell (docs/TOOLS.md and the others
+# say so where their commands start; tests/tools/test_docs_run.py runs them after it and nothing else).
+echo "Set up in .venv. In each new shell, activate it first (every documented command assumes it):"
+echo "source .venv/bin/activate"
