@@ -1,45 +1,49 @@
 #!/usr/bin/env python
 """The prepared run for a lent accelerator (CUDA GPU or Ascend NPU): does staging hold what it
-promises on a real device, and what does it cost. One process, about 6 minutes on one H200.
+promises on a real device, and what does checkpointing cost a training job. One process, about 6
+minutes on one H100 (start-up excluded).
 
     python benchmarks/device_checks.py                     # the device machine (its own torch)
     python benchmarks/device_checks.py --only stall,trainer
     python benchmarks/device_checks.py --dry-run           # CPU, tiny sizes: proves the script (CI runs it)
 
 Sections, in order (each one's result is written as soon as it ends; SIGTERM writes what is there;
-the code of each in ``device_setup.py``, ``device_staging.py`` or ``device_training.py``):
+the code in ``device_setup.py``, ``device_staging.py``, ``device_training.py``, ``device_trainer.py``,
+the job and its timing in ``device_job.py``, the savers compared in ``device_savers.py``;
+benchmarks/CHECKS.md says what each figure measures):
 
-  preflight  versions, imports (exit 3 when ``import ckpt`` fails), nvidia-smi / npu-smi, free disk
-             and memory, a ``cpu:gloo,<device>:<backend>`` group bound to the device + one all-reduce
-             of a host and of a device tensor
-  pinned     our buffer sets are pinned (a segment and a view at an offset: ``is_pinned()``), the
-             host allocator's own figure beside ours, the sets released at close, and how long
-             pinning 1/4/16 GiB takes (the first save pays it)
-  ordering   tests/ckpt/test_accelerator.py (``pytest -m accelerator``: a snapshot equals the state
-             after a device-delayed in-place add, and not a later one after ``wait_snapshot()``; a
-             temporary source survives its copy; a DTensor on a device mesh; an FSDP2 manager save
-             loaded bitwise) + the negative control: without the wait, the next in-place add reaches
-             the snapshot (a mismatch count above zero shows the check can see a race)
+  preflight  the process group first (``cpu:gloo,<device>:<backend>``, one rank, bound to the
+             device; gloo alone if that cannot start), versions, imports (exit 3 when ``import
+             ckpt`` fails), nvidia-smi / npu-smi, room for checkpoints (tmpfs, else disk; a
+             section that needs more room is skipped, not failed), one all-reduce of a host and a
+             device tensor
+  pinned     our buffer sets are pinned (a segment and a view at an offset), the host allocator's
+             own figure beside ours, the sets released at close, pinning 1/4/16 GiB timed
+  ordering   tests/ckpt/test_accelerator.py (``pytest -m accelerator``; the JUnit file and the tail
+             of pytest's output kept in the results) + the negative control of the snapshot wait
   dtensor    the stale-bytes case at size: DTensors of a 1-rank device mesh staged, where the staged
              local tensor lives, whether its bytes equal the state, device memory during ``stage()``
-  overlap    a ~1B llama (bf16 autocast, fp32 AdamW): one snapshot each with pinned buffers, pageable
-             buffers, and with the host ahead of the device (no synchronize before the save); the
-             copy/compute overlap read from a profiler trace (DtoH copies against kernels on other
-             streams), the step time lost, the staged state compared with a device clone taken at the
-             save (must be equal)
-  stall      per save, ours (manager: pinned double buffer, side stream) vs DCP ``async_save`` with
-             its pinned ``DefaultStager`` (torchtitan's ``async_with_pinned_mem``) and DCP's default:
-             host time in the save and in its waits, the compute stream's wait (events), step time
-             lost, the first (allocating) save apart; saves every ``--every`` steps to tmpfs
-  trainer    ``python -m trainer.train`` on the device: 40 steps with checkpoints, a resumed run to
-             60, an uninterrupted run to 60; losses after the resume against the uninterrupted run
+  overlap    our stager on the ~1B llama (FSDP2, 1 rank, bf16): pinned, pageable and host-ahead
+             snapshots, both buffer sets warmed first; step time lost against a plain step timed
+             alike (``sync; t0; save; fwd/bwd; wait; step; sync; t1``), the copy's device time
+             (events on the copy stream), the compute stream's wait; a separate profiled repeat for
+             the copy/compute overlap and the staged bytes against a device clone
+  stall      per save every ``--every`` steps: ours (the manager) vs what torchtitan runs for
+             ``async_with_pinned_mem`` (DefaultStager(StagingOptions(True, True, True, True)), the
+             PROCESS checkpointer, a gc first) vs DCP's default ``async_save``; step time lost, host
+             time in the save, DCP's staging and its upload drain apart; the first save apart
+  trainer    one training loop of the ~1B llama (FSDP2, 1 rank, bf16): tokens/s and MFU without
+             checkpoints, with ours and with torchtitan's CheckpointManager, a save every 10 steps
+  resume     the project's trainer on the device: stopped at 10, resumed to 20, against an
+             uninterrupted 20; the losses after the resume
 
 Results: ``<out>/device_checks.json`` (every section: status ok/failed/skipped, seconds, figures)
 and ``<out>/device_checks.md`` (a summary), ``<out>`` being ``--out``, else ``$OUT`` (the device
 tool's folder), else ``benchmarks/_work/device_checks``. Exit 0 when no section failed, 1 when one
-did, 3 when ``import ckpt`` fails. The wheels the device image lacks (``lmdb``, ``zstandard`` for
-Python 3.12: ``bash benchmarks/device_wheels.sh``) are installed from ``benchmarks/_wheels`` into a
-scratch folder first; the device machine reaches no package index.
+did, 3 when ``import ckpt`` fails. The wheels the device image lacks (``lmdb``, ``zstandard``, and
+torchtitan with what its checkpoint manager imports, for Python 3.12: ``bash
+benchmarks/device_wheels.sh``) are installed from ``benchmarks/_wheels`` into a scratch folder
+first; the device machine reaches no package index.
 """
 
 from __future__ import annotations
@@ -59,12 +63,13 @@ REPO = Path(__file__).resolve().parents[1]
 WHEELS = REPO / "benchmarks" / "_wheels"
 SCRATCH_SITE = Path("/tmp/ckpt-device-site")
 NEEDED = ("numpy", "lmdb", "xxhash", "zstandard", "fsspec", "safetensors", "tqdm", "yaml")
-SECTIONS = ("preflight", "pinned", "ordering", "dtensor", "overlap", "stall", "trainer")
+OPTIONAL = ("torchtitan", "tyro", "spmd_types")  # torchtitan's manager in the trainer section
+SECTIONS = ("preflight", "pinned", "ordering", "dtensor", "overlap", "stall", "trainer", "resume")
 
 
 def install_missing_wheels() -> list[str]:
     """pip-install the carried wheels into a scratch site-packages when a dependency is missing."""
-    missing = [m for m in NEEDED if importlib.util.find_spec(m) is None]
+    missing = [m for m in NEEDED + OPTIONAL if importlib.util.find_spec(m) is None]
     if missing and any(WHEELS.glob("*.whl")):
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                         "--no-cache-dir", "--upgrade", "--target", str(SCRATCH_SITE), *map(str, WHEELS.glob("*.whl"))],
@@ -110,19 +115,22 @@ def summary(data: dict) -> str:
 
 
 def flat(value) -> str:
+    """One table cell: a nested dict inline, a long text (pytest's tail) on one line, cut short."""
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k} {flat(v)}" for k, v in value.items()) + "}"
-    return str(value)
+    text = " ".join(str(value).split()).replace("|", "/")
+    return text if len(text) <= 300 else text[:150] + " … " + text[-140:]
 
 
 def checks() -> dict:
     """Each section's function (imported once ``import ckpt`` has succeeded)."""
     from device_setup import preflight
     from device_staging import dtensor, ordering, pinned
-    from device_training import overlap, stall, trainer
+    from device_trainer import resume, trainer
+    from device_training import overlap, stall
 
     return {"preflight": preflight, "pinned": pinned, "ordering": ordering, "dtensor": dtensor,
-            "overlap": overlap, "stall": stall, "trainer": trainer}
+            "overlap": overlap, "stall": stall, "trainer": trainer, "resume": resume}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -132,14 +140,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto (default), cuda or npu")
     p.add_argument("--out", default=None, help="results folder (default: $OUT, else benchmarks/_work/device_checks)")
     p.add_argument("--work", default=None, help="scratch folder for checkpoints (default: /dev/shm on a device)")
-    p.add_argument("--budget", type=float, default=360.0, help="seconds; later sections are skipped past it")
-    p.add_argument("--every", type=int, default=30, help="steps between saves in the stall section")
+    p.add_argument("--budget", type=float, default=400.0, help="seconds; later sections are skipped past it")
+    p.add_argument("--every", type=int, default=None, help="steps between saves in the stall section "
+                   "(default: 30 on a device, 5 in a dry run)")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
+    args.every = args.every or (5 if args.dry_run else 30)
     out = Path(args.out or os.environ.get("OUT") or REPO / "benchmarks" / "_work" / "device_checks")
     wanted = [s for s in args.only.split(",") if s] or list(SECTIONS)
     unknown = set(wanted) - set(SECTIONS)
@@ -156,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         results.record("preflight", "failed", 0.0, {"missing_before_wheels": missing}, f"import ckpt: {exc}")
         print(f"device_checks: import ckpt failed: {exc}", file=sys.stderr)
         return 3
-    from device_setup import Context, Failed
+    from device_setup import Context, Failed, Skipped
 
     sections = checks()
     ctx = Context(args)
@@ -173,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             sections[name](ctx, figures)
             results.record(name, "ok", time.perf_counter() - start, figures)
+        except Skipped as exc:
+            results.record(name, "skipped", time.perf_counter() - start, figures, str(exc))
         except Failed as exc:  # what was measured up to the failure is kept
             results.record(name, "failed", time.perf_counter() - start, figures, str(exc))
         except Exception as exc:  # noqa: BLE001 - one section's crash must not lose the others

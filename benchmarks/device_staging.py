@@ -3,9 +3,11 @@ real device.
 
 * :func:`pinned`: our buffer sets are pinned (a segment and a view at an offset), our ``host_bytes``
   against the host allocator's own figure, the sets released at close; pinning 1/4/16 GiB timed.
-* :func:`ordering`: ``pytest -m accelerator tests/ckpt/test_accelerator.py`` (outcomes from its
-  JUnit file) and the negative control: without ``wait_snapshot()`` the next in-place add reaches
-  the snapshot (a mismatch count above zero shows the check can see a race).
+* :func:`ordering`: ``pytest -m accelerator tests/ckpt/test_accelerator.py`` (each test's outcome
+  and, for a failure, its message, from its JUnit file; the JUnit file and the tail of pytest's
+  output are kept in the results folder whatever happened) and the negative control: without
+  ``wait_snapshot()`` the next in-place add reaches the snapshot (a mismatch count above zero shows
+  the check can see a race).
 * :func:`dtensor`: DTensors of a 1-rank device mesh staged: where the staged local tensor lives,
   whether its bytes equal the state, device memory during ``stage()``.
 """
@@ -69,11 +71,20 @@ def ordering(ctx: Context, figures: dict) -> None:
     torch = ctx.torch
     from ckpt import DoubleBufferStager
 
-    junit = ctx.work / "junit.xml"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "accelerator", "-p", "no:cacheprovider",
-                           f"--junitxml={junit}", "tests/ckpt/test_accelerator.py"], cwd=REPO,
-                          capture_output=True, text=True, timeout=max(60, min(240, ctx.left())))
-    figures["tests"] = junit_outcomes(junit) if junit.exists() else {"pytest": proc.stdout[-500:]}
+    junit = ctx.out / "accelerator-junit.xml"
+    junit.unlink(missing_ok=True)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "accelerator", "-p", "no:cacheprovider",
+                               f"--junitxml={junit}", "tests/ckpt/test_accelerator.py"], cwd=REPO,
+                              capture_output=True, text=True, timeout=max(60, min(240, ctx.left())))
+        output, code = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        output, code = f"{exc.stdout or ''}{exc.stderr or ''}\n(timed out after {exc.timeout} s)", None
+    output = output if isinstance(output, str) else output.decode(errors="replace")
+    (ctx.out / "accelerator-pytest.txt").write_text(output[-20000:])
+    figures["pytest_exit"] = code
+    figures["pytest_tail"] = output[-1500:]
+    figures["tests"] = junit_outcomes(junit) if junit.exists() else {}
     # Negative control: without the wait, the next in-place add races the copy and reaches the snapshot.
     n = (1 << 16) if ctx.dry else (1 << 28)  # 1 GiB of fp32 on a device: the copy takes milliseconds
     x = torch.zeros(n, device=ctx.device)
@@ -91,18 +102,28 @@ def ordering(ctx: Context, figures: dict) -> None:
         figures["mismatched_with_wait" if waited else "mismatched_without_wait_control"] = int((staged != 0).sum())
         stager.close()
     figures["control_shows_the_race"] = figures["mismatched_without_wait_control"] > 0
-    failed = [name for name, outcome in figures["tests"].items() if outcome == "failed"]
-    if proc.returncode not in (0, 5) or failed or figures["mismatched_with_wait"]:
-        raise Failed(f"accelerator tests failed: {failed}" if failed else "a waited snapshot saw a later write")
+    failed = [name for name, outcome in figures["tests"].items() if outcome != "passed" and outcome != "skipped"]
+    if code not in (0, 5) or failed or figures["mismatched_with_wait"]:
+        raise Failed(f"accelerator tests failed: {failed}" if failed else
+                     f"pytest exited {code}" if code not in (0, 5) else "a waited snapshot saw a later write")
 
 
 def junit_outcomes(path: Path) -> dict:
+    """Each test's outcome: passed, skipped, or ``failed: <its message>``."""
     import xml.etree.ElementTree as ET
 
     outcomes = {}
-    for case in ET.parse(path).getroot().iter("testcase"):
-        kind = next((child.tag for child in case if child.tag in ("failure", "error", "skipped")), "passed")
-        outcomes[case.get("name")] = {"failure": "failed", "error": "failed"}.get(kind, kind)
+    try:
+        cases = list(ET.parse(path).getroot().iter("testcase"))
+    except ET.ParseError as exc:
+        return {"junit": f"failed: unreadable ({exc})"}
+    for case in cases:
+        bad = next((child for child in case if child.tag in ("failure", "error")), None)
+        skipped = any(child.tag == "skipped" for child in case)
+        if bad is not None:
+            outcomes[case.get("name")] = "failed: " + (bad.get("message") or bad.text or bad.tag)[:400]
+        else:
+            outcomes[case.get("name")] = "skipped" if skipped else "passed"
     return outcomes
 
 
