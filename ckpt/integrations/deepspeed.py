@@ -24,7 +24,8 @@ works too, and raises :class:`ckpt.CorruptCheckpointError` on a damaged file.
 
 Not supported: deltas (``full_every``): each tag is a directory of its own, and a delta's base must
 be a sibling of it, so every file is written full. ``zero_to_fp32.py`` and DeepSpeed's universal checkpoints read ``torch.save`` files
-(load ours with :func:`ckpt.integrations._tree.read_tree`, or through the engine); ZeRO-3 and NVMe
+(``ckpt-convert SAVE_DIR out.safetensors --to safetensors`` gives zero_to_fp32's weights: :mod:`ckpt.convert.plugins`;
+load ours with :func:`ckpt.integrations._tree.read_tree`, or through the engine); ZeRO-3 and NVMe
 offload were not run here (CPU, gloo).
 """
 
