@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 
 from device_setup import Context
@@ -48,6 +49,9 @@ class Job:
         from trainer.parallel import apply_fsdp
 
         ctx.needs_group()
+        gc.collect()  # an earlier section's job (FSDP modules hold reference cycles) leaves the device first
+        if ctx.accel is not None:
+            ctx.accel.empty_cache()
         self.ctx = ctx
         self.args = job_model_args(ctx)
         self.batch, self.seq = (2, 64) if ctx.dry else (batch or 4, 2048)

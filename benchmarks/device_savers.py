@@ -247,7 +247,9 @@ class DCPDefault(DCPSaver):
 def titan_cannot_run(ctx: Context) -> str | None:
     """Why torchtitan's pinned path cannot run here, if it cannot: its staged copies live in /dev/shm
     (the checkpoint process reads them from there), and a full /dev/shm kills the process (SIGBUS)."""
-    return None if ctx.shared_staging else "skipped: /dev/shm cannot hold the staged copies DCP's checkpoint process reads"
+    if ctx.shared_staging:
+        return None
+    return "skipped: /dev/shm cannot hold the staged copies DCP's checkpoint process reads"
 
 
 def titan_saver(ctx: Context, job: Job, root: Path):

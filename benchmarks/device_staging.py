@@ -134,6 +134,7 @@ def dtensor(ctx: Context, figures: dict) -> None:
 
     from ckpt import DoubleBufferStager
 
+    ctx.needs_group()
     mesh = init_device_mesh(ctx.device_type, (1,))
     rows = 256 if ctx.dry else 1 << 18  # 1 GiB of fp32 in two DTensors
     state = {"w": distribute_tensor(torch.randn(rows, 512, device=ctx.device), mesh, [Shard(0)]),
