@@ -36,6 +36,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from torch.distributed.checkpoint.staging import DefaultStager
+
 from device_job import CopyTimes, Job
 from device_setup import GIB, Context
 
@@ -132,6 +134,16 @@ class DCPSaver:
         self.drain()
 
 
+class KeptStager(DefaultStager):
+    """DCP's ``DefaultStager``, keeping the future of the state dict it staged last (to read its bytes)."""
+
+    last = None
+
+    def stage(self, state_dict, **kwargs):
+        self.last = super().stage(state_dict, **kwargs)
+        return self.last
+
+
 class TitanCalls(DCPSaver):
     label = "torchtitan async_with_pinned_mem, its DCP calls (DefaultStager(True, True, True, True), PROCESS)"
 
@@ -146,11 +158,11 @@ class TitanCalls(DCPSaver):
         self.notes["staging_options"] = str(self.options)
         self.stager = None
 
-    def save(self, step: int) -> None:
+    def save(self, step: int, at_save=None) -> None:
+        """One save as torchtitan makes it; ``at_save(states)`` is called right before ``async_save``."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
         from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
-        from torch.distributed.checkpoint.staging import DefaultStager
 
         self.wait_upload()  # maybe_wait_for_saving
         start = time.perf_counter()
@@ -160,7 +172,9 @@ class TitanCalls(DCPSaver):
         states = {**model.state_dict(), "optimizer": get_optimizer_state_dict(
             model, self.job.opt, options=StateDictOptions(flatten_optimizer_state_dict=True))}
         if self.stager is None:
-            self.stager = DefaultStager(self.options)
+            self.stager = KeptStager(self.options)
+        if at_save is not None:
+            at_save(states)
         called = time.perf_counter()
         response = dcp.async_save(states, checkpoint_id=str(self.root / f"step-{step}"), process_group=self.pg,
                                   async_checkpointer_type=AsyncCheckpointerType.PROCESS, async_stager=self.stager)

@@ -15,7 +15,9 @@ warm-up saves before anything is timed.
   ``async_with_pinned_mem`` (:class:`device_savers.TitanCalls`) vs DCP's default ``async_save``:
   step time lost, host time in the save call, each saver's waits (``device_savers``: our copy and
   compute-stream wait; DCP's staging, the wait for it, the upload and the next save's wait for it),
-  the first (allocating, process-starting) save apart; a save every ``--every`` steps.
+  the first (allocating, process-starting) save apart; a save every ``--every`` steps; and whether
+  DCP's staged bytes equal the state at a save made with the host ahead of the device
+  (:func:`dcp_staged_bytes_hold`).
 """
 
 from __future__ import annotations
@@ -175,6 +177,8 @@ def stall(ctx: Context, figures: dict) -> None:
         saver = make(ctx, job, root)
         try:
             figures[system] = measure_saves(ctx, job, saver, every, saves)
+            if isinstance(saver, TitanCalls):
+                figures[system]["staged_equal_host_ahead"] = dcp_staged_bytes_hold(ctx, job, saver)
         finally:
             saver.close()
             shutil.rmtree(root, ignore_errors=True)
@@ -215,3 +219,21 @@ def measure_saves(ctx: Context, job: Job, saver, every: int, saves: int) -> dict
                  save_call_ms=round(1e3 * median(calls), 2), last_drain_s=round(time.perf_counter() - drained, 3))
     entry.update({name: round(median(values), 3) for name, values in saver.marks.items() if values})
     return entry
+
+
+def dcp_staged_bytes_hold(ctx: Context, job: Job, saver: TitanCalls) -> bool:
+    """One more save by torchtitan's calls with the host ahead of the device, as a training loop
+    saves (right after the optimizer step, no synchronize): DCP's staged bytes against a device clone
+    of the state queued on the compute stream at the save. DCP's stager copies on a stream of its
+    own that is not ordered after the compute stream (torch 2.11 ``DefaultStager._stage``), so this
+    is where a stale copy would show."""
+    torch = ctx.torch
+    taken = {}
+    job.step()
+    saver.save(1 << 20, at_save=lambda states: taken.update(
+        reference=[local(t).detach().clone() for t in tensor_leaves(states)]))
+    staged = tensor_leaves(saver.stager.last.result())
+    saver.before_optimizer()
+    saver.drain()
+    return len(staged) == len(taken["reference"]) and all(
+        torch.equal(local(s), r.cpu()) for s, r in zip(staged, taken["reference"]))

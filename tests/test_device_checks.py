@@ -40,6 +40,7 @@ def test_the_dry_run_passes_every_section(tmp_path):
     titan = stall["titan"]
     assert {"upload_wait_ms", "staging_s", "staging_wait_ms", "upload_s", "gc_ms"} <= set(titan)
     assert "use_pinned_memory=True, use_shared_memory=True, use_async_staging=True" in titan["staging_options"]
+    assert titan["staged_equal_host_ahead"] is True
     trainer = sections["trainer"]["figures"]
     assert all(trainer[loop]["tokens_per_s"] > 0 for loop in ("none", "ours", "titan"))
     assert trainer["ours"]["saves"] == trainer["titan"]["saves"] == 3 and trainer["none"]["saves"] == 0
