@@ -25,7 +25,8 @@ from ..errors import PeerLostError
 PIECE_BYTES = 16 << 20  # one message of a payload, at most (and a draining receiver's scratch)
 
 
-def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The bytes of a contiguous tensor, as a flat uint8 view."""
     return tensor.reshape(-1).view(torch.uint8)
 
 
@@ -40,7 +41,7 @@ def _pieces(tensor: torch.Tensor) -> list[torch.Tensor]:
         raise ValueError("the channel sends and receives contiguous tensors only")
     if tensor.numel() * tensor.dtype.itemsize <= PIECE_BYTES:  # one message, as it is
         return [tensor]
-    raw = _as_bytes(tensor)
+    raw = as_bytes(tensor)
     return [raw[at: at + n] for at, n in _spans(raw.numel())]
 
 

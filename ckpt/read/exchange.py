@@ -40,7 +40,7 @@ import torch
 import xxhash
 
 from .assignment import RankShares
-from .channel import Exchange
+from .channel import Exchange, as_bytes
 from ..errors import CheckpointError, CorruptCheckpointError, PeerLostError
 from ..outcomes import LoadStats
 
@@ -57,16 +57,12 @@ def _digest(raw: torch.Tensor) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.reshape(-1).view(torch.uint8)
-
-
 def _failure(exc: BaseException, rank: int, what: str) -> BaseException:
     """``exc`` as this rank raises it: ours and :class:`PeerReadFailed` as they are, anything else
     (a MemoryError, a bug) wrapped in a :class:`CheckpointError` that names it."""
     if isinstance(exc, (CheckpointError, PeerReadFailed)):
         return exc
-    error = CheckpointError(f"rank {rank} of the load's process group failed while {what} was exchanged "
+    error = CheckpointError(f"rank {rank} of the load's process group failed while exchanging {what} "
                             f"({type(exc).__name__}: {exc})", tensor=what)
     error.__cause__ = exc
     return error
@@ -140,7 +136,7 @@ def _receive(op, exchange: Exchange, error, *, target, deliver, chunk_of, items,
                 raise CorruptCheckpointError(f"{what}: rank {op.reader} sends {nbytes} bytes where the "
                                              f"manifest has {expected}", tensor=what)
             into = target(op.indices[0], items[op.indices[0]]) if len(op.indices) == 1 else None
-            raw = _as_bytes(into) if into is not None else exchange.buffer(nbytes)
+            raw = as_bytes(into) if into is not None else exchange.buffer(nbytes)
         except Exception as exc:
             error, into, raw = _failure(exc, exchange.rank, what), None, None
     try:  # taken even after a failure: the reader is sending it
@@ -184,10 +180,10 @@ def _layout(indices, chunk_of) -> tuple[list[tuple[int, tuple, torch.dtype]], in
 
 def _pack(tensors: list[torch.Tensor], layout, nbytes: int) -> torch.Tensor:
     if len(tensors) == 1:
-        return _as_bytes(tensors[0])
+        return as_bytes(tensors[0])
     buffer = torch.zeros(nbytes, dtype=torch.uint8)
     for tensor, (at, _, _) in zip(tensors, layout):
-        raw = _as_bytes(tensor)
+        raw = as_bytes(tensor)
         buffer[at: at + raw.numel()].copy_(raw)
     return buffer
 
