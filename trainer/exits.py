@@ -1,6 +1,6 @@
 """How a trainer run ends: its exit code, and exactly one line on stderr for an expected failure.
 
-The codes (the table is also in :mod:`trainer.train`'s docstring, i.e. ``--help``, and README):
+The codes (the table is also in :mod:`trainer.train`'s docstring, i.e. ``--help``, and docs/TRAINER.md):
 
 * :data:`DONE` 0: trained to ``training.steps`` or wrote the seed checkpoint;
 * :data:`FAILED` 1: the run started, then a checkpoint could not be loaded or (``checkpoint.on_error
