@@ -140,7 +140,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto (default), cuda or npu")
     p.add_argument("--out", default=None, help="results folder (default: $OUT, else benchmarks/_work/device_checks)")
     p.add_argument("--work", default=None, help="scratch folder for checkpoints (default: /dev/shm on a device)")
-    p.add_argument("--budget", type=float, default=400.0, help="seconds; later sections are skipped past it")
+    p.add_argument("--budget", type=float, default=370.0, help="seconds; later sections are skipped past it")
     p.add_argument("--every", type=int, default=None, help="steps between saves in the stall section "
                    "(default: 30 on a device, 5 in a dry run)")
     return p.parse_args(argv)

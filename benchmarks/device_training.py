@@ -14,7 +14,9 @@ warm-up saves before anything is timed.
 * :func:`stall`: per save, ours (the manager) vs what torchtitan runs for
   ``async_with_pinned_mem`` (:class:`device_savers.TitanCalls`) vs DCP's default ``async_save``:
   step time lost, host time in the save call, each saver's waits (``device_savers``: our copy and
-  compute-stream wait; DCP's staging, the wait for it, the upload and the next save's wait for it),
+  compute-stream wait; DCP's staging, the wait for it, the upload), the previous save's write still
+  running ``--every`` steps later (drained before the timed pair, so that the save's own stall is
+  not mixed with back-pressure; the training loop of ``device_trainer`` keeps both),
   the first (allocating, process-starting) save apart; a save every ``--every`` steps; and whether
   DCP's staged bytes equal the state at a save made with the host ahead of the device
   (:func:`dcp_staged_bytes_hold`).
@@ -202,10 +204,13 @@ def measure_saves(ctx: Context, job: Job, saver, every: int, saves: int) -> dict
             entry.update(first_save_step_s=round(seconds, 3), first_save_call_s=round(call, 3),
                          first_save_drain_s=round(time.perf_counter() - drained, 3))
     saver.marks = type(saver.marks)()
-    plains, lost, calls = [], [], []
+    plains, lost, calls, left = [], [], [], []
     for _ in range(saves):
         for _ in range(every - 2):
             job.step(saver.before_optimizer)
+        drained = time.perf_counter()  # the previous write's rest: the drain, apart from the save's stall
+        saver.drain()
+        left.append(time.perf_counter() - drained)
         plain, _ = job.timed(before_optimizer=saver.before_optimizer)
         step += 1
         saved, call = job.timed(save=save, before_optimizer=saver.before_optimizer)
@@ -216,7 +221,8 @@ def measure_saves(ctx: Context, job: Job, saver, every: int, saves: int) -> dict
     drained = time.perf_counter()
     saver.drain()
     entry.update(plain_step_ms=round(1e3 * median(plains), 2), step_lost_ms=round(1e3 * median(lost), 2),
-                 save_call_ms=round(1e3 * median(calls), 2), last_drain_s=round(time.perf_counter() - drained, 3))
+                 save_call_ms=round(1e3 * median(calls), 2), last_drain_s=round(time.perf_counter() - drained, 3),
+                 previous_write_left_ms=round(1e3 * median(left), 2))
     entry.update({name: round(median(values), 3) for name, values in saver.marks.items() if values})
     return entry
 
