@@ -43,6 +43,8 @@ from device_setup import GIB, Context
 
 
 class Marks(defaultdict):
+    """name -> one value per save: milliseconds of a wait, or seconds until a future completed."""
+
     def __init__(self):
         super().__init__(list)
 
