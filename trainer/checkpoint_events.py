@@ -17,41 +17,36 @@ by the checkpoint writer's. The records:
 * ``checkpoint_fell_back`` ``step set_aside``: the resume passed over the newest steps (damaged on
   every mount, set aside) and loaded ``step``;
 * ``memory_fell_back`` ``step note``: a memory-tier step was not used (the tier's line says why);
-* ``memory_saved`` / ``memory_skipped`` / ``memory_failed`` ``step``: the memory tier's outcome of a
-  step's save (skipped: no room on some node). The tier writes in the checkpoint writer's thread, in
-  the order the saves were started, and counts each outcome (``SaveStats``); the counters are read
-  after every save call, the steps taken in that order. When saves of different outcomes ended
-  between two reads, which was which is unknown: then one ``memory_outcomes`` record ``steps saved
-  skipped failed`` says how many of those steps had each.
+* ``memory_outcomes`` ``saved skipped failed noticed_at_step``: memory-tier saves that ended since
+  the last such record, by outcome (skipped: no room, or no free staging buffer, on some node). The
+  tier writes in the checkpoint writer's thread and only counts its outcomes (``SaveStats``), so
+  they are told by count when the trainer reads the counters (after every save call and at the
+  end), not by step.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
 from typing import Callable
 
 import ckpt
 from ckpt.redact import redact
 
 FINAL_REPLICA_STATES = ("committed", "failed", "dropped")
-_MEMORY_OUTCOMES = (("memory_saves", "saved"), ("memory_skipped", "skipped"), ("memory_failures", "failed"))
+_MEMORY_OUTCOMES = {"saved": "memory_saves", "skipped": "memory_skipped", "failed": "memory_failures"}
 
 
 class CheckpointEvents:
     """The event records of one manager's checkpoints (see the module docstring)."""
 
     def __init__(self, manager: ckpt.CheckpointManager):
-        options = manager.options
-        self._manager, self._replicas = manager, bool(options.replicas)
-        self._memory_interval = None if options.memory is None else options.memory_interval
+        self._manager, self._replicas = manager, bool(manager.options.replicas)
         self._lock = threading.Lock()
         self._sink: Callable[[dict], None] | None = None
         self._held: list[dict] = []
         stats = manager.stats
         self._skipped, self._failures = stats.skipped, stats.failures
-        self._memory = {name: getattr(stats, name) for name, _ in _MEMORY_OUTCOMES}
-        self._memory_steps: deque[int] = deque()  # memory saves started, oldest first, outcome unknown yet
+        self._memory = {outcome: getattr(stats, name) for outcome, name in _MEMORY_OUTCOMES.items()}
         self._replica_states: dict[tuple[int, str], str] = {}
         self._step: int | None = None
 
@@ -83,15 +78,13 @@ class CheckpointEvents:
         if passed_over:
             self.emit("checkpoint_fell_back", step=step, set_aside=passed_over)
 
-    def saved(self, step: int, *, started: bool) -> None:
-        """After ``manager.save(step)`` (``started``: it returned True) and the trainer's final wait."""
+    def saved(self, step: int) -> None:
+        """After ``manager.save(step)``."""
         self._step = step
         stats = self._manager.stats
         if stats.skipped > self._skipped:
             self.emit("checkpoint_skipped", step=step)
         self._skipped = stats.skipped
-        if started and self._memory_interval is not None and step % self._memory_interval == 0:
-            self._memory_steps.append(step)  # the manager's own rule: memory=None follows memory_interval
         self.observe()
 
     def observe(self) -> None:
@@ -105,17 +98,11 @@ class CheckpointEvents:
             self._replication()
 
     def _memory_outcomes(self, stats) -> None:
-        new = {}
-        for name, outcome in _MEMORY_OUTCOMES:
-            new[outcome] = getattr(stats, name) - self._memory[name]
-            self._memory[name] = getattr(stats, name)
-        ended = [self._memory_steps.popleft() for _ in range(min(sum(new.values()), len(self._memory_steps)))]
-        kinds = [outcome for outcome, count in new.items() if count]
-        if len(kinds) == 1:
-            for step in ended:
-                self.emit(f"memory_{kinds[0]}", step=step)
-        elif kinds:
-            self.emit("memory_outcomes", steps=ended, **new)
+        now = {outcome: getattr(stats, name) for outcome, name in _MEMORY_OUTCOMES.items()}
+        new = {outcome: now[outcome] - self._memory[outcome] for outcome in now}
+        self._memory = now
+        if any(new.values()):
+            self.emit("memory_outcomes", **new, noticed_at_step=self._step)
 
     def _replication(self) -> None:
         for step, copies in self._manager.replication_status().items():

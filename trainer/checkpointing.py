@@ -257,12 +257,11 @@ class RunCheckpoints:
         if self.manager is None:
             return None
         try:
-            started = self.manager.save(step, state, force=force)
+            if self.manager.save(step, state, force=force):
+                self.last_saved = step
         except ckpt.CheckpointError as exc:
             return exc
-        if started:
-            self.last_saved = step
-        self.events.saved(step, started=started)
+        self.events.saved(step)
         self._tell_memory_trouble()
         return None
 

@@ -173,7 +173,7 @@ class Trainer:
 
     def fit(self, stop_at: int | None = None) -> list[float]:
         """Train to ``training.steps`` (or stop after step ``stop_at``, as if interrupted); returns
-        the data-parallel mean loss of every step run."""
+        the data-parallel mean loss of every step this call ran (``losses`` holds the run's)."""
         cfg, t = self.cfg, self.cfg.training
         if cfg.checkpoint.create_seed_checkpoint:
             self.checkpoints.write_seed(self.state)
@@ -184,7 +184,7 @@ class Trainer:
 
     def _train_until(self, last: int, collect_garbage, signals: StopSignals) -> list[float]:
         cfg, t = self.cfg, self.cfg.training
-        losses = self.losses
+        losses, first = self.losses, len(self.losses)
         tokens_per_step = t.batch_size * t.seq_len
         window = StepWindow()
         while self.train_state.step < last:
@@ -233,7 +233,7 @@ class Trainer:
                 })
                 window.open()
             collect_garbage(step)
-        return losses
+        return losses[first:]
 
     def _stop_after(self, step: int, signum: int) -> None:
         """A rank got SIGTERM/SIGINT: with checkpoint.save_on_signal, save this step (unless it was

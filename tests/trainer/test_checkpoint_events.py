@@ -17,9 +17,8 @@ from trainer.checkpoint_events import CheckpointEvents
 class _Manager:
     """What CheckpointEvents reads of a CheckpointManager: options, stats, replication_status()."""
 
-    def __init__(self, *, memory_interval=None, replicas=()):
-        self.options = SimpleNamespace(memory=None if memory_interval is None else "/dev/shm/x",
-                                       memory_interval=memory_interval or 1, replicas=tuple(replicas))
+    def __init__(self, *, replicas=()):
+        self.options = SimpleNamespace(replicas=tuple(replicas))
         self.stats = ckpt.SaveStats()
         self.status: dict[int, dict[str, str]] = {}
 
@@ -50,12 +49,12 @@ def test_what_happens_before_the_metrics_file_is_held_until_then():
 def test_a_skipped_and_a_failed_save_each_get_one_record():
     manager = _Manager()
     events, records = _events(manager)
-    events.saved(2, started=True)
+    events.saved(2)
     manager.stats.skipped += 1
-    events.saved(3, started=False)
-    events.saved(4, started=False)
+    events.saved(3)
+    events.saved(4)
     manager.stats.failures += 1
-    events.saved(5, started=True)
+    events.saved(5)
     manager.stats.failures += 1
     events.observe()  # the trainer's final wait, or close
     assert records == [{"event": "checkpoint_skipped", "step": 3},
@@ -63,38 +62,31 @@ def test_a_skipped_and_a_failed_save_each_get_one_record():
                        {"event": "checkpoint_failed", "failed_saves": 2, "noticed_at_step": 5}]
 
 
-def test_memory_outcomes_are_given_the_steps_of_the_memory_saves_in_the_order_they_started():
-    manager = _Manager(memory_interval=2)
+def test_memory_tier_outcomes_are_recorded_by_count_when_the_counters_are_read():
+    manager = _Manager()
     events, records = _events(manager)
-    events.saved(1, started=False)  # not a memory step
-    events.saved(2, started=True)
-    events.saved(3, started=True)  # a storage save only (3 % 2)
-    manager.stats.memory_saves += 1  # step 2's, written by now
-    events.saved(4, started=True)
-    events.saved(5, started=False)
-    manager.stats.memory_skipped += 1  # step 4's
-    events.saved(6, started=True)
-    events.saved(8, started=True)
-    manager.stats.memory_saves += 1  # 6 and 8 ended alike between two reads: still exact
+    events.saved(1)
+    manager.stats.memory_saves += 1  # step 1's, written by the writer thread meanwhile
+    events.saved(2)
+    events.saved(3)
+    manager.stats.memory_skipped += 2  # 2's and 3's ended between two reads
+    manager.stats.memory_failures += 1
+    events.saved(4)
     manager.stats.memory_saves += 1
-    events.saved(10, started=True)
-    events.saved(12, started=True)
-    manager.stats.memory_failures += 1  # 10 and 12 ended differently between two reads: which is unknown
-    manager.stats.memory_saves += 1
-    events.observe()
-    assert records == [{"event": "memory_saved", "step": 2}, {"event": "memory_skipped", "step": 4},
-                       {"event": "memory_saved", "step": 6}, {"event": "memory_saved", "step": 8},
-                       {"event": "memory_outcomes", "steps": [10, 12], "saved": 1, "skipped": 0, "failed": 1}]
+    events.observe()  # the final wait
+    assert records == [{"event": "memory_outcomes", "saved": 1, "skipped": 0, "failed": 0, "noticed_at_step": 2},
+                       {"event": "memory_outcomes", "saved": 0, "skipped": 2, "failed": 1, "noticed_at_step": 4},
+                       {"event": "memory_outcomes", "saved": 1, "skipped": 0, "failed": 0, "noticed_at_step": 4}]
 
 
 def test_a_replica_copy_is_recorded_when_it_reaches_a_final_state():
     manager = _Manager(replicas=["/mnt/a", "s3://id:secret@bucket/b"])
     events, records = _events(manager)
     manager.status = {2: {"/mnt/a": "copying", "s3://id:secret@bucket/b": "pending"}}
-    events.saved(2, started=True)
+    events.saved(2)
     manager.status = {2: {"/mnt/a": "committed", "s3://id:secret@bucket/b": "failed"}}
-    events.saved(3, started=False)
-    events.saved(4, started=True)  # nothing new
+    events.saved(3)
+    events.saved(4)  # nothing new
     manager.status = {2: {"/mnt/a": "committed", "s3://id:secret@bucket/b": "committed"},
                       4: {"/mnt/a": "dropped", "s3://id:secret@bucket/b": "copying"}}
     events.observe()
