@@ -157,6 +157,8 @@ def test_a_failed_save_under_on_error_stop_exits_1_each_time(tmp_path):
     line = _one_line(result.stderr)
     assert "step-00000004" in line and "No space left on device" in line and "on_error" in line
     assert _steps(run) == [2]
+    end = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert (end["event"], end["status"], end["newest_step"], end["checkpoints_written"]) == ("run_end", "failed", 2, 1)
     again = _cli(argv, fail_steps=(4,))  # a restart resumes from step 2 and stops at the same save
     assert again.returncode == 1 and "resumed from checkpoint step 2" in again.stdout
     assert "step-00000004" in _one_line(again.stderr)

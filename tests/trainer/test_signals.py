@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -48,6 +49,8 @@ def test_a_signal_stops_after_a_step_saves_it_and_names_it(tmp_path, signum):
     assert last.endswith(f"newest committed step {step} (a restart resumes from it)")
     assert ckpt.CheckpointRoot(tmp_path / "checkpoints").steps() == [step]
     assert "Traceback" not in err
+    end = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])  # after the last save
+    assert (end["event"], end["status"], end["last_step"], end["newest_step"]) == ("run_end", "stopped", step, step)
 
 
 @pytest.mark.slow
