@@ -30,7 +30,7 @@ def summary(figures: dict, checkpoints=None) -> str:
     """The run's last line from :meth:`trainer.train.Trainer.figures` and, with checkpointing, the
     run's :class:`trainer.checkpointing.RunCheckpoints`: checkpoints written, kept, the newest and where."""
     line = (f"run finished: {figures['steps']} steps in {figures['seconds']:.1f} s, "
-            f"{figures['tokens_per_sec']:,.0f} tokens/s")
+            f"{figures['overall_tokens_per_sec']:,.0f} tokens/s")
     if figures["final_loss"] is not None:
         line += f", final loss {figures['final_loss']:.4f}"
     if checkpoints is not None:

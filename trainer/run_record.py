@@ -6,7 +6,7 @@ UTC time and 6 random hex digits). Its first line in ``<dump_folder>/metrics.jso
 ``{"event": "run_start", "run_id", "resumed_step", "resumed_from", "config_digest", "world_size",
 "time"}`` (``resumed_from``: ``"storage"``, ``"memory"`` or null), so the steps after it are known to
 be that run's (``python -m trainer.plot`` starts a new segment there); its last is
-``{"event": "run_end", "run_id", "status", "steps", "last_step", "seconds", "tokens_per_sec",
+``{"event": "run_end", "run_id", "status", "steps", "last_step", "seconds", "overall_tokens_per_sec",
 "final_loss", "checkpoints_written", "checkpoints_kept", "newest_step", "time"}`` (``status``:
 ``finished``, ``stopped`` by a signal, or ``failed``), written after the last save was waited for.
 ``config.json`` holds the current run's config; a different config left by an earlier run is kept
@@ -39,7 +39,7 @@ def run_start(run_id: str, config: dict, *, resumed_step: int | None, resumed_fr
 
 
 def run_end(run_id: str, *, status: str, figures: dict, checkpoints: dict) -> dict:
-    """The run's last record: ``figures`` (steps, last_step, seconds, tokens_per_sec, final_loss) and
+    """The run's last record: ``figures`` (steps, last_step, seconds, overall_tokens_per_sec, final_loss) and
     ``checkpoints`` (checkpoints_written, checkpoints_kept, newest_step; empty without them)."""
     return {"event": "run_end", "run_id": run_id, "status": status, **figures, **checkpoints}
 

@@ -248,7 +248,7 @@ class Trainer:
         """The run so far, for its run_end record and summary line."""
         t, seconds = self.cfg.training, time.perf_counter() - self.started
         return {"steps": len(self.losses), "last_step": self.train_state.step, "seconds": round(seconds, 3),
-                "tokens_per_sec": len(self.losses) * t.batch_size * t.seq_len / max(seconds, 1e-9),
+                "overall_tokens_per_sec": len(self.losses) * t.batch_size * t.seq_len / max(seconds, 1e-9),
                 "final_loss": self.losses[-1] if self.losses else None}
 
     def close(self, *, quiet: bool = False, finished: bool = True) -> None:
