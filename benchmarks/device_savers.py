@@ -60,7 +60,7 @@ class Marks(defaultdict):
 
 class Ours:
     label = "ours: ckpt.CheckpointManager (pinned double buffer, side-stream copy)"
-    warm_saves = 2  # each of the two buffer sets allocated once
+    warm_saves = 2  # back to back: the second allocates the other buffer set while the first is written
     before_optimizer = None  # the manager's optimizer pre-hook waits
 
     def __init__(self, ctx: Context, job: Job, root: Path):

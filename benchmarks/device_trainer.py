@@ -66,12 +66,12 @@ def train_window(ctx: Context, job: Job, saver, every: int, peak: float | None) 
     before = None if saver is None else saver.before_optimizer
     for _ in range(2):
         job.step(before)
-    for n in range(0 if saver is None else saver.warm_saves):
-        saver.save(n + 1)
-        job.step(before)
-        saver.settle()
+    if saver is not None:  # back to back (ours: both buffer sets allocated), then drained
+        for n in range(saver.warm_saves):
+            saver.save(n + 1)
+            job.step(before)
+            saver.settle()
         saver.drain()
-    if saver is not None:
         saver.marks = type(saver.marks)()
     steps, saves = every * WINDOWS, 0
     waited = saver.manager.stats.device_stall_s if isinstance(saver, Ours) else 0.0

@@ -194,15 +194,19 @@ def measure_saves(ctx: Context, job: Job, saver, every: int, saves: int) -> dict
     def save() -> None:
         saver.save(step)
 
-    for n in range(saver.warm_saves):  # buffers allocated, processes started: drained, the first apart
+    # Warm-up saves back to back (ours: the second finds the first set still being written and
+    # allocates the other), then drained: buffers allocated, processes started; the first apart.
+    for n in range(saver.warm_saves):
         step += 1
         seconds, call = job.timed(save=save, before_optimizer=saver.before_optimizer)
         saver.settle()
-        drained = time.perf_counter()
-        saver.drain()
         if n == 0:
-            entry.update(first_save_step_s=round(seconds, 3), first_save_call_s=round(call, 3),
-                         first_save_drain_s=round(time.perf_counter() - drained, 3))
+            entry.update(first_save_step_s=round(seconds, 3), first_save_call_s=round(call, 3))
+    drained = time.perf_counter()
+    saver.drain()
+    entry["warm_up_drain_s"] = round(time.perf_counter() - drained, 3)
+    if isinstance(saver, Ours):  # both sets now: host_buffer_gib at the end must not have grown
+        entry["buffer_gib_after_warm_up"] = round(saver.manager.stats.host_buffer_bytes / GIB, 2)
     saver.marks = type(saver.marks)()
     plains, lost, calls, left = [], [], [], []
     for _ in range(saves):
