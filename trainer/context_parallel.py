@@ -43,6 +43,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
+from torch.utils._python_dispatch import _disable_current_modes
 
 from .attention import WholeSequence, repeat_kv
 
@@ -95,8 +96,11 @@ class ContextParallel(WholeSequence):
         """Make the causal biases of a local sequence length ``s`` (outside compiled code: see the
         module docstring)."""
         if s not in self._biases:
-            self._biases[s] = tuple(causal_lower_right(end - start, end)
-                                    for start, end in chunks(s * self.cp, self.cp, self.rank))
+            # a bias holds two lengths, no data; under the dry run's modes (FakeTensorMode and the
+            # memory tracker, trainer.measure) torch cannot make the subclass, so it is made outside them
+            with _disable_current_modes():
+                self._biases[s] = tuple(causal_lower_right(end - start, end)
+                                        for start, end in chunks(s * self.cp, self.cp, self.rank))
 
     def _indices(self, s: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's global positions, and the order that puts the gathered (rank-major) rows into
