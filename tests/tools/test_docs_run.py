@@ -71,7 +71,7 @@ SMALL = {
 }
 CLUSTER = "a cluster (several nodes, a shared folder or a scheduler)"
 SKIPPED = {
-    "python -m pytest -q": "the whole suite, which this test is part of",
+    "python -m pytest -q -n auto": "the whole suite, which this test is part of",
     **{f'pip install -e {extra}': "installs from the package index (the network)"
        for extra in (".", '".[s3]"', '".[tensorboard]"', '".[plot]"', '".[torchtitan]"', '".[lightning]"',
                      '".[dev]"', '".[bench]"')},
