@@ -91,13 +91,14 @@ class CheckpointManager:
                                                                             distributed=self._distributed))
         self._memory_pg = None
         if options.memory is not None:  # host RAM of each node, a partner's copy: ckpt.memory
-            from .memory import MemoryTier, local_world_size
+            from .memory import MemoryGate, MemoryTier, local_world_size
 
             world = dist.get_world_size() if self._distributed else 1
             self._memory_pg = dist.new_group(backend="gloo") if self._distributed else None
             self._pipeline.use_memory(MemoryTier(
                 options.memory, self.run, rank=self.rank, world=world, local_world=local_world_size(world),
-                group=self._memory_pg, keep=options.memory_keep, replicas=options.memory_replicas))
+                group=self._memory_pg, keep=options.memory_keep, replicas=options.memory_replicas),
+                MemoryGate(self._control_pg))  # memory-only saves: no blocking collective per step
         self.loaded_from: str | None = None  # "memory" or "storage": where the last load's step came from
         self._closed = False
 

@@ -120,8 +120,14 @@ class RunCheckpoints:
             raise exits.Refused(f"checkpoint.folder={str(folder)!r} is not this trainer's{hint}, and point "
                                 "checkpoint.folder at the result")
         # the lock is rank 0's, its refusal agreed: every rank raises it, local rank 0 says it
-        with exits.refusing_together(f"checkpoint.folder={str(folder)!r}", alike=(ckpt.CheckpointLockedError,)):
-            self.manager = ckpt.CheckpointManager(folder, options, on_commit=self._committed)
+        try:
+            with exits.refusing_together(f"checkpoint.folder={str(folder)!r}", alike=(ckpt.CheckpointLockedError,)):
+                self.manager = ckpt.CheckpointManager(folder, options, on_commit=self._committed)
+        except exits.Refused as refused:  # another key's value (checkpoint.memory's folder): named as that key
+            option = refused.__cause__
+            if not isinstance(option, ckpt.InvalidOptionError):
+                raise
+            raise exits.Refused(f"checkpoint.{option.option}={option.value!r}: {option.requirement}") from option
         self.manager.attach(optimizer, model=model)  # and forwards that change persistent buffers
         self.events = CheckpointEvents(self.manager)
 

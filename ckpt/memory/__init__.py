@@ -7,11 +7,14 @@ trainer's ``checkpoint.memory``), for the manager and every caller of the save p
 | :mod:`~ckpt.memory.store` | :class:`NodeStore`: one node's memory directory for one run (0700), its steps, complete or not |
 | :mod:`~ckpt.memory.nodes` | which node a rank is on, which rank holds its partner copy |
 | :mod:`~ckpt.memory.partner` | a committed rank checkpoint copied to another rank over a gloo group, verified |
+| :mod:`~ckpt.memory.local` | a rank's own checkpoint (its local shards), written without DCP's planner, and loaded |
+| :mod:`~ckpt.memory.gate` | :class:`MemoryGate`: whether every rank takes the next memory-only save, agreed a step ahead |
 | :mod:`~ckpt.memory.tier` | :class:`MemoryTier`: a save on the writer thread, one collective decision, recovery |
 """
 
 import os
 
+from .gate import MemoryGate
 from .tier import MemoryTier
 
 
@@ -21,4 +24,4 @@ def local_world_size(world: int) -> int:
     return int(value) if value and value.isdigit() and int(value) > 0 else world
 
 
-__all__ = ["MemoryTier", "local_world_size"]
+__all__ = ["MemoryGate", "MemoryTier", "local_world_size"]

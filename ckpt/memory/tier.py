@@ -30,24 +30,19 @@ branch guard: they live only here.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
-from ..api import load_with_manifest, write_tree
-from ..errors import CheckpointError
-from ..options import SaveOptions
+from ..errors import (CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, InvalidOptionError,
+                      UnsafeCheckpointError)
 from ..outcomes import SaveStats
 from ..read import read_manifest
-from ..state import export_state, stored_whole
-from ..tree import descend_containers, leaves, transform
-from ..write.delta import tensor_signature
-from ..write.storage_writer import Writer
+from ..state import export_state
+from .local import flat_local, layout_of, load_local, tensor_bytes_of, write_local
 from .nodes import node_of, partner_rank, source_rank
 from .partner import receive_checkpoint, send_checkpoint, swap
 from .store import NodeStore
@@ -55,49 +50,7 @@ from .store import NodeStore
 log = logging.getLogger(__name__)
 
 ROOM_MARGIN = 16 << 20  # beside the data: manifests, a file system's own blocks
-_WRITE_OPTIONS = SaveOptions()  # one file per rank, raw: the fastest to write and read back
-
-
-def layout_of(tree: Any) -> str:
-    """A short digest of a rank's tensor layout (local shapes and dtypes, in order): a memory step
-    loads only where this is unchanged."""
-    return hashlib.sha256(repr(tensor_signature(tree)).encode()).hexdigest()[:16]
-
-
-def local_tree(tree: Any) -> Any:
-    """``tree`` with each DTensor replaced by its local tensor (the same memory): a rank's own
-    checkpoint holds its shards whole, as plain tensors (a DTensor's would not cover its global shape)."""
-    return transform(tree, descend_containers(lambda leaf: leaf.to_local() if isinstance(leaf, DTensor) else leaf))
-
-
-def load_local(state: dict, location: Any, manifest: Any, *, strict: bool) -> None:
-    """Load a rank's own checkpoint (:func:`local_tree`'s) into ``state``: DCP fills each DTensor's
-    local tensor in place, then the exported tree, DTensors back in it, goes to the user's objects."""
-    tree, restore = export_state(state, stored_whole(set(manifest.values), [*manifest.values, *manifest.tensors]))
-    swapped = _swap_local(tree)
-    try:
-        load_with_manifest(tree, location, manifest, strict=strict, no_dist=True)
-    finally:
-        for container, key, dtensor in swapped:
-            container[key] = dtensor
-    restore()
-
-
-def _swap_local(node: Any, swapped: list | None = None) -> list:
-    """Replace, in place, each DTensor in ``node``'s dicts and lists by its local tensor; the
-    ``(container, key, dtensor)`` replaced, to put back."""
-    swapped = [] if swapped is None else swapped
-    for key, value in list(node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()):
-        if isinstance(value, DTensor):
-            swapped.append((node, key, value))
-            node[key] = value.to_local()
-        else:
-            _swap_local(value, swapped)
-    return swapped
-
-
-def tree_bytes(tree: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in leaves(tree) if isinstance(t, torch.Tensor))
+_DAMAGE = (CorruptCheckpointError, CheckpointNotFoundError)  # a copy that failed its check, or went: the other one may do
 
 
 class MemoryTier:
@@ -114,7 +67,10 @@ class MemoryTier:
         self.stats = stats if stats is not None else SaveStats()
         self.node = node_of(rank, self.local_world)
         self.leader = rank % self.local_world == 0  # the node's first rank: marks, retains, cleans
-        self.store = NodeStore(directory, run, node=self.node)
+        try:
+            self.store = NodeStore(directory, run, node=self.node)
+        except (CheckpointNotFoundError, UnsafeCheckpointError) as exc:  # the option's value, named as it
+            raise InvalidOptionError("memory", os.fspath(directory), str(exc)) from exc
         self.partner = partner_rank(rank, world, self.local_world) if replicas else None
         self.source = source_rank(rank, world, self.local_world) if replicas else None
         if replicas and self.partner is None and rank == 0:
@@ -126,7 +82,8 @@ class MemoryTier:
     # -- saving (the writer thread) -----------------------------------------------------------------
     def save(self, step: int, tree: Any) -> bool:
         """Put ``tree`` (this rank's staged state) in memory as ``step``; whether the step counts."""
-        need = tree_bytes(tree) * (2 if self.partner is not None else 1) + ROOM_MARGIN
+        flat, paths = flat_local(tree)  # the one walk of the tree: room, layout, records
+        need = tensor_bytes_of(flat) * (2 if self.partner is not None else 1) + ROOM_MARGIN
         free = self.store.free_bytes()
         if not self._all(free >= need):
             self.stats.memory_skipped += 1
@@ -136,7 +93,7 @@ class MemoryTier:
                             "and a partner's copy); storage saves go on", step, self.store.path, free / 2**20,
                             need / 2**20)
             return False
-        error = self._write_and_swap(step, tree)
+        error = self._write_and_swap(step, flat, paths)
         if not self._all(error is None):
             self.stats.memory_failures += 1
             log.warning("memory save of step %d failed%s; storage saves go on", step,
@@ -150,16 +107,12 @@ class MemoryTier:
         self.stats.memory_saves += 1
         return True
 
-    def _write_and_swap(self, step: int, tree: Any) -> BaseException | None:
+    def _write_and_swap(self, step: int, flat: dict, paths: dict) -> BaseException | None:
         error = None
         own = self.store.rank_location(step, self.rank)
-        tree = local_tree(tree)
         try:
             self.store.prepare_step(step)
-            writer = Writer(own, overwrite=True, step=step,
-                            options=_WRITE_OPTIONS.replace(user_metadata=self._metadata(tree)))
-            writer.run = self.run
-            write_tree(tree, writer, process_group=None, no_dist=True)
+            write_local(flat, paths, own, step=step, run=self.run, user=self._metadata(flat))
         except (CheckpointError, OSError) as exc:
             error, own = exc, None
         if self.partner is None or not self.distributed:
@@ -170,8 +123,8 @@ class MemoryTier:
             error = error or exc
         return error
 
-    def _metadata(self, tree: Any) -> dict:
-        return {"memory": {"world": self.world, "rank": self.rank, "layout": layout_of(tree)}}
+    def _metadata(self, flat: dict) -> dict:
+        return {"memory": {"world": self.world, "rank": self.rank, "layout": layout_of(flat)}}
 
     # -- recovery (start-up) ------------------------------------------------------------------------
     def recover(self, state: dict, newest_storage: int | None, *, strict: bool = True) -> int | None:
@@ -192,72 +145,98 @@ class MemoryTier:
         if newest_storage is not None and newest_storage > step:
             self._say(f"memory step {step} is older than storage step {newest_storage}: resuming from storage")
             return None
-        try:
-            self._fetch(step, holders[step])
-            location = self.store.rank_location(step, self.rank)
-            manifest = read_manifest(location)
-            saved = (manifest.user or {}).get("memory", {})
-            tree, _ = export_state(state)
-            if saved.get("world") != self.world or saved.get("layout") != layout_of(tree):
-                raise _Unusable(f"memory step {step} was saved by another layout ({saved.get('world')} ranks) "
-                                f"than this run's ({self.world} ranks)")
-            error = None
-        except (CheckpointError, OSError) as exc:
-            error = exc
-        if self._first_error(error, step):
+        everyone = set(range(self.world))
+        readers = {r: held for r, held in holders[step].items() if r in everyone}  # not another layout's
+        layout = layout_of(flat_local(export_state(state)[0])[0])
+        fetch = {r: held[0] for r, held in readers.items() if held[0] != r}  # a replaced node's ranks
+        failures, loaded = self._assemble(step, state, fetch, everyone, layout, strict)
+        repair = {r: readers[r][1] for r, (_, damaged) in failures.items() if damaged and len(readers[r]) > 1}
+        if failures and repair.keys() == failures.keys():  # own copies damaged: the partner node's instead
+            first = failures
+            failures, _ = self._assemble(step, state, repair, set(repair) if loaded else everyone, layout, strict,
+                                         overwrite=True)
+            failures = {r: (f"{first[r][0]}; its partner's copy: {message}", damaged)
+                        for r, (message, damaged) in failures.items()}
+        if failures:
+            r, (message, _) = min(failures.items())
+            self._say(f"memory step {step} unusable (rank {r}: {message}): resuming from storage")
             return None
-        try:
-            load_local(state, location, manifest, strict=strict)
-        except (CheckpointError, OSError) as exc:
-            error = exc
-        if self._first_error(error, step):
-            return None
-        self._say(f"resumed from memory step {step}" + (f" (storage's newest: {newest_storage})"
-                                                         if newest_storage is not None else ""), level=logging.INFO)
+        said = [f"storage's newest: {newest_storage}"] if newest_storage is not None else []
+        if repair:  # what a damaged copy cost: one copy over the network, no storage read
+            said.append(f"rank {', '.join(map(str, sorted(repair)))} from the partner's copy, its own failing its check")
+        self._say(f"resumed from memory step {step}" + (f" ({'; '.join(said)})" if said else ""),
+                  level=logging.WARNING if repair else logging.INFO)
         return step
 
-    def _holders(self) -> dict[int, dict[int, int]]:
-        """step -> {rank r: the rank that reads r's files there (r itself when its node holds them)},
-        from every node's complete steps."""
+    def _assemble(self, step: int, state: dict, fetch: dict[int, int], loading: set[int], layout: str,
+                  strict: bool, *, overwrite: bool = False) -> tuple[dict[int, tuple[str, bool]], bool]:
+        """Every rank: move the files ``fetch`` names (receiving rank -> sending rank), then each rank
+        in ``loading`` checks its copy's manifest and, once every rank's check passed, loads it.
+        The failures, by rank (what failed; whether it was its copy, damaged or missing), and whether
+        the loads were tried (every check passed)."""
+        location, manifest, error = self.store.rank_location(step, self.rank), None, None
+        try:
+            self._fetch(step, fetch, overwrite=overwrite)
+            if self.rank in loading:
+                manifest = read_manifest(location)
+                saved = (manifest.user or {}).get("memory", {})
+                if saved.get("world") != self.world or saved.get("layout") != layout:
+                    raise _Unusable(f"memory step {step} was saved by another layout ({saved.get('world')} "
+                                    f"ranks) than this run's ({self.world} ranks)")
+        except (CheckpointError, OSError) as exc:
+            error = exc
+        failures = self._failures(error)
+        if failures:
+            return failures, False
+        if self.rank in loading:
+            try:
+                load_local(state, location, manifest, strict=strict)
+            except (CheckpointError, OSError) as exc:
+                error = exc
+        return self._failures(error), True
+
+    def _holders(self) -> dict[int, dict[int, list[int]]]:
+        """step -> {rank r: the ranks that can read r's files there, one per node holding them: r
+        itself first when its own node does, then a rank of each node holding its copy}, from every
+        node's complete steps."""
         held = {step: sorted(ranks) for step, ranks in self.store.complete_steps().items()}
         gathered = [held]
         if self.distributed:
             gathered = [None] * self.world
             dist.all_gather_object(gathered, held, group=self.group)
-        holders: dict[int, dict[int, int]] = {}
+        holders: dict[int, dict[int, list[int]]] = {}
         for reader, steps in enumerate(gathered):
+            node = node_of(reader, self.local_world)
             for step, ranks in steps.items():
-                holders.setdefault(step, {})  # a complete step every rank's files of which are gone is still named
+                found = holders.setdefault(step, {})  # a complete step every rank's files of which are gone is still named
                 for r in ranks:
-                    if node_of(reader, self.local_world) == node_of(r, self.local_world):
-                        holders.setdefault(step, {})[r] = r  # its own node: read locally
-                    else:
-                        holders.setdefault(step, {}).setdefault(r, reader)
+                    readers = found.setdefault(r, [])
+                    if all(node_of(other, self.local_world) != node for other in readers):
+                        readers.append(r if node == node_of(r, self.local_world) else reader)
+        for found in holders.values():
+            for r, readers in found.items():
+                readers.sort(key=lambda reader, r=r: (reader != r, reader))  # its own node first
         return holders
 
-    def _fetch(self, step: int, holders: dict[int, int]) -> None:
-        """Ranks whose node lost their files take them from the node that holds the copy, pair by pair
-        in rank order (every rank walks the same list)."""
-        for r in range(self.world):
-            holder = holders[r]
-            if holder == r:
-                continue
+    def _fetch(self, step: int, fetch: dict[int, int], *, overwrite: bool = False) -> None:
+        """Each rank ``fetch`` names takes its files from the rank named with it (a node holding its
+        copy), pair by pair in rank order (every rank walks the same list); ``overwrite``: in place
+        of its own copy."""
+        for r, holder in sorted(fetch.items()):
             if self.rank == holder:
                 send_checkpoint(self.store.rank_location(step, r), r, self.group)
             elif self.rank == r:
                 self.store.prepare_step(step)
-                receive_checkpoint(self.store.rank_location(step, r), holder, self.group)
+                receive_checkpoint(self.store.rank_location(step, r), holder, self.group, overwrite=overwrite)
 
-    def _first_error(self, error: BaseException | None, step: int) -> bool:
-        """Whether any rank failed; the first failure said once, as the reason storage is used."""
-        errors = [error]
+    def _failures(self, error: BaseException | None) -> dict[int, tuple[str, bool]]:
+        """Every rank's failure (collective): rank -> (what failed, whether its copy was damaged or missing)."""
+        mine = None if error is None else (str(error), isinstance(error, _DAMAGE) and not isinstance(error, _Unusable))
+        errors = [mine]
         if self.distributed:
             errors = [None] * self.world
-            dist.all_gather_object(errors, None if error is None else f"rank {self.rank}: {error}", group=self.group)
-        first = next((e for e in errors if e is not None), None)
-        if first is not None:
-            self._say(f"memory step {step} unusable ({first}): resuming from storage")
-        return first is not None
+            dist.all_gather_object(errors, mine, group=self.group)
+        return {r: e for r, e in enumerate(errors) if e is not None}
 
     def _all(self, flag: bool) -> bool:
         if not self.distributed:

@@ -81,7 +81,12 @@ def _value_record(item: WriteItem, planner: SavePlanner) -> ValueEntry | Callabl
     lookup = getattr(planner, "lookup_object", None)
     if lookup is None:  # a foreign planner: its own stream, checked the same way
         return lambda: _loadable(bytes(planner.resolve_data(item).getbuffer()), item.index.fqn)
-    value = lookup(item.index)
+    return value_record(item.index.fqn, lookup(item.index))
+
+
+def value_record(key: str, value) -> ValueEntry | Callable[[], bytes]:
+    """The record of the value ``key`` (see :func:`_value_record`): inline tagged JSON, else a
+    producer of its checked ``torch.save`` stream."""
     value = value.value if isinstance(value, Leaf) else value  # the user's value, not our wrapper
     try:
         return ValueEntry("json", value=values.encode(value))
@@ -89,7 +94,7 @@ def _value_record(item: WriteItem, planner: SavePlanner) -> ValueEntry | Callabl
         pass
     stream = io.BytesIO()
     torch.save(value, stream)
-    return lambda: _loadable(stream.getvalue(), item.index.fqn)
+    return lambda: _loadable(stream.getvalue(), key)
 
 
 def _loadable(data: bytes, key: str) -> bytes:

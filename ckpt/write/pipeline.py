@@ -15,7 +15,10 @@ there: the manager's also replicates and applies retention). The pipeline does t
    (:mod:`ckpt.write.delta`), is it the last snapshot's state again); an earlier failure is raised
    (``on_error="stop"``) or warned about and counted (``continue``); the snapshot into a free staging
    buffer set (:mod:`ckpt.write.staging`), or the last snapshot again when this save is the same
-   state to a second destination (Lightning's ``last.ckpt``); the write is queued.
+   state to a second destination (Lightning's ``last.ckpt``); the write is queued. A memory-only
+   save (the memory tier's step between storage saves, with staging) takes no agreement: the
+   tier's gate (:class:`~ckpt.memory.MemoryGate`) decided a step ahead, without blocking, whether
+   every rank has a free buffer set; if not, the step is skipped, never waited for.
 2. the writer thread (one, single-threaded ATen): wait for the snapshot (and the delta base's),
    call the target's ``write``.
 3. the end of a write records a failure for the training thread; the snapshot's buffer set is free
@@ -122,6 +125,7 @@ class SavePipeline:
         self._readers: _Readers | None = None  # of the last snapshot
         self._forward_hook = None
         self.memory = None  # a ckpt.memory.MemoryTier (use_memory), on every rank alike
+        self._gate = None  # its ckpt.memory.MemoryGate: memory-only saves without a blocking collective
 
     @property
     def stats(self) -> SaveStats:
@@ -134,11 +138,13 @@ class SavePipeline:
             self._stats.last_stall_s += new
         return self._stats
 
-    def use_memory(self, tier: Any) -> None:
+    def use_memory(self, tier: Any, gate: Any = None) -> None:
         """Keep the saves whose target asks for it in ``tier`` too (a :class:`~ckpt.memory.MemoryTier`),
-        counted in this pipeline's :class:`SaveStats`."""
+        counted in this pipeline's :class:`SaveStats`. ``gate``: a :class:`~ckpt.memory.MemoryGate`
+        deciding memory-only saves (with staging): taken when every rank's previous saves left a
+        buffer set free, else skipped, without waiting and without a blocking collective."""
         tier.stats = self._stats
-        self.memory = tier
+        self.memory, self._gate = tier, gate
 
     # -- before the live state changes ---------------------------------------------------------------
     def attach(self, optimizer: torch.optim.Optimizer | None = None, *, model: torch.nn.Module | None = None) -> None:
@@ -171,8 +177,17 @@ class SavePipeline:
         """Save ``tree`` to ``target``; None when it was not (skipped, or failed under
         ``on_error="continue"``). ``since``: when the caller began this save (its preparation is
         stall too); ``stacklevel``: of a warning, as ``warnings.warn`` counts from here. Collective
-        through ``agree``: every rank saves in the same order."""
+        through ``agree``: every rank saves in the same order (a memory-only save through the gate)."""
         start = time.perf_counter() if since is None else since
+        if self._gate is not None and self.stager is not None:
+            try:
+                return (self._save_memory(target, tree, start) if target.write is None
+                        else self._save(target, tree, start, stacklevel + 1))
+            finally:  # every save call on every rank: the next memory-only save's decision
+                self._gate.post(self.stager.has_free_set())
+        return self._save(target, tree, start, stacklevel + 1)
+
+    def _save(self, target: Target, tree: Any, start: float, stacklevel: int) -> Started | None:
         stager = self.stager
         signature = None if stager is None else tensor_signature(tree)
         again = None if stager is None else self.deltas.same_state(target, signature)
@@ -195,18 +210,39 @@ class SavePipeline:
                           stacklevel=stacklevel)
             return None
         if fresh:
-            self._readers = readers = _Readers()  # the write below: it releases the buffer set when it ends
-            snapshot = stager.stage(tree, keep_previous=not full, release=readers.released, signature=signature)
-            base = self.deltas.started(target, snapshot, signature, delta=not full)
-            self._stats.deltas += base is not None
-            self._arm_forward_hook()
+            snapshot, base, readers = self._snapshot(target, tree, signature, full=full)
             plain = None
         else:  # the last snapshot, to a second destination: its buffer set stays busy until this write ends too
             self.deltas.copied(target)
             snapshot, base, plain = again, None, tree
-        future = self._writer.submit(self._persist, target, snapshot, plain)
+        return self._queue(target, snapshot, plain, readers, base, start)
+
+    def _save_memory(self, target: Target, tree: Any, start: float) -> Started | None:
+        """A memory-only save (never a delta, nor a base): skipped when the gate is shut (some rank
+        has no free buffer set), else snapshotted and queued; no agreement, no earlier failure
+        raised (the next storage save or ``wait`` raises it)."""
+        if not self._gate.open():
+            return None
+        # no signature (one walk of the tree fewer): never a base nor a second destination, nothing compares it
+        snapshot, _, readers = self._snapshot(target, tree, None, full=True)
+        return self._queue(target, snapshot, None, readers, None, start)
+
+    def _snapshot(self, target: Target, tree: Any, signature: tuple | None, *,
+                  full: bool) -> tuple[Future, Hashable | None, _Readers]:
+        """Start the snapshot of ``tree`` into a free buffer set; the snapshot, its delta base's key, its readers."""
+        self._readers = readers = _Readers()  # the write queued next: it releases the buffer set when it ends
+        snapshot = self.stager.stage(tree, keep_previous=not full, release=readers.released, signature=signature)
+        base = self.deltas.started(target, snapshot, signature, delta=not full)
+        self._stats.deltas += base is not None
+        self._arm_forward_hook()
+        return snapshot, base, readers
+
+    def _queue(self, target: Target, snapshot: Future, plain: dict | None, readers: _Readers,
+               base: Hashable | None, start: float) -> Started:
+        """Hand the write of ``snapshot`` to ``target`` to the writer thread."""
+        future = self._writer.submit(self._run, target, snapshot, plain, readers)
         self.inflight.add(target.key, future)
-        future.add_done_callback(lambda f, key=target.key: self._finished(key, f, readers))
+        future.add_done_callback(lambda f, key=target.key: self.inflight.remove(key))
         self._stats.count_save(time.perf_counter() - start, stored=target.write is not None)
         return Started(base)
 
@@ -238,6 +274,8 @@ class SavePipeline:
                 hook.remove()
             self.hooks, self._forward_hook, self._everywhere = [], None, False
             self._writer.shutdown(wait=True)
+            if self._gate is not None:
+                self._gate.close()
             self.deltas.clear()  # the last snapshot, held as the next save's base, lets go of its buffers
             if self.stager is not None:
                 self.stager.close()
@@ -258,9 +296,24 @@ class SavePipeline:
             self._stats.count_save(time.perf_counter() - start, stored=target.write is not None)
         return Started()
 
+    def _run(self, target: Target, snapshot: Future, plain: dict | None, readers: _Readers) -> None:
+        """The writer thread's task: :meth:`_persist`, then the write's end recorded, before its future
+        is done: whoever waited for it finds its failure counted and its buffer set free (the memory
+        gate's next post, a test's ``wait``)."""
+        failed = True
+        try:
+            self._persist(target, snapshot, plain)
+            failed = False
+        except BaseException as error:
+            self.failures.add(error)
+            raise
+        finally:
+            self.deltas.finished(target.key, failed=failed)  # a delta must never build on a failed write
+            readers.leave()
+
     def _persist(self, target: Target, snapshot: Future, plain: dict | None) -> None:
-        """The writer thread: wait for the snapshot (and the base's), write, commit. ``plain``: the
-        (flat) tree of a second save of the last snapshot, whose values other than tensors are its own."""
+        """Wait for the snapshot (and the base's), write, commit. ``plain``: the (flat) tree of a
+        second save of the last snapshot, whose values other than tensors are its own."""
         base = self.deltas.base_for(target.key)
         staged = snapshot.result()
         if plain is not None:
@@ -274,14 +327,6 @@ class SavePipeline:
             self.memory.save(target.step, tree)
         if target.write is not None:
             target.write(tree, base)
-
-    def _finished(self, key: Hashable, future: Future, readers: _Readers) -> None:
-        self.inflight.remove(key)
-        error = future.exception()
-        self.deltas.finished(key, failed=error is not None)  # a delta must never build on a failed write
-        if error is not None:
-            self.failures.add(error)
-        readers.leave()
 
     def _arm_forward_hook(self) -> None:
         if self._everywhere and self._forward_hook is None:

@@ -384,6 +384,7 @@ def test_llama3_resumes_from_the_memory_tier_between_storage_saves(tmp_path):
     for _ in range(3):
         seeded_step(job)
         assert job.checkpointer.save(job.train_state.step) is True  # a memory step each time
+        job.checkpointer.engine.wait()  # finished before the next step: none skipped as busy (the memory gate)
     at_three = job.snapshot()
     run = job.checkpointer.engine.run
     _crash(job.checkpointer)
@@ -396,6 +397,7 @@ def test_llama3_resumes_from_the_memory_tier_between_storage_saves(tmp_path):
     for _ in range(4):
         seeded_step(second)
         second.checkpointer.save(second.train_state.step)
+        second.checkpointer.engine.wait()
     at_seven = second.snapshot()
     _crash(second.checkpointer)
     assert stored() == ["step-00000004"]

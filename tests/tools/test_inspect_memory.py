@@ -50,6 +50,7 @@ def trained(tmp_path_factory) -> tuple[Path, Path]:
                                          user_metadata={"config": {"checkpoint": {"memory": str(memory)}}})
         for step in range(1, 6):
             manager.save(step, {"w": torch.arange(64, dtype=torch.float32) + step})
+            manager.wait()  # finished before the next: none skipped as busy (the memory gate)
         manager.close(finished=False)
     finally:
         if before is not None:

@@ -10,10 +10,12 @@ steps of the debug model, a storage step every 4 (and the last), a memory step e
 * both copies of one rank's files gone: the run says why, once, and resumes from storage's newest;
 * another run's memory folder beside ours is untouched after our clean finish, ours removed.
 
-Every loss logged, before and after the resume, equals an uninterrupted run's bit for bit. A step
-logged means rank 0's save of that step returned, which needs a free staging buffer: the save of the
-step two before it was written, into memory first, so a kill after step 7 leaves memory step 5 or
-newer (the restart may find a newer one: whatever was complete when the kill struck).
+Every loss logged, before and after the resume, equals an uninterrupted run's bit for bit. The jobs
+save inline (``checkpoint.async_mode sync``): with staging, a memory step whose writer is still busy is
+skipped (the memory gate, tests/ckpt/memory/test_gate.py), so which steps are kept would depend on
+timing; inline, a step logged means every rank's memory save of the step before it was complete, so
+a kill after step 7 leaves memory step 6 or newer (the restart may find a newer one: whatever was
+complete when the kill struck).
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ def _argv(job: Path, node: int) -> list[str]:
     return ["--config", str(REPO / "configs" / "debug.toml"), "--job.dump_folder", str(job / "run"),
             "--training.steps", str(STEPS), "--training.seq_len", "32", "--training.batch_size", "8",
             "--checkpoint.interval", str(INTERVAL), "--metrics.log_freq", "1",
-            "--checkpoint.memory", str(job / "shm" / f"node{node}"), "--checkpoint.memory_interval", "1"]
+            "--checkpoint.memory", str(job / "shm" / f"node{node}"), "--checkpoint.memory_interval", "1",
+            "--checkpoint.async_mode", "sync"]
 
 
 def _job(tmp: Path, *, max_restarts: int = 0) -> TwoNodes:

@@ -1,9 +1,10 @@
 """The memory tier through the manager, on 4 gloo ranks playing 2 nodes of 2 (LOCAL_WORLD_SIZE=2,
 each node its own memory directory): a restart resumes from the newest memory step, newer than
-storage's; a lost node's ranks fetch their files from the partner node; both copies of one rank's
-files lost, or one flipped byte, send the run back to storage; a memory save that does not fit is
-skipped with storage saves unaffected; a clean finish removes the run's memory steps. Each rank's
-state differs (rank-local, as sharded states are) and is checked bitwise."""
+storage's; a lost node's ranks fetch their files from the partner node; a rank whose own copy fails
+its check (a flipped byte in its data or its manifest) takes the partner node's copy; both copies
+of one rank's files lost, or both damaged, send the run back to storage; a memory save that does not
+fit is skipped with storage saves unaffected; a clean finish removes the run's memory steps. Each
+rank's state differs (rank-local, as sharded states are) and is checked bitwise."""
 
 from __future__ import annotations
 
@@ -44,21 +45,23 @@ def _train(rank: int, world: int, root: str, memory: str, steps: int, room: int 
     for step in range(1, steps + 1):
         live.update(_state(rank, step))
         manager.save(step, live)
-    manager.wait()
+        manager.wait()  # each memory save finished before the next step: none skipped as busy
     stats = manager.stats
     manager.close(finished=False)  # as a crash would leave it: memory steps stay
     return {"saves": stats.saves, "memory_saves": stats.memory_saves, "memory_skipped": stats.memory_skipped}
 
 
-def _resume(rank: int, world: int, root: str, memory: str, strict: bool = True) -> tuple[int | None, bool]:
+def _resume(rank: int, world: int, root: str, memory: str, strict: bool = True, noted: bool = False) -> tuple:
+    """(the step loaded, whether the state is that step's bitwise), and with ``noted`` the tier's one line."""
     manager = _manager(rank, root, memory)
     live = _state(rank, 0)
     step = manager.load(live, strict=strict)
     expected = _state(rank, step)
     equal = (torch.equal(live[f"w{rank}"], expected[f"w{rank}"]) and live["step"] == step
              and live[f"note{rank}"] == expected[f"note{rank}"])
+    note = manager.memory_note
     manager.close()  # a clean finish: the run's memory steps go
-    return step, equal
+    return (step, equal, note) if noted else (step, equal)
 
 
 def _run_dirs(memory: Path) -> list[Path]:
@@ -104,14 +107,52 @@ def test_both_copies_of_a_rank_lost_falls_back_to_storage(trained):
     assert run_ranks(WORLD, _resume, str(root), str(memory)) == [(4, True)] * WORLD
 
 
+def _own_and_partner_copy(memory: Path, rank: int, step: int = 5) -> tuple[Path, Path]:
+    """Where ``rank``'s files of ``step`` lie on its own node and on its partner node."""
+    (own,) = (memory / f"node{rank // LOCAL}").iterdir()
+    (partner,) = (memory / f"node{1 - rank // LOCAL}").iterdir()
+    return tuple(run / f"step-{step:08d}" / f"rank-{rank:05d}" for run in (own, partner))
+
+
 @pytest.mark.slow
-def test_a_flipped_byte_in_memory_is_caught_and_storage_used(trained):
+def test_a_flipped_byte_in_a_memory_copy_is_caught_and_the_partner_s_copy_used(trained):
+    """Rank 0's own copy of step 5 fails its checksum while loading: it takes node 1's copy of its
+    files, every rank is at step 5 bitwise (was: the whole run back to storage's step 4)."""
     from tests.support.checkpoints import flip_byte
 
     root, memory, _ = trained
-    (run,) = [p for p in (memory / "node0").iterdir()]
-    flip_byte(run / "step-00000005" / "rank-00000", largest=True)
-    assert run_ranks(WORLD, _resume, str(root), str(memory)) == [(4, True)] * WORLD
+    own, _ = _own_and_partner_copy(memory, 0)
+    flip_byte(own, largest=True)
+    results = run_ranks(WORLD, _resume, str(root), str(memory), True, True)
+    assert [(step, equal) for step, equal, _ in results] == [(5, True)] * WORLD
+    assert results[0][2] == ("resumed from memory step 5 (storage's newest: 4; rank 0 from the partner's copy, "
+                             "its own failing its check)")
+
+
+@pytest.mark.slow
+def test_a_damaged_manifest_in_memory_is_caught_before_any_rank_loads_and_the_partner_s_copy_used(trained):
+    """Rank 1's own manifest of step 5 is damaged: caught before any rank loads; then rank 1 takes
+    node 1's copy and every rank loads step 5."""
+    root, memory, _ = trained
+    own, _ = _own_and_partner_copy(memory, 1)
+    manifest = bytearray((own / "manifest.json").read_bytes())
+    manifest[len(manifest) // 2] ^= 0x01
+    (own / "manifest.json").write_bytes(bytes(manifest))
+    assert run_ranks(WORLD, _resume, str(root), str(memory)) == [(5, True)] * WORLD
+
+
+@pytest.mark.slow
+def test_both_copies_of_a_rank_damaged_fall_back_to_storage_saying_so(trained):
+    from tests.support.checkpoints import flip_byte
+
+    root, memory, _ = trained
+    for copy in _own_and_partner_copy(memory, 0):
+        flip_byte(copy, largest=True)
+    results = run_ranks(WORLD, _resume, str(root), str(memory), True, True)
+    assert [(step, equal) for step, equal, _ in results] == [(4, True)] * WORLD
+    note = results[0][2]
+    assert note.startswith("memory step 5 unusable (rank 0: ") and "; its partner's copy: " in note, note
+    assert note.endswith(": resuming from storage"), note
 
 
 @pytest.mark.slow
@@ -149,6 +190,7 @@ def test_one_process_saves_to_memory_unless_told_not_and_recovers_memory_alone(t
     manager = ckpt.CheckpointManager(tmp_path / "ckpt", interval=2, memory=str(memory / "node0"))
     for step in (1, 2, 3):
         manager.save(step, _state(0, step))
+        manager.wait()  # finished before the next: none skipped as busy
     manager.save(4, _state(0, 4), force=True, memory=False)  # a final export: storage only
     manager.wait()
     assert (manager.stats.saves, manager.stats.memory_saves) == (2, 3)
@@ -176,7 +218,7 @@ def _sharded_run(rank: int, world: int, root: str, memory: str) -> tuple:
     for step in range(1, 4):
         live = {"w": _sharded(step), "step": step}
         manager.save(step, live)
-    manager.wait()
+        manager.wait()
     saved = manager.stats.memory_saves
     manager.close(finished=False)
     manager = _manager(rank, root, memory)
@@ -206,6 +248,7 @@ def test_where_a_load_came_from_and_why_storage_when_a_rank_s_files_are_gone(tmp
     manager = ckpt.CheckpointManager(tmp_path / "ckpt", interval=2, memory=str(memory / "node0"))
     for step in (1, 2, 3):
         manager.save(step, _state(0, step))
+        manager.wait()
     manager.close(finished=False)
     again = ckpt.CheckpointManager(tmp_path / "ckpt", interval=2, memory=str(memory / "node0"))
     assert again.loaded_from is None
