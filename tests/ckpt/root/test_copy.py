@@ -30,8 +30,8 @@ def test_read_back_finds_what_the_replica_damaged(tmp_path, monkeypatch):
     ckpt.save(_state(1), tmp_path / "a" / "step-00000001")
     copy = root_copy.copy_file
 
-    def copy_then_damage(source, target, name, blobs, size=None):
-        written = copy(source, target, name, blobs, size)
+    def copy_then_damage(source, target, name, blobs, size=None, progress=None):
+        written = copy(source, target, name, blobs, size, progress)
         damaged = Path((target / name).path)
         raw = bytearray(damaged.read_bytes())
         raw[-1] ^= 0x01  # the replica's mount flips a bit after the write reported success
