@@ -43,7 +43,7 @@ ENGINE_OPTIONS: dict[str, str] = {
               "can assemble when it is newer than the storage checkpoints, read from RAM and from the partner. "
               "A save that does not fit is skipped with a warning; storage saves (interval) go on as before. "
               "none: off.",
-    "memory_interval": "Keep a memory step at every step that is a multiple of this (with memory set).",
+    "memory_interval": "Keep a memory step at every step that is a multiple of this (with memory set) and whose previous memory save has finished: while the writer is busy a step is skipped on every rank, never waited for.",
     "memory_keep": "Newest memory steps kept on each node.",
     "memory_replicas": "1: each node's memory steps are also copied to a partner node (node n -> n + nnodes/2), "
                        "so a lost node's ranks recover from it; 0: no copy.",
