@@ -175,12 +175,12 @@ def _replica_manifest_first(monkeypatch) -> None:
 
     real = copy.copy_file
 
-    def copy_file(source, target, name, blobs, size=None):
+    def copy_file(source, target, name, blobs, size=None, progress=None):
         manifest = target / MANIFEST_NAME
         if not manifest.is_file():
             raw = source.root.storage.read_bytes(source.root.path, MANIFEST_NAME, 1 << 20)
             target.storage.write_bytes(manifest.path, raw)
-        return real(source, target, name, blobs, size)
+        return real(source, target, name, blobs, size, progress)
 
     monkeypatch.setattr(copy, "copy_file", copy_file)
 
