@@ -35,7 +35,7 @@ def test_resume_is_bitwise_on_two_fsdp_ranks(tmp_path):
     assert records[0]["event"] == "run_start" and records[0]["resumed_step"] is None
     lines = [r for r in records if "event" not in r]
     assert [r["step"] for r in lines] == [5, 10, 15, 20]
-    assert all(r["grad_norm"] > 0 and r["step_time_ms"] > r["data_time_ms"] > 0 for r in lines)  # FSDP's norm reduced
+    assert all(r["grad_norm"] > 0 and r["step_time_ms"] >= r["data_time_ms"] >= 0 for r in lines)  # FSDP's norm reduced; data time is inside the step
     assert json.loads((tmp_path / "straight" / "config.json").read_text())["training"]["steps"] == 20
     assert all({"step", "loss", "tokens_per_sec", "ckpt_stall_ms"} <= r.keys() for r in lines)
     steps = sorted(p.name for p in (tmp_path / "resumed" / "checkpoints").iterdir() if p.name.startswith("step-"))
