@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import random
 import socket
 import sys
 import tempfile
@@ -46,10 +47,33 @@ RANK_PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint", "t
 
 
 def free_port() -> int:
-    """A port on 127.0.0.1 free right now (another process could still take it before it is used)."""
-    with socket.socket() as s:
+    """A port on 127.0.0.1 free right now, below the kernel's ephemeral range: the ports it hands
+    every outgoing connection (a test beside this one on another xdist worker: an S3 client, gloo)
+    come from that range, so a port taken from it could be given to one of those before a rendezvous
+    binds it (seen: an agent's c10d store found its port held and connected to a stranger). Another
+    process could still bind the same port on purpose; a random pick over ~12,000 makes that rare."""
+    low = _ephemeral_low()
+    for _ in range(64):
+        port = _PORTS.randrange(max(1024, low - 12_000), low)
+        with socket.socket() as s:
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # a box with the low ports all held: the kernel's choice
         s.bind((HOST, 0))
         return s.getsockname()[1]
+
+
+_PORTS = random.Random()  # its own generator: a test's random.seed() must not make two workers pick alike
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def loopback_interface() -> str:
