@@ -49,6 +49,7 @@ from .root.catalog.updates import CatalogUpdates
 from .root.claim import claim_primary
 from .root.mounts import open_mounts, start_replicator
 from .state import export_state
+from .state_names import StateNames
 from .write.delta import DeltaBase
 from .write.pipeline import SavePipeline, Target
 
@@ -100,6 +101,7 @@ class CheckpointManager:
                 group=self._memory_pg, keep=options.memory_keep, replicas=options.memory_replicas),
                 MemoryGate(self._control_pg))  # memory-only saves: no blocking collective per step
         self.loaded_from: str | None = None  # "memory" or "storage": where the last load's step came from
+        self._names = StateNames()  # torch's names of the state's values, kept between saves
         self._closed = False
 
     # -- training-loop API -----------------------------------------------------------------------
@@ -140,7 +142,7 @@ class CheckpointManager:
         if not (stored or memory):
             return False
         start = time.perf_counter()
-        tree, _ = export_state(state)
+        tree, _ = export_state(state, names=self._names)
         if stored:
             target = Target(step, step, lambda staged, base: self._persist(step, staged, base),
                             folder=str(self.root), name=step_name(step), memory=memory)

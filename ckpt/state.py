@@ -10,6 +10,10 @@ torchtitan saves them): a pipeline stage's groups name only its own parameters, 
 ``param_groups`` value per rank would collide under one key and every stage but one would load
 another stage's groups. Checkpoints that stored ``param_groups`` whole still load (the layout is
 read from the manifest's keys).
+
+A caller that saves the same objects again and again (the manager, every step with the memory tier)
+passes a :class:`~ckpt.state_names.StateNames`: torch's names for the model's and optimizers' values
+are then worked out once, not at each save; every value is still read fresh (see that module).
 """
 
 from __future__ import annotations
@@ -31,17 +35,24 @@ from torch.distributed.checkpoint.state_dict import (
 
 from .tree import DESCEND, descend_containers, leaves, transform
 from .format.values import Leaf
+from .state_names import FLAT, StateNames
 
 
-def export_state(state: dict, whole: Callable[[tuple], bool] | None = None) -> tuple[dict, Callable[[], None]]:
+def export_state(state: dict, whole: Callable[[tuple], bool] | None = None, *,
+                 names: StateNames | None = None) -> tuple[dict, Callable[[], None]]:
     """Return ``(state_dict, restore)``: a DCP-ready tree, and a function that pushes values loaded
     into that tree back into the user's objects (modules, optimizers, stateful objects, dicts).
 
     Tensor-free subtrees become single :class:`~ckpt.format.values.Leaf` values where ``whole(path)`` says
     so (always, when saving; when loading, wherever the checkpoint stored them whole — one saved
-    by plain DCP has them flattened instead)."""
+    by plain DCP has them flattened instead). ``names``: the names kept from earlier saves of these
+    objects (saving only; the same tree as without)."""
     modules = [v for v in leaves(state, into=(dict, list)) if isinstance(v, nn.Module)]
-    exporter = _Exporter(modules, whole or (lambda path: True), loading=whole is not None)
+    if names is not None and whole is None:
+        names.new_export()
+    else:
+        names = None
+    exporter = _Exporter(modules, whole or (lambda path: True), loading=whole is not None, names=names)
     tree = {key: exporter.export(value, (key,)) for key, value in state.items()}
 
     def restore() -> None:
@@ -65,8 +76,9 @@ def stored_whole(value_keys: set[str], all_keys) -> Callable[[tuple], bool]:
 
 
 class _Exporter:
-    def __init__(self, modules: list[nn.Module], whole: Callable[[tuple], bool], *, loading: bool = False):
-        self.modules, self.whole, self.loading = modules, whole, loading
+    def __init__(self, modules: list[nn.Module], whole: Callable[[tuple], bool], *, loading: bool = False,
+                 names: StateNames | None = None):
+        self.modules, self.whole, self.loading, self.names = modules, whole, loading, names
         self.restorers: list[Callable[[], None]] = []
 
     def export(self, node: Any, path: tuple) -> Any:
@@ -78,19 +90,22 @@ class _Exporter:
         if isinstance(node, (dict, list)):
             return Leaf(node) if not _holds_live_object(node) and self.whole(path) else DESCEND
         if isinstance(node, nn.Module):
-            sd = self.collapse_within(get_model_state_dict(node), path)
+            model_state = get_model_state_dict(node) if self.names is None else self.names.model_state_dict(node)
+            sd = self.collapse_within(model_state, path)
             self.restorers.append(lambda: set_model_state_dict(node, _unwrap(sd)))
             return sd
         if isinstance(node, torch.optim.Optimizer):
-            owner = _owner_module(node, self.modules)
+            owner = _owner_module(node, self.modules, None if self.names is None else self.names.parameters)
             if owner is None:  # no model beside it: positional keys, same layout required
                 sd = self.collapse_within(node.state_dict(), path)
                 self.restorers.append(lambda: node.load_state_dict(_unwrap(sd)))
                 return sd
             # groups per parameter, unless loading a checkpoint that stored them by position (older saves)
             flat = not (self.loading and _groups_by_position(getattr(self.whole, "keys", ()), path))
-            options = StateDictOptions(flatten_optimizer_state_dict=flat)
-            sd = self.collapse_within(get_optimizer_state_dict(owner, node, options=options), path)
+            options = FLAT if flat else StateDictOptions(flatten_optimizer_state_dict=False)
+            optimizer_state = (get_optimizer_state_dict(owner, node, options=options) if self.names is None
+                               else self.names.optimizer_state_dict(owner, node))
+            sd = self.collapse_within(optimizer_state, path)
             self.restorers.append(lambda: set_optimizer_state_dict(owner, node, _unwrap(sd), options=options))
             return sd
         if _is_stateful(node):
@@ -101,7 +116,14 @@ class _Exporter:
 
     def collapse_within(self, state_dict: dict, path: tuple) -> dict:
         """Collapse below the top level, so the dict a restorer holds is the one DCP fills in place."""
-        return {key: transform(value, self._collapse_visit, path + (key,)) for key, value in state_dict.items()}
+        return {key: self._collapse(value, path + (key,)) for key, value in state_dict.items()}
+
+    def _collapse(self, value: Any, path: tuple) -> Any:
+        if isinstance(value, _UNCHANGED):  # most values: tensors and hyper-parameters
+            return value
+        if type(value) is tuple and all(isinstance(item, _SCALARS) for item in value):  # an optimizer's betas
+            return Leaf(value) if self.whole(path) else value
+        return transform(value, self._collapse_visit, path)
 
     def _collapse_visit(self, node: Any, path: tuple) -> Any:
         """Wrap tensor-free dict/list/tuple subtrees into one :class:`~ckpt.format.values.Leaf` each."""
@@ -111,6 +133,9 @@ class _Exporter:
             return DESCEND if isinstance(node, (dict, list)) else node
         return node
 
+
+_SCALARS = (int, float, str, type(None))
+_UNCHANGED = (torch.Tensor, *_SCALARS)  # values collapsing leaves as they are (most of a state)
 
 _POSITIONAL_GROUP = re.compile(r"\d+\.(params|lr)(\.|$)")
 
@@ -140,10 +165,13 @@ def _is_stateful(node: Any) -> bool:
     return callable(getattr(node, "state_dict", None)) and callable(getattr(node, "load_state_dict", None))
 
 
-def _owner_module(optimizer: torch.optim.Optimizer, modules: list[nn.Module]) -> nn.Module | None:
+def _owner_module(optimizer: torch.optim.Optimizer, modules: list[nn.Module],
+                  parameters: Callable[[nn.Module], Any] | None = None) -> nn.Module | None:
+    """The first of ``modules`` holding every parameter of ``optimizer`` (``parameters(module)``:
+    its parameters, when the caller has them already)."""
     wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
     for module in modules:
-        if wanted <= {id(p) for p in module.parameters()}:
+        if wanted <= {id(p) for p in (module.parameters() if parameters is None else parameters(module))}:
             return module
     return None
 

@@ -3,7 +3,8 @@
 ``DoubleBufferStager`` implements DCP's ``AsyncStager``. Each ``stage(state_dict)`` takes a free buffer
 set (two at most, allocated lazily at first use, reallocated only when the state's layout changes,
 pinned by the device's host allocator where it has one: :mod:`ckpt.write.host_buffers`,
-:func:`ckpt.device.host_memory`), captures every non-tensor value synchronously (deep copy), and
+:func:`ckpt.device.host_memory`), captures every non-tensor value synchronously (a deep copy; an
+immutable scalar, or a tuple of them, is its own copy, as ``copy.deepcopy`` returns it too), and
 starts copying the tensors (a DTensor's local shard) into the set (:mod:`ckpt.write.snapshot_copy`:
 device tensors on a side stream of their device, host tensors on a copier thread). The staged tree
 holds the host views; a DTensor is re-wrapped around its host view with its own spec, never moved
@@ -45,7 +46,7 @@ from ..errors import SnapshotSkipped
 from .host_buffers import HostBuffers, signature
 from ..options import BusyPolicy, as_enum
 from .snapshot_copy import SnapshotCopy
-from ..tree import CONTAINERS, DESCEND, descend_containers, transform
+from ..tree import HOLE, Skeleton, copy_tree
 from ..format.values import Leaf
 
 _HELD = Future()  # marks a set kept as a base until the next track(): earlier writes must not free it
@@ -58,6 +59,7 @@ class _BufferSet:
     writer: Future | None = None  # the write reading this set, when tracked
     busy: bool = False
     views: list[torch.Tensor] = field(default_factory=list)
+    wrapped: list[DTensor | None] = field(default_factory=list)  # the DTensor staged around each view last time
 
     @property
     def nbytes(self) -> int:
@@ -108,9 +110,10 @@ class DoubleBufferStager(AsyncStager):
         target = self._acquire(exclude=previous)
         self._held = previous
         sources: list[torch.Tensor] = []
-        skeleton = _capture(state_dict, sources)
+        likes: list[torch.Tensor] = []
+        skeleton = _capture(state_dict, sources, likes)
         self._ensure_buffers(target, sources, signature)
-        staged = _fill(skeleton, iter(target.views))
+        staged = skeleton.fill(_staged(target, likes))
         self._last = target
         snapshot = self._copy.start(list(zip(sources, target.views)), staged)
         if release is not None:
@@ -207,56 +210,60 @@ class DoubleBufferStager(AsyncStager):
                     _drop(other)
         buffers.memory = HostBuffers(sources, self.host_memory)
         buffers.views = buffers.memory.views
+        buffers.wrapped = [None] * len(buffers.views)
 
 
 def _drop(buffers: _BufferSet) -> None:
     """Forget a set's memory (it is freed once no staged state dict holds a view of it)."""
-    buffers.memory, buffers.views = None, []
+    buffers.memory, buffers.views, buffers.wrapped = None, [], []
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+_ATOMIC = frozenset({int, float, bool, complex, str, bytes, type(None)})
 
 
-class _Slot:
-    """Placeholder in the skeleton for the next staged tensor (and its DTensor wrapping)."""
-
-    __slots__ = ("like",)
-
-    def __init__(self, like: torch.Tensor):
-        self.like = like
-
-
-def _capture(state_dict: Any, sources: list[torch.Tensor]) -> Any:
-    """Copy the structure and every non-tensor value now; note tensors to be copied later."""
-
-    def visit(node: Any, path: tuple) -> Any:
-        if isinstance(node, torch.Tensor):
-            sources.append(_local(node).detach())
-            return _Slot(node)
-        if isinstance(node, CONTAINERS):
-            return DESCEND
-        if isinstance(node, Leaf):
-            return Leaf(copy.deepcopy(node.value))
-        return copy.deepcopy(node)
-
-    return transform(state_dict, visit)
+def _copied(value: Any) -> Any:
+    """``copy.deepcopy(value)``, without its cost where it returns ``value`` itself."""
+    kind = type(value)
+    if kind in _ATOMIC or (kind is tuple and all(type(item) in _ATOMIC for item in value)):
+        return value
+    return copy.deepcopy(value)
 
 
-def _fill(skeleton: Any, views) -> Any:
-    """The skeleton with each slot replaced by the next staged view (re-wrapped as a DTensor).
+def _capture(state_dict: Any, sources: list[torch.Tensor], likes: list[torch.Tensor]) -> Skeleton:
+    """Copy the structure and every non-tensor value now; note each tensor (``likes``) and what is
+    copied of it later (``sources``: the local shard of a DTensor), its place a hole of the skeleton."""
 
-    A DTensor is built around the host view with the live one's spec. ``DTensor.from_local`` would
-    move the view to the mesh's device (``local_tensor.to(device_type)``): on a GPU/NPU mesh the
-    checkpoint would be written from a device copy of a buffer the snapshot has not filled yet, and
-    a second copy of the state would sit on the device. DCP's own CPU state dicts do the same."""
-
-    def staged(node: Any) -> Any:
-        if not isinstance(node, _Slot):
+    def leaf(node: Any) -> Any:
+        if type(node) in _ATOMIC:  # most values: the optimizer's hyper-parameters
             return node
-        view, like = next(views), node.like
-        if isinstance(like, DTensor):
-            return DTensor(view, like._spec, requires_grad=False)
-        return view
+        if isinstance(node, torch.Tensor):
+            sources.append((node.to_local() if isinstance(node, DTensor) else node).detach())
+            likes.append(node)
+            return HOLE
+        if isinstance(node, Leaf):
+            return Leaf(_copied(node.value))
+        return _copied(node)
 
-    return transform(skeleton, descend_containers(staged))
+    with torch.no_grad():  # a DTensor's to_local() is then its local tensor, not an autograd op's output
+        return copy_tree(state_dict, leaf)
+
+
+def _staged(buffers: _BufferSet, likes: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The staged value of each tensor of ``likes``: its host view in ``buffers``; for a DTensor, a
+    DTensor around that view with the live one's spec — the one made at this set's last snapshot when
+    the spec is the same object (a wrapper holds nothing but the view and the spec; making one costs
+    more than the rest of its staging).
+
+    ``DTensor.from_local`` would move the view to the mesh's device (``local_tensor.to(device_type)``):
+    on a GPU/NPU mesh the checkpoint would be written from a device copy of a buffer the snapshot has
+    not filled yet, and a second copy of the state would sit on the device. DCP's own CPU state dicts
+    do the same."""
+    staged: list[torch.Tensor] = []
+    for i, (view, like) in enumerate(zip(buffers.views, likes)):
+        if isinstance(like, DTensor):
+            wrapped = buffers.wrapped[i]
+            if wrapped is None or wrapped._spec is not like._spec:
+                wrapped = buffers.wrapped[i] = DTensor(view, like._spec, requires_grad=False)
+            view = wrapped
+        staged.append(view)
+    return staged
