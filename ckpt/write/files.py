@@ -35,7 +35,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from .delta import DeltaBase
 from ..errors import UnsafeCheckpointError
 from ..format import Blob, Chunk, ValueEntry, codec, data_file_name, values
-from ..format.blobs import aligned
+from ..format.blobs import ALIGN_MIN_BYTES, aligned
 from ..format.blocks import BLOCK_SIZE, hash_blob
 from ..format.codec import Encoded
 from ..format.values import Leaf
@@ -218,27 +218,58 @@ def _in_order(payloads: Iterable[Payload], pool: ThreadPoolExecutor | None, wind
         yield done, future.result()
 
 
+# below this a blob is never aligned; it is hashed inline (a thread hop costs more) and written with its neighbours
+SMALL_BLOB_BYTES = ALIGN_MIN_BYTES
+SMALL_WRITE_BYTES = 1 << 20  # small blobs gathered up to this, then written in one call
+
+
+class _Hashed:
+    """A blob's ``(checksum, table)`` computed inline, read as the helper thread's futures are."""
+
+    def __init__(self, value: tuple[str, bytes | None]):
+        self.value = value
+
+    def result(self) -> tuple[str, bytes | None]:
+        return self.value
+
+
 def write_file(directory: Location, rel_name: str, payloads: Iterable[Payload], *,
                encoders: ThreadPoolExecutor | None = None, window: int = 4) -> list[tuple[object, Blob]]:
     """Write ``payloads`` into the new file ``directory/rel_name``, durably (see
     :class:`~ckpt.storage.base.WriteHandle`); return where each one went. Each blob is hashed per
-    block on a helper thread while the next is written; the block tables follow the last blob."""
-    placed: list[tuple[object, int, int, Future, Encoded | None]] = []
+    block on a helper thread while the next is written; the block tables follow the last blob.
+    Small blobs (a norm weight, an optimizer's step: most of a state's leaves) are hashed inline and
+    gathered into one write, the bytes in the file the same: per leaf, a thread hop and a system
+    call cost more than the bytes."""
+    placed: list[tuple[object, int, int, Future | _Hashed, Encoded | None]] = []
     tables: dict[int, int] = {}  # index in placed -> where its block table went
     handle = directory.storage.create((directory / rel_name).path)
     try:
         with ThreadPoolExecutor(1, thread_name_prefix="ckpt-hash") as hasher:
-            end = 0
+            end, gathered = 0, bytearray()
             for payload, data in _in_order(payloads, encoders, window):
                 encoded = data if isinstance(data, Encoded) else None
                 view = memoryview(encoded.data if encoded else data).cast("B")
-                start = aligned(end, len(view))
-                if start > end:
-                    handle.write(bytes(start - end))
-                digest = hasher.submit(hash_blob, view, BLOCK_SIZE)
-                handle.write(view)
+                if len(view) < SMALL_BLOB_BYTES:  # never aligned (ALIGN_MIN_BYTES): right after the last
+                    digest = _Hashed(hash_blob(view, BLOCK_SIZE))
+                    start = end
+                    gathered += view
+                    if len(gathered) >= SMALL_WRITE_BYTES:
+                        handle.write(gathered)
+                        gathered = bytearray()  # a new one: the handle may keep what it was given
+                else:
+                    start = aligned(end, len(view))
+                    if gathered:
+                        handle.write(gathered)
+                        gathered = bytearray()
+                    if start > end:
+                        handle.write(bytes(start - end))
+                    digest = hasher.submit(hash_blob, view, BLOCK_SIZE)
+                    handle.write(view)
                 end = start + len(view)
                 placed.append((payload.key, start, len(view), digest, encoded))
+            if gathered:
+                handle.write(gathered)
         for index, (_key, _start, _length, digest, _enc) in enumerate(placed):
             table = digest.result()[1]
             if table is not None:
