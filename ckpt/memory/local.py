@@ -2,7 +2,7 @@
 by this process alone.
 
     flat, paths = flat_local(tree)                                   # the writer thread
-    manifest = write_local(flat, paths, location, step=12, run=run_id, user={...})
+    manifest, raw = write_local(flat, paths, location, step=12, run=run_id, user={...})
     load_local(state, location, manifest, strict=True)                # start-up
 
 It is an ordinary checkpoint of ours (same format, checksums while writing, manifest last through
@@ -59,9 +59,10 @@ def tensor_bytes_of(flat: dict[str, Any]) -> int:
 
 
 def write_local(flat: dict[str, Any], paths: dict[str, tuple], location: Location, *, step: int | None,
-                run: str | None, user: dict) -> Manifest:
+                run: str | None, user: dict) -> tuple[Manifest, bytes]:
     """Write a :func:`flat_local` tree as a checkpoint at ``location``, replacing one there, committed
-    when this returns (see the module docstring); its manifest."""
+    when this returns (see the module docstring); its manifest and the manifest's bytes as committed
+    (what a partner copy sends: not read back and parsed again)."""
     tensors = {key: value for key, value in flat.items() if isinstance(value, torch.Tensor)}
     manifest = new_manifest(((key, t.dtype, t.shape) for key, t in tensors.items()), step=step, world_size=1,
                             user=user, paths=paths, run=run)
@@ -78,7 +79,7 @@ def write_local(flat: dict[str, Any], paths: dict[str, tuple], location: Locatio
             manifest.add_record(key, record)
     with NewCheckpoint(location, manifest, overwrite=True) as new:
         new.write(new.data_file(0), payloads)
-    return manifest
+    return manifest, new.raw
 
 
 def load_local(state: dict, location: Any, manifest: Any, *, strict: bool) -> None:

@@ -129,17 +129,19 @@ class _Kept(bytearray):
 
 
 # -- sending --------------------------------------------------------------------------------------
-def send_checkpoint(location: Location | None, to: int, group) -> None:
+def send_checkpoint(location: Location | None, to: int, group, *,
+                    committed: tuple[Manifest, bytes] | None = None) -> None:
     """Send the committed checkpoint at ``location`` to rank ``to`` of ``group`` (see the module
     docstring). ``location`` None (nothing to send) or unreadable: a failed status goes instead,
-    so the receiver is released; then the error is raised."""
+    so the receiver is released; then the error is raised. ``committed``: its manifest and the
+    manifest's bytes, when the caller has just committed them (else read from ``location``)."""
     exchange = _channel(group)
     files = None if location is None else DataFiles(location)
     try:
         try:
             if location is None:
                 raise CheckpointNotFoundError(f"no checkpoint to send to rank {to}")
-            manifest, raw = read_manifest_bytes(location)
+            manifest, raw = committed if committed is not None else read_manifest_bytes(location)
             handles = [(name, files.open(name)) for name in sorted(manifest.data_files())]  # sizes: verify_blobs'
             handles.append((MANIFEST_NAME, _Kept(raw)))
             table = json.dumps([[name, handle.size] for name, handle in handles]).encode()
@@ -294,11 +296,12 @@ def _receive_file(exchange: Exchange, source: int, name: str | None, size: int, 
 
 # -- both ways at once ----------------------------------------------------------------------------
 def swap(send: Location | None, to: int | None, receive: Location | None, source: int | None, group, *,
-         overwrite: bool = False) -> None:
+         overwrite: bool = False, committed: tuple[Manifest, bytes] | None = None) -> None:
     """Send ``send`` to rank ``to`` while receiving rank ``source``'s checkpoint into ``receive`` (the
     send on a thread of its own, so a pair sending to each other, or a ring, never waits on itself);
-    ``to`` / ``source`` None: that side is skipped. Every failure is raised once both sides are done
-    (the send's, with the receive's attached as a note)."""
+    ``to`` / ``source`` None: that side is skipped; ``committed``: ``send``'s manifest and its bytes
+    (:func:`send_checkpoint`). Every failure is raised once both sides are done (the send's, with
+    the receive's attached as a note)."""
     failures: dict[int, BaseException] = {}
 
     def side(order: int, call, *args) -> None:
@@ -307,8 +310,8 @@ def swap(send: Location | None, to: int | None, receive: Location | None, source
         except BaseException as exc:  # an interrupt too: raised once the other side is done
             failures[order] = exc
 
-    thread = threading.Thread(target=side, args=(0, send_checkpoint, send, to, group), name="ckpt-partner-send",
-                              daemon=True)
+    thread = threading.Thread(target=side, args=(0, partial(send_checkpoint, committed=committed), send, to, group),
+                              name="ckpt-partner-send", daemon=True)
     if to is not None:
         thread.start()
     if source is not None:

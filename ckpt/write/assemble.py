@@ -72,12 +72,14 @@ class NewCheckpoint:
 
     ``manifest`` comes from :func:`new_manifest`; ``check``: a description of the source, when the
     manifest is built from foreign input and must be proven readable (parsed and validated as a
-    reader would, ``Manifest.from_json``) before it is published.
+    reader would, ``Manifest.from_json``) before it is published. ``raw``: the manifest's bytes as
+    committed, once the block ended.
     """
 
     def __init__(self, target: Location, manifest: Manifest, *, overwrite: bool, check: str | None = None):
         self.target, self.manifest, self.overwrite, self.check = target, manifest, overwrite, check
         self.attempt: commit.Attempt | None = None
+        self.raw: bytes | None = None
 
     def __enter__(self) -> "NewCheckpoint":
         self.attempt = commit.begin(self.target, overwrite=self.overwrite)
@@ -107,6 +109,7 @@ class NewCheckpoint:
             if self.check is not None:
                 Manifest.from_json(raw, source=self.check)  # never publish what we would refuse
             commit.finish(self.attempt, self.manifest, overwrite=self.overwrite, raw=raw)
+            self.raw = raw
         except BaseException:
             commit.abort(self.attempt)
             raise

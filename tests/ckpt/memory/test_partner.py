@@ -81,7 +81,9 @@ def _swap_ranks(rank: int, world: int, tmp: str, local: int, damage: str | None)
     """Save this rank's state, copy it to its partner while taking its source's copy, load that copy.
     ``damage``: ``"mixed"`` makes rank 0 flip a byte of its first data piece as it sends it and
     rank 1 a byte of its stored data file; ``"fail"`` makes rank 0's data file missing, rank 1 have
-    no checkpoint and rank 2's read fail after its first piece."""
+    no checkpoint and rank 2's read fail after its first piece; ``"committed"``: each rank writes its
+    state as the memory tier does and hands the manifest it committed to the send, which must not
+    read it back."""
     import torch.distributed as dist
 
     from ckpt.memory import partner
@@ -89,7 +91,14 @@ def _swap_ranks(rank: int, world: int, tmp: str, local: int, damage: str | None)
 
     partner.PIECE_BYTES = 1000
     own, copy = Path(tmp, f"own-{rank}"), Path(tmp, f"copy-{rank}", "rank")
-    ckpt.save(make_state(rank), own, no_dist=True)
+    committed = None
+    if damage == "committed":
+        from ckpt.memory.local import flat_local, write_local
+
+        committed = write_local(*flat_local(make_state(rank)), locate(own), step=1, run=None, user={})
+        partner.read_manifest_bytes = _refused
+    else:
+        ckpt.save(make_state(rank), own, no_dist=True)
     to, source = partner_rank(rank, world, local), source_rank(rank, world, local)
     send = locate(own)
     if damage == "mixed" and rank == 0:
@@ -104,13 +113,17 @@ def _swap_ranks(rank: int, world: int, tmp: str, local: int, damage: str | None)
         _fail_reads_after_one_piece()
     group = dist.new_group(backend="gloo")
     try:
-        partner.swap(send, to, locate(copy), source, group)
+        partner.swap(send, to, locate(copy), source, group, committed=committed)
     except (ckpt.CheckpointError, OSError) as exc:  # the tier takes both
         return type(exc).__name__, str(exc), getattr(exc, "__notes__", []), sorted(os.listdir(copy.parent))
     state = blank_state()
     ckpt.load(state, copy, no_dist=True)
     assert_state_equal(state, make_state(source))
     return "loaded", sorted(os.listdir(copy.parent))
+
+
+def _refused(location):
+    raise AssertionError(f"{location}'s manifest read back: the writer's own was handed over")
 
 
 def _damage_first_piece_sent() -> None:
@@ -156,6 +169,13 @@ def _fail_reads_after_one_piece() -> None:
 def test_ranks_swap_copies_that_load_bitwise(tmp_path, world, local):
     results = run_ranks(world, _swap_ranks, str(tmp_path), local, None, hang_seconds=HANG_SECONDS)
     assert results == [("loaded", ["rank"])] * world
+
+
+def test_a_sender_handed_the_manifest_it_committed_sends_it_without_reading_it_back(tmp_path):
+    """The memory tier's send: the manifest write_local just committed (and its bytes) go as they
+    are, not read back and parsed again; the copies load bitwise."""
+    results = run_ranks(2, _swap_ranks, str(tmp_path), 1, "committed", hang_seconds=HANG_SECONDS)
+    assert results == [("loaded", ["rank"])] * 2
 
 
 def test_damage_in_passing_or_on_the_senders_disk_is_refused_and_nothing_stays(tmp_path):

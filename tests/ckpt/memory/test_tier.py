@@ -202,6 +202,20 @@ def test_one_process_saves_to_memory_unless_told_not_and_recovers_memory_alone(t
     again.close()
 
 
+def test_a_memory_save_pauses_the_garbage_collector(tmp_path, monkeypatch):
+    """The objects a save builds (records, manifests) die with it: collected while alive, they would
+    be promoted and bring on full collections of the whole process (the cost the pause removes)."""
+    import gc
+
+    from ckpt.memory import MemoryTier, tier
+
+    seen, write = [], tier.write_local
+    monkeypatch.setattr(tier, "write_local", lambda *args, **kw: (seen.append(gc.isenabled()), write(*args, **kw))[1])
+    memory = MemoryTier(tmp_path / "shm", "run1")
+    assert gc.isenabled() and memory.save(1, _state(0, 1))
+    assert seen == [False] and gc.isenabled()  # paused while writing, on again after
+
+
 def _sharded(step: int):
     """A tensor sharded over the 4 ranks (a DTensor, as FSDP's parameters are): each rank holds a
     quarter, so no rank's own checkpoint covers its global shape."""
