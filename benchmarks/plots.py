@@ -242,7 +242,7 @@ def _stacked_parts(ms: list[dict], label_of, xlabel: str, title: str, path: Path
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
     ax.set_title(title)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=len(parts))
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside: below, it covered the x label
     ax.grid(True, axis="x", alpha=0.3)
     _save(fig, path)
     return True

@@ -1,9 +1,10 @@
 """The jobs of ``bench_recover.py``: one job of two "nodes" on this machine, and the nodes' memory
 folders under ``/dev/shm``.
 
-* :func:`two_nodes`: one job of 2 × 2 ranks, as on two machines: two torchrun agents
-  (``--nnodes 2 --node_rank n --nproc_per_node 2``, static rendezvous on loopback), so each rank sees
-  ``LOCAL_WORLD_SIZE=2`` and ranks 0-1 are node 0, ranks 2-3 node 1, as the memory tier counts them.
+* :func:`two_nodes`: one job of 2 × ``per_node`` ranks (default 2), as on two machines: two torchrun
+  agents (``--nnodes 2 --node_rank n --nproc_per_node per_node``, static rendezvous on loopback), so
+  each rank sees ``LOCAL_WORLD_SIZE=per_node`` and ranks are numbered node by node (with 2: ranks 0-1
+  node 0, ranks 2-3 node 1), as the memory tier counts them.
   Each node's command line is its own (its memory folder). Returns the launcher's clock
   (``time.time()``) taken right before the agents start; a failed job raises
   :class:`resume_jobs.JobFailed` with both logs' error lines and tails (unless ``may_fail``: a crash
@@ -30,15 +31,16 @@ from harness import REPO  # first: puts this checkout's root on sys.path
 from resume_jobs import JobFailed  # noqa: E402
 from tests.support.launch import HOST, descendants, free_port, job_env  # noqa: E402
 
-NODES, PER_NODE = 2, 2
+NODES = 2
 SHM = Path("/dev/shm")
 TAIL = 15
 
 
 def two_nodes(script: Path, node_args, log: Path, timeout: float, env: dict | None = None,
-              may_fail: bool = False) -> float:
-    """Run ``script`` as one job on two nodes of two ranks (``node_args(n)``: node n's arguments);
-    returns the launcher's clock taken right before the start. Logs: ``log`` with ``.node<n>`` added."""
+              may_fail: bool = False, per_node: int = 2) -> float:
+    """Run ``script`` as one job on two nodes of ``per_node`` ranks (``node_args(n)``: node n's
+    arguments); returns the launcher's clock taken right before the start. Logs: ``log`` with
+    ``.node<n>`` added."""
     port = free_port()
     logs = [log.with_name(f"{log.name}.node{n}") for n in range(NODES)]
     procs, files = [], []
@@ -47,7 +49,7 @@ def two_nodes(script: Path, node_args, log: Path, timeout: float, env: dict | No
         for n in range(NODES):
             files.append(open(logs[n], "w"))
             cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={NODES}", f"--node_rank={n}",
-                   f"--nproc_per_node={PER_NODE}", f"--master_addr={HOST}", f"--master_port={port}",
+                   f"--nproc_per_node={per_node}", f"--master_addr={HOST}", f"--master_port={port}",
                    str(script), *node_args(n)]
             procs.append(subprocess.Popen(cmd, stdout=files[-1], stderr=subprocess.STDOUT, cwd=REPO,
                                           env=job_env(**(env or {}))))

@@ -8,9 +8,14 @@ rank of one of two nodes (``recover_jobs.two_nodes``).
 The trainer is ``resume_rank.trainer_argv``'s (the debug config, this job's model size, layout and
 folders) with ``--trainer-args`` appended (the memory tier, its interval, the saving mode).
 
-crash    ``Trainer.fit(stop_at=C)``, then ``os._exit(1)`` on every rank: no close, no wait, the writer
-         thread killed wherever it is, as when a worker dies and torchrun tears down the job; the
-         memory folders and storage stay as the run left them. The job exits non-zero.
+crash    ``Trainer.fit(stop_at=C)``, then step C+1 goes on and ``--crash-frac`` of a step's time into
+         it (the mean of steps C-2..C, rank 0's, broadcast: every rank dies at the same moment)
+         ``os._exit(1)`` on every rank: no close, no wait, the writer thread killed wherever it is,
+         as when a worker dies and torchrun tears down the job; the memory folders and storage stay
+         as the run left them. The job exits non-zero. Records the steps finished at the crash, the
+         steps whose save started (``CheckpointManager.save`` returned True: with memory_interval 1
+         a memory save; a step missing was skipped by the memory gate, the writer still busy) and
+         the memory steps committed (``SaveStats.memory_saves``) at that moment.
 restart  the trainer's own resume (memory tier first, then storage); records the step it resumed
          at and the bytes its load read from storage (0: from the memory tier), then takes one step.
 train    ``fit`` to step ``--warmup``, then the timed window to ``--steps`` (the saves drained by
@@ -21,6 +26,7 @@ train    ``fit`` to step ``--warmup``, then the timed window to ``--steps`` (the
 Each rank writes ``<out>/rank-<R>.json`` (``--mode crash``: before it dies).
 """
 
+import threading
 import time
 
 STARTED = time.time()
@@ -46,7 +52,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="where each rank writes rank-<R>.json")
     p.add_argument("--dump", required=True, help="the trainer's job.dump_folder")
     p.add_argument("--steps", type=int, required=True, help="the run's training.steps (train: the window's end)")
-    p.add_argument("--crash-at", type=int, help="crash: the last step finished before the crash")
+    p.add_argument("--crash-at", type=int, help="crash: the last step finished before the step the crash falls in")
+    p.add_argument("--crash-frac", type=float, default=0.5,
+                   help="crash: how far into step C+1 (a fraction of a step's time) every rank dies")
     p.add_argument("--warmup", type=int, default=3, help="train: steps before the timed window")
     p.add_argument("--interval", type=int, default=1000, help="storage checkpoint interval")
     p.add_argument("--dim", type=int, default=128)
@@ -62,6 +70,47 @@ def write(args: argparse.Namespace, record: dict) -> None:
     Path(args.out, f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "started": STARTED, **record}))
 
 
+def started_saves(manager) -> list[int]:
+    """The steps whose ``manager.save`` started a save, from now on (the method wrapped on this instance)."""
+    started, save = [], manager.save
+
+    def counted(step, state, **kwargs):
+        begun = save(step, state, **kwargs)
+        if begun:
+            started.append(step)
+        return begun
+
+    manager.save = counted
+    return started
+
+
+def crash(args: argparse.Namespace, trainer) -> None:
+    """Train to step C, then die ``--crash-frac`` of a step into step C+1 (see the module docstring)."""
+    import torch
+    import torch.distributed as dist
+
+    started = started_saves(trainer.checkpoints.manager)
+    timed = min(3, args.crash_at - 1)
+    trainer.fit(stop_at=args.crash_at - timed)
+    t0 = time.perf_counter()
+    trainer.fit(stop_at=args.crash_at)
+    delay = torch.tensor([args.crash_frac * (time.perf_counter() - t0) / timed], dtype=torch.float64)
+    dist.broadcast(delay, src=0)
+
+    def die() -> None:
+        write(args, {"finished": len(trainer.losses), "started": started, "delay_s": delay.item(),
+                     "memory_committed": trainer.checkpoints.manager.stats.memory_saves})
+        sys.stdout.flush()
+        os._exit(1)  # a dead worker: nothing closed, nothing waited for
+
+    threading.Timer(delay.item(), die).start()
+    try:
+        trainer.fit(stop_at=args.crash_at + 1)
+    except BaseException:  # a peer died first: this rank dies by its own timer all the same
+        pass
+    threading.Event().wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     import torch
@@ -74,10 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     # training.steps one past the end: no forced save of the last step in any variant
     trainer = Trainer(load_config(trainer_argv(args, checkpoint=True, steps=args.steps + 1, interval=args.interval)))
     if args.mode == "crash":
-        trainer.fit(stop_at=args.crash_at)
-        write(args, {"crashed_after": trainer.train_state.step})
-        sys.stdout.flush()
-        os._exit(1)  # a dead worker: nothing closed, nothing waited for
+        crash(args, trainer)
     try:
         if args.mode == "restart":
             resumed = trainer.checkpoints.resumed_step

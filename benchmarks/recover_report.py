@@ -72,8 +72,9 @@ def memory_goals(result: dict, vs: dict, state: int) -> list[dict]:
                               ("disk", GOAL_X_DISK, "ours from local disk, pages evicted")):
         xs = vs.get("loss", {}).get(key)
         crash = vs.get("crash", {}).get(key)
-        detail = (f"load part, memory tier after a node loss / {name}, paired per repeat ({len(xs)}); after a worker "
-                  f"crash {ratio_span(crash, '×')}; {size}" if xs and used else
+        after_crash = f"after a worker crash {ratio_span(crash, '×')}; " if crash else ""
+        detail = (f"load part, memory tier after a node loss / {name}, paired per repeat ({len(xs)}); {after_crash}"
+                  f"{size}" if xs and used else
                   "not measured: the memory-tier recovery read from storage (the tier fell back; see the notes)")
         goals.append(goal(f"recover: memory-tier load after a node loss (partner fetch included) ≤ {target}× {name}",
                           median(xs) if xs and used else None, target, "<=", detail))
@@ -81,18 +82,36 @@ def memory_goals(result: dict, vs: dict, state: int) -> list[dict]:
 
 
 def lost_lines(result: dict) -> tuple[list[str], list[dict], list[dict]]:
-    lines = table_head(["memory_interval", "Crash after step", "Resumed at", "From", "Steps redone"], "rrrlr")
+    """The lost-work table (storage alone, the memory tier, after the same crash), its metrics and goal."""
+    lost = result["lost"]
+    lines = table_head(["Restart from", "Steps finished at the crash", "Resumed at", "Steps redone"], "lrrr")
     metrics = []
-    for item in result["lost"]:
-        lines.append(f"| {item['interval']} | {item['crash_at']} | {item['resumed']} | {item['from']} | {item['lost']} |")
-        metrics.append(metric(f"memory_interval {item['interval']}", "lost_steps", "steps", [item["lost"]]))
-    first, other = result["lost"]
-    goals = [goal(f"recover: lost work at memory_interval 1 ≤ {GOAL_LOST} step", first["lost"], GOAL_LOST, "<=",
-                  f"steps redone after every rank died right after step {first['crash_at']} (resumed from "
-                  f"{first['from']}); at memory_interval "
-                  f"{other['interval']}: {other['lost']} (a crash at a uniformly random step redoes "
-                  f"{(other['interval'] - 1) / 2:.1f} on average)")]
+    for label, resumed in ((f"storage alone, interval {lost['interval']} (the newest storage step)", lost["stored"]),
+                           (f"memory tier, memory_interval 1 (read from {lost['from']})", lost["resumed"])):
+        redone = lost["finished"] - (resumed or 0)
+        lines.append(f"| {label} | {lost['finished']} | {resumed} | {redone} |")
+        metrics.append(metric(label.split(" (")[0], "lost_steps", "steps", [redone]))
+    ok = lost["from"] == "memory tier"
+    goals = [goal(f"recover: lost work at memory_interval 1 ≤ {GOAL_LOST} step",
+                  lost["finished"] - (lost["resumed"] or 0) if ok else None, GOAL_LOST, "<=",
+                  f"steps redone after every rank died {lost['frac']:g} of a step into step {lost['finished'] + 1} "
+                  f"(step {lost['finished']}'s memory save {'started' if lost['last_started'] else 'skipped by the gate'})"
+                  f"; storage alone at interval {lost['interval']}: {lost['finished'] - lost['stored']} (a crash at a "
+                  f"uniformly random step redoes {(lost['interval'] - 1) / 2:.1f} on average)" if ok else
+                  "not measured: the restart with the memory tier read from storage (the tier fell back)")]
     return lines, metrics, goals
+
+
+def crash_line(lost: dict) -> str:
+    """What the crash of the lost-work run hit: where in the step, and the memory gate's record."""
+    skipped = lost["finished"] - lost["started"]
+    return (f"The crash: {lost['delay_s'] * 1e3:.0f} ms ({lost['frac']:g} of a step's time) into step "
+            f"{lost['finished'] + 1}, every rank at once; by then saves had started at {lost['started']} of the "
+            f"{lost['finished']} finished steps ({skipped} skipped by the memory gate: the writer still busy with "
+            f"earlier saves), step {lost['finished']}'s {'included' if lost['last_started'] else 'not'}, and "
+            f"{lost['committed']} memory steps were committed. A crash right after a step's save call, before its "
+            f"memory save commits, redoes that step too (one more); a step the gate skipped is redone like any step "
+            f"after the newest memory step.")
 
 
 def throughput_lines(result: dict) -> tuple[list[str], list[dict], list[dict]]:
@@ -116,7 +135,7 @@ def throughput_lines(result: dict) -> tuple[list[str], list[dict], list[dict]]:
     failed = sum(r["memory_failures"] for r in tps["memory"])
     goals.append(goal(f"recover: tokens/s with a memory save every step ≥ {GOAL_TOKENS}× no save",
                       median(x_memory) if not failed else None, GOAL_TOKENS, ">=",
-                      f"debug flavour, 4 ranks + their writer threads on the box's cores, paired per repeat "
+                      f"debug flavour, the ranks + their writer threads on the box's cores, paired per repeat "
                       f"({len(x_memory)})" if not failed else f"not measured: {failed} memory saves failed"))
     mem = [r["stall_per_save"] for r in tps["memory"]]
     sto = [r["stall_per_save"] for r in tps["storage"]]
@@ -137,21 +156,23 @@ def report(result: dict, rows, args, info: dict, command: str) -> tuple[str, lis
     runs = result["runs"]
     fell_back = [r.scenario for r in rows if r.memory and not _from_memory(runs[r.key])]
     sizes = ", ".join(f"{k} {b / 1e6:.1f} MB" for k, b in saved["bytes"].items())
+    ranks = 2 * args.per_node
     body = [
         SECTION, "",
         f"State: the trainer's debug llama at dim {args.dim}, {args.layers} layers ({saved['params']:,} parameters, "
-        f"fp32 weights + AdamW moments; layout {args.layout.upper()} over 4 ranks), trained {args.steps} steps and "
-        f"saved ({sizes}). Every job: 4 CPU ranks as 2 nodes of 2 (two torchrun agents, `--nnodes 2`, gloo on "
+        f"fp32 weights + AdamW moments; layout {args.layout.upper()} over {ranks} ranks), trained {args.steps} steps "
+        f"and saved ({sizes}). Every job: {ranks} CPU ranks as 2 nodes of {args.per_node} (two torchrun agents, "
+        f"`--nnodes 2`, gloo on "
         f"loopback, one thread each), each node's memory folder its own under /dev/shm. A recovery is a fresh job; "
         f"time from the launcher's clock to the end of the first resumed step, by part (the latest rank's stamps, "
         f"`resume_rank.py`); median of {args.repeats} repeat(s), the rows rotated per repeat; load ratios paired "
         f"per repeat.", "",
         *table, "",
-        f"Lost work (debug flavour; storage every {args.lost_interval} steps; every rank dies right after the crash "
-        f"step's save call returned — the worst moment: with `double_buffer` one save may be writing and the next "
-        f"staged — and a fresh job resumes):", "",
-        *lost, "",
-        f"Tokens/s over {args.window} steps after {result['warmup']} (debug flavour, 4 ranks, `async_mode "
+        f"Lost work (debug flavour, `async_mode double_buffer`): one run with the memory tier every step and storage "
+        f"every {args.lost_interval} steps dies; a fresh job resumes from the memory tier; without the tier a restart "
+        f"resumes from the newest storage step (the root's listing):", "",
+        *lost, "", crash_line(result["lost"]), "",
+        f"Tokens/s over {args.window} steps after {result['warmup']} (debug flavour, {ranks} ranks, `async_mode "
         f"double_buffer`, the saves drained inside the window):", "",
         *tps, "",
         "Notes:",
@@ -167,7 +188,7 @@ def report(result: dict, rows, args, info: dict, command: str) -> tuple[str, lis
         "- Read from storage: the bytes the ranks' `CheckpointManager.load` read from storage (`LoadStats.bytes_read`, "
         "summed); 0 means the state came from the memory tier. The first loss must be the same in every row (same "
         "weights and data position).",
-        "- Tokens/s: 4 ranks and their writer threads share this box's cores (2 here), so \"memory save every step\" "
+        f"- Tokens/s: {ranks} ranks and their writer threads share this box's cores, so \"memory save every step\" "
         "counts the writer's CPU work — the RAM write, the checksums, the partner copy over loopback gloo — taken "
         "from training, not only the stall; with spare cores for the writer it would be closer to the stall alone. "
         "The stall is `SaveStats.stall_s` per save (host + device time training was blocked).",
@@ -175,6 +196,7 @@ def report(result: dict, rows, args, info: dict, command: str) -> tuple[str, lis
            f"run counted {saved['memory_saves']} memory saves and {saved['memory_failures']} memory-save failures "
            f"(summed over ranks); the logs under the work dir (`--keep`) say why."] if fell_back else []),
         *([] if info.get("titan") else ["- torchtitan: not run — its package is not installed (the dev extra)."]),
+        *([f"- Rows not run (`--rows`): {', '.join(info['left_out'])}."] if info.get("left_out") else []),
         f"- Wall time: {info['wall_s']:.0f} s (the save {saved['s']:.0f} s).", "",
         *provenance(info["machine"], command, load=result["contention"]),
     ]

@@ -58,3 +58,24 @@ def test_a_stall_plots_legend_does_not_cover_the_curves(drawn, tmp_path, axis):
     renderer = fig.canvas.get_renderer()
     legend, plot_area = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
     assert not legend.overlaps(plot_area)
+
+
+def test_the_recover_plot_stacks_each_rows_parts_and_its_legend_covers_nothing(drawn, tmp_path):
+    parts = ("launcher + interpreter", "imports", "process group + build", "checkpoint load", "first step")
+    rows = (("memory tier", "node loss (partner fetch)"), ("ours, S3 (moto)", "either"))
+    metrics = [_metric(system, "recover_part_s", 1.0 + i + 10 * j, part=part, scenario=scenario)
+               for j, (system, scenario) in enumerate(rows) for i, part in enumerate(parts)]
+    assert plots.recover_parts({"recover": {"metrics": metrics}}, tmp_path / "recover.png")
+    fig = drawn[0]
+    ax = fig.axes[0]
+    assert [label.get_text() for label in ax.get_yticklabels()] == ["memory tier: node loss (partner fetch)",
+                                                                    "ours, S3 (moto): either"]
+    ends: dict[float, float] = {}
+    for bar in ax.patches:  # each bar's end: its parts summed
+        ends[bar.get_y()] = max(ends.get(bar.get_y(), 0.0), bar.get_x() + bar.get_width())
+    assert sorted(ends.values()) == [sum(1.0 + i for i in range(5)), sum(11.0 + i for i in range(5))]
+    renderer = fig.canvas.get_renderer()
+    legend = ax.get_legend().get_window_extent(renderer)
+    assert not legend.overlaps(ax.get_window_extent(renderer))
+    assert not legend.overlaps(ax.xaxis.label.get_window_extent(renderer))
+    assert not plots.recover_parts({"recover": {"failed": "exit status 1", "metrics": metrics}}, tmp_path / "no.png")
