@@ -8,7 +8,8 @@
 | :mod:`~ckpt.write.host_buffers` | one snapshot's host buffers: every tensor laid out in a few large allocations |
 | :mod:`~ckpt.write.snapshot_copy` | how a snapshot's bytes move into host buffers, and when the live tensors may change again |
 | :mod:`~ckpt.write.delta` | incremental saves: when a save is a delta, and what it is a delta against |
-| :mod:`~ckpt.write.pipeline` | :class:`SavePipeline`: the one async save path (snapshot, write, commit; busy policy, hooks, errors) of the manager and every plug-in |
+| :mod:`~ckpt.write.pipeline` | :class:`SavePipeline`: the one async save path (snapshot, write, commit; busy policy, errors) of the manager and every plug-in |
+| :mod:`~ckpt.write.hooks` | :class:`SnapshotHooks`: an optimizer's step and a module's forward wait until the last snapshot no longer needs the live tensors |
 | :mod:`~ckpt.write.storage_writer` | DCP's StorageWriter (:class:`ckpt.dcp.Writer`): the protocol object of a save |
 | :mod:`~ckpt.write.files` | one rank's data files: encode → balance → write, checksummed as written |
 | :mod:`~ckpt.write.assemble` | the one manifest builder, and a checkpoint assembled outside DCP (:class:`NewCheckpoint`) |

@@ -28,10 +28,9 @@ Every destination of a save is written from ``_persist`` on the writer thread: t
 (``memory``, a :class:`~ckpt.memory.MemoryTier`, when a caller sets one) first, then the target's
 own write; a memory-tier failure is counted and said, never raised.
 
-Before the live state changes, the snapshot copy must be complete: :meth:`attach` hooks an
-optimizer's step and the forward of a model's modules with persistent buffers;
-:meth:`attach_everywhere` hooks every optimizer's step and, after each snapshot, the next forward of
-any module (a plug-in is handed a dict, not the model). ``async_mode="sync"`` writes inside ``save``.
+Before the live state changes, the snapshot copy must be complete: :meth:`attach` and
+:meth:`attach_everywhere` hook the optimizers' steps and modules' forwards
+(:class:`~ckpt.write.hooks.SnapshotHooks`). ``async_mode="sync"`` writes inside ``save``.
 """
 
 from __future__ import annotations
@@ -44,13 +43,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Hashable
 
 import torch
-from torch.nn.modules.module import register_module_forward_pre_hook
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ..options import AsyncMode, BusyPolicy, SaveOptions
 from ..outcomes import BackgroundFailures, SavesInFlight, SaveStats
-from ..state import buffer_owners
 from .delta import DeltaBase, DeltaChain, tensor_signature
+from .hooks import SnapshotHooks
 from .snapshot_copy import single_threaded_aten
 from .staging import DoubleBufferStager
 
@@ -119,11 +116,9 @@ class SavePipeline:
         self.deltas = DeltaChain(options.full_every)
         self.inflight = SavesInFlight()  # key -> the future of its write
         self.failures = BackgroundFailures(options.on_error)
-        self.hooks: list[Any] = []  # what attach registered
+        self._hooks = SnapshotHooks(lambda: self.before_step())  # looked up when a hook fires, as before
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="ckpt-persist", initializer=single_threaded_aten)
-        self._everywhere = False  # attach_everywhere: a forward hook is armed after each snapshot
         self._readers: _Readers | None = None  # of the last snapshot
-        self._forward_hook = None
         self.memory = None  # a ckpt.memory.MemoryTier (use_memory), on every rank alike
         self._gate = None  # its ckpt.memory.MemoryGate: memory-only saves without a blocking collective
 
@@ -149,17 +144,18 @@ class SavePipeline:
     # -- before the live state changes ---------------------------------------------------------------
     def attach(self, optimizer: torch.optim.Optimizer | None = None, *, model: torch.nn.Module | None = None) -> None:
         """Wait for a pending snapshot before ``optimizer.step()`` and before the forward of every
-        module of ``model`` that holds persistent buffers (they change in forward)."""
-        if optimizer is not None:
-            self.hooks.append(optimizer.register_step_pre_hook(lambda *_: self.before_step()))
-        for module in buffer_owners(model) if model is not None else ():
-            self.hooks.append(module.register_forward_pre_hook(lambda *_: self.before_step()))
+        module of ``model`` that holds persistent buffers (:meth:`SnapshotHooks.attach`)."""
+        self._hooks.attach(optimizer, model=model)
 
     def attach_everywhere(self) -> None:
         """Wait for a pending snapshot before any optimizer's step and, once after each snapshot, before
-        the next forward of any module: for a caller that is handed a dict, not the model."""
-        self.hooks.append(register_optimizer_step_pre_hook(lambda *_: self.before_step()))
-        self._everywhere = True
+        the next forward of any module (:meth:`SnapshotHooks.attach_everywhere`)."""
+        self._hooks.attach_everywhere()
+
+    @property
+    def hooks(self) -> list[Any]:
+        """What :meth:`attach` and :meth:`attach_everywhere` registered (empty once closed)."""
+        return self._hooks.hooks
 
     def before_step(self) -> None:
         """Block until the last snapshot no longer needs the live tensors (on an accelerator: order
@@ -234,7 +230,7 @@ class SavePipeline:
         snapshot = self.stager.stage(tree, keep_previous=not full, release=readers.released, signature=signature)
         base = self.deltas.started(target, snapshot, signature, delta=not full)
         self._stats.deltas += base is not None
-        self._arm_forward_hook()
+        self._hooks.snapshot_taken()
         return snapshot, base, readers
 
     def _queue(self, target: Target, snapshot: Future, plain: dict | None, readers: _Readers,
@@ -270,9 +266,7 @@ class SavePipeline:
         try:
             self.wait(stacklevel=stacklevel + 1)
         finally:
-            for hook in [*self.hooks, *([self._forward_hook] if self._forward_hook is not None else [])]:
-                hook.remove()
-            self.hooks, self._forward_hook, self._everywhere = [], None, False
+            self._hooks.remove()
             self._writer.shutdown(wait=True)
             if self._gate is not None:
                 self._gate.close()
@@ -327,16 +321,6 @@ class SavePipeline:
             self.memory.save(target.step, tree)
         if target.write is not None:
             target.write(tree, base)
-
-    def _arm_forward_hook(self) -> None:
-        if self._everywhere and self._forward_hook is None:
-            self._forward_hook = register_module_forward_pre_hook(self._before_forward)
-
-    def _before_forward(self, *_: Any) -> None:
-        self.before_step()
-        if self._forward_hook is not None:  # the hooks are copied before they run: removing is safe
-            self._forward_hook.remove()
-            self._forward_hook = None
 
     def _raise_failures(self, stacklevel: int) -> None:
         self.failures.raise_or_warn(self._stats, stacklevel=stacklevel + 1)
