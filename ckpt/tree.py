@@ -58,14 +58,10 @@ class Skeleton:
         self._box, self._holes, self._tuples = box, holes, tuples
 
     def fill(self, values: Iterable[Any]) -> Any:
-        """The tree, each hole (depth first) given the next of ``values`` (one per hole)."""
-        holes = self._holes
-        count = 0
-        for (container, key), value in zip(holes, values):
+        """The tree, each hole (depth first) given the next of ``values``, one per hole (ValueError
+        otherwise). Once: the tree is then complete."""
+        for (container, key), value in zip(self._holes, values, strict=True):
             container[key] = value
-            count += 1
-        if count != len(holes):
-            raise ValueError(f"{len(holes)} holes, {count} values")
         for container, key in self._tuples:  # the innermost first: a tuple holding a hole was a list
             container[key] = tuple(container[key])
         return self._box[0]
@@ -116,14 +112,14 @@ def _copy(node: Any, leaf: Callable[[Any], Any], holes: list, tuples: list) -> A
                 _note(out, key, child, holes, tuples)
         return out
     before = len(holes) + len(tuples)
-    out = []
+    out = [] if kind == _LIST else _OpenTuple()  # the object its holes are noted in
     for i, value in enumerate(node):
         out.append(child := _copy(value, leaf, holes, tuples))
         if child is HOLE or type(child) is _OpenTuple:
             _note(out, i, child, holes, tuples)
-    if kind == _LIST:
+    if kind == _LIST or len(holes) + len(tuples) > before:
         return out
-    return _OpenTuple(out) if len(holes) + len(tuples) > before else tuple(out)
+    return tuple(out)
 
 
 def _note(container: Any, key: Any, child: Any, holes: list, tuples: list) -> None:

@@ -1,6 +1,7 @@
 """ckpt.write.staging: DoubleBufferStager under plain dcp.async_save (exact snapshot, buffer sets reused and
 bounded), a delta's base buffer set held until the delta's write ends, staged DTensors that stay on
-the host on a device mesh, and host buffers (power-of-two pinned segments; a layout change keeps no
+the host on a device mesh (a set's wrappers reused while the spec is the same), values captured at
+stage time (immutable ones by reference), and host buffers (power-of-two pinned segments; a layout change keeps no
 set of the old layout). How pinned memory is given back: tests/ckpt/test_host_memory.py."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.multiprocessing.reductions import StorageWeakRef
 
 import ckpt
@@ -124,6 +125,35 @@ def test_a_staged_dtensor_stays_around_its_host_buffer(device_mesh_stand_in):
     assert torch.equal(local, live.to_local())
     assert staged.shape == live.shape and staged.placements == live.placements
     assert staged.device_mesh is mesh and not staged.requires_grad
+    stager.close()
+
+
+def test_a_set_reuses_its_dtensor_wrappers_only_for_the_same_spec(device_mesh_stand_in):
+    mesh = device_mesh_stand_in
+    sharded = DTensor.from_local(torch.randn(6, 4), mesh, [Shard(0)], run_check=False)
+    replicated = DTensor.from_local(torch.randn(6, 4), mesh, [Replicate()], run_check=False)  # the same local shape
+    stager = DoubleBufferStager()
+    staged = [stager.stage({"w": live}).result()["w"] for live in (sharded, sharded, sharded, replicated)]
+    assert staged[2] is staged[0] and staged[1] is not staged[0]  # sets alternate; each keeps its own
+    assert staged[3].placements == replicated.placements and staged[3].shape == replicated.shape
+    assert torch.equal(staged[3].to_local(), replicated.to_local())
+    stager.close()
+
+
+def test_values_are_captured_at_stage_time_immutable_ones_by_reference():
+    from ckpt.format.values import Leaf
+
+    betas, config = (0.9, 0.999), {"sizes": [1, 2]}
+    state = {"lr": 0.1, "name": "adam", "betas": Leaf(betas), "config": Leaf(config), "loose": {"ids": [3]},
+             "pair": (torch.ones(2), [4]), "w": torch.zeros(3)}
+    stager = DoubleBufferStager()
+    staged = stager.stage(state).result()
+    config["sizes"].append(3)
+    state["loose"]["ids"].append(5)
+    state["pair"][1].append(6)
+    assert staged["betas"].value is betas and staged["name"] is state["name"] and staged["lr"] == 0.1
+    assert staged["config"].value == {"sizes": [1, 2]} and staged["loose"] == {"ids": [3]}
+    assert type(staged["pair"]) is tuple and staged["pair"][1] == [4] and torch.equal(staged["pair"][0], torch.ones(2))
     stager.close()
 
 
