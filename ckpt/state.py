@@ -116,11 +116,10 @@ class _Exporter:
 
     def collapse_within(self, state_dict: dict, path: tuple) -> dict:
         """Collapse below the top level, so the dict a restorer holds is the one DCP fills in place."""
-        return {key: self._collapse(value, path + (key,)) for key, value in state_dict.items()}
+        return {key: value if isinstance(value, _UNCHANGED) else self._collapse(value, path + (key,))
+                for key, value in state_dict.items()}  # most values (tensors, hyper-parameters) stay as they are
 
     def _collapse(self, value: Any, path: tuple) -> Any:
-        if isinstance(value, _UNCHANGED):  # most values: tensors and hyper-parameters
-            return value
         if type(value) is tuple and all(isinstance(item, _SCALARS) for item in value):  # an optimizer's betas
             return Leaf(value) if self.whole(path) else value
         return transform(value, self._collapse_visit, path)
@@ -135,7 +134,7 @@ class _Exporter:
 
 
 _SCALARS = (int, float, str, type(None))
-_UNCHANGED = (torch.Tensor, *_SCALARS)  # values collapsing leaves as they are (most of a state)
+_UNCHANGED = (torch.Tensor, *_SCALARS)  # values collapsing leaves as they are
 
 _POSITIONAL_GROUP = re.compile(r"\d+\.(params|lr)(\.|$)")
 
