@@ -6,7 +6,8 @@ recovery from them in seconds — storage stays the backstop.
     step = tier.recover(state, newest_storage_step)       # start-up, every rank: the step loaded, or None
 
 A memory step is one ordinary checkpoint of ours per rank (the rank's local shards, written by
-:class:`ckpt.dcp.Writer` without collectives: same format, checksums while writing, manifest last;
+:func:`~ckpt.memory.local.write_local`, without DCP's planner or collectives: same format, checksums
+while writing, manifest last;
 a DTensor is kept as its local tensor, a plain tensor of the rank's own, and loaded back into it)
 in ``<directory>/<run>/step-N/rank-R`` (:mod:`ckpt.memory.store`). One save, on every rank in the
 same order (the pipeline's saves are agreed):
