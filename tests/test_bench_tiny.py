@@ -7,8 +7,9 @@ engine through public names only, so a refactor of the engine's insides cannot b
 No timing is asserted: only that each run exits 0 and leaves a record with its section and figures.
 Cost (pytest --durations on the 2-core box, nearly idle: load average 1-2): 115 s for the 12 runs
 here (save_load 16, layouts 15, moe 14, trainer 11, stall 11, storage 9, integrations 8, scaling 7,
-cp 7, delta 7, merge 5, planning 5), plus about 150 s for recover's (13 jobs of two torchrun agents each, on
-2 loaded cores) and 22 s for bench_resume's own tiny test.
+cp 7, delta 7, merge 5, planning 5), plus recover's (9 jobs of two torchrun agents and 2 ranks: 91-104 s of
+CPU, about a minute on a quiet 2-core box; 197 s at load average 12; it was 14 jobs of 2 agents + 4 ranks,
+235 s of CPU) and 22 s for bench_resume's own tiny test.
 """
 
 from __future__ import annotations
