@@ -15,12 +15,11 @@ DCP users plug in ``ckpt.dcp.Writer`` / ``ckpt.dcp.Reader`` instead. Every error
 :class:`ckpt.CheckpointError`. The format is specified in docs/FORMAT.md.
 """
 
-import logging
+from __future__ import annotations
 
-from . import dcp
-from .api import load, save
-from .read.committed import read_manifest
-from .write.delta import DeltaBase
+import logging
+from typing import TYPE_CHECKING
+
 from .errors import (
     CheckpointError,
     CheckpointExistsError,
@@ -40,13 +39,27 @@ from .errors import (
     UnsupportedFormatError,
 )
 from .format import FORMAT_VERSION, Manifest
-from .manager import CheckpointManager
+from .lazy import lazy_names
 from .outcomes import CommitInfo, LoadStats, SaveStats
 from .options import AsyncMode, BusyPolicy, Compression, FailurePolicy, SaveOptions
-from .read.planner import SafeLoadPlanner
-from .root import CheckpointRoot
-from .write.staging import DoubleBufferStager
-from .state import RNGState
+
+if TYPE_CHECKING:
+    from . import dcp
+    from .api import load, save
+    from .manager import CheckpointManager
+    from .read.committed import read_manifest
+    from .read.planner import SafeLoadPlanner
+    from .root import CheckpointRoot
+    from .state import RNGState
+    from .write.delta import DeltaBase
+    from .write.staging import DoubleBufferStager
+
+# imported on first use (ckpt.lazy): ``import ckpt`` pays for no DCP, DTensor or catalog
+__getattr__, __dir__ = lazy_names(__name__, {
+    "save": ".api", "load": ".api", "CheckpointManager": ".manager", "read_manifest": ".read.committed",
+    "SafeLoadPlanner": ".read.planner", "CheckpointRoot": ".root", "RNGState": ".state",
+    "DeltaBase": ".write.delta", "DoubleBufferStager": ".write.staging",
+})
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())  # the application decides what is shown
 

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .attention import WholeSequence, repeat_kv
@@ -96,6 +95,10 @@ class ContextParallel(WholeSequence):
         """Make the causal biases of a local sequence length ``s`` (outside compiled code: see the
         module docstring)."""
         if s not in self._biases:
+            # imported here: torch.nn.attention.bias imports torch._dynamo (~1 s of CPU at start-up),
+            # which a run without context parallelism never needs (tests/test_import_cost.py)
+            from torch.nn.attention.bias import causal_lower_right
+
             # a bias holds two lengths, no data; under the dry run's modes (FakeTensorMode and the
             # memory tracker, trainer.measure) torch cannot make the subclass, so it is made outside them
             with _disable_current_modes():

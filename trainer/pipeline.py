@@ -32,12 +32,12 @@ canonical names with or without a pipeline: a pipelined run's checkpoint loads i
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage
 
 from .parallel import ParallelismError
 
@@ -100,27 +100,43 @@ class ModelParts(nn.Module):
         raise RuntimeError("a pipelined model runs through Pipeline.step, not forward()")
 
 
-class Stage(PipelineStage):
-    """A ``PipelineStage`` whose FSDP2 module reduce-scatters its gradients after every microbatch
-    (``sharded_accumulation``) instead of torch's no-sync accumulation of whole gradients; the
-    schedule's final reduce step then only finishes the root's (embedding/norm/output) reduction."""
+def __getattr__(name: str):
+    if name == "Stage":  # ``trainer.pipeline.Stage`` as before, made on first use (see stage_class)
+        return stage_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    def __init__(self, *args, sharded_accumulation: bool = False, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.sharded_accumulation = sharded_accumulation
 
-    def backward_maybe_with_nosync(self, backward_type, bwd_kwargs: dict, last_backward: bool = False):
-        from torch.distributed.fsdp import FSDPModule
+@functools.cache
+def stage_class() -> type:
+    """The :class:`Stage` class, defined on first use: ``torch.distributed.pipelining`` imports
+    ``torch._dynamo`` (~1 s of CPU), which a run without a pipeline never needs (tests/test_import_cost.py)."""
+    from torch.distributed.pipelining import PipelineStage
 
-        if not (self.sharded_accumulation and backward_type == "full" and isinstance(self.submod, FSDPModule)):
-            return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
-        from torch.distributed.pipelining._backward import stage_backward
+    class Stage(PipelineStage):
+        """A ``PipelineStage`` whose FSDP2 module reduce-scatters its gradients after every microbatch
+        (``sharded_accumulation``) instead of torch's no-sync accumulation of whole gradients; the
+        schedule's final reduce step then only finishes the root's (embedding/norm/output) reduction."""
 
-        self.submod.set_is_last_backward(False)  # as torch does: the schedule's reduce step ends the step
-        self.submod.set_reshard_after_backward(False)
-        self.submod.set_requires_gradient_sync(True)
-        grads = stage_backward(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"], bwd_kwargs["input_values"])
-        return grads, None
+        def __init__(self, *args, sharded_accumulation: bool = False, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.sharded_accumulation = sharded_accumulation
+
+        def backward_maybe_with_nosync(self, backward_type, bwd_kwargs: dict, last_backward: bool = False):
+            from torch.distributed.fsdp import FSDPModule
+
+            if not (self.sharded_accumulation and backward_type == "full" and isinstance(self.submod, FSDPModule)):
+                return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+            from torch.distributed.pipelining._backward import stage_backward
+
+            self.submod.set_is_last_backward(False)  # as torch does: the schedule's reduce step ends the step
+            self.submod.set_reshard_after_backward(False)
+            self.submod.set_requires_gradient_sync(True)
+            grads = stage_backward(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"], bwd_kwargs["input_values"])
+            return grads, None
+
+    Stage.__qualname__ = Stage.__name__ = "Stage"
+    Stage.__module__ = __name__
+    return Stage
 
 
 def stage_io(stage: int, n_stages: int, *, microbatch: int, seq_len: int, dim: int, tp: int, tp_rank: int,
@@ -148,10 +164,10 @@ class Pipeline:
 
         self.group, self.device, self.loss_scale = group, device, 1.0
         self.is_first, self.is_last = 0 in stages, n_stages - 1 in stages
-        pipeline_stages = []
+        pipeline_stages, stage = [], stage_class()
         for part, index in zip(parts, stages):
             inputs, outputs = io(index)
-            pipeline_stages.append(Stage(part, index, n_stages, device, input_args=inputs, output_args=outputs,
+            pipeline_stages.append(stage(part, index, n_stages, device, input_args=inputs, output_args=outputs,
                                          group=group, sharded_accumulation=sharded_accumulation))
         if schedule == "interleaved1f1b":
             if len(stages) < 2:

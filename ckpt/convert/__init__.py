@@ -17,13 +17,29 @@ Each module states its contract; each imports only the engine below it and the r
 The names callers need are importable from here (``from ckpt.convert import merge, import_dcp``).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from .consolidate import GROUPS, MMAP_MIN_BYTES, converted_dtype, empty_tensor, full_tensors, select_keys, tensor_specs
-from .dcp import import_dcp, read_dcp_metadata, total_tensor_bytes
-from .export import HF_NAMES, merge, plan_shards, step_metadata, write_output
 from .formats import FORMATS, SAFETENSORS_DTYPES, TensorSpec, TorchZipWriter, safetensors_header
-from .merged import save_merged
-from .plugins import PluginStep, export_plugin_step, open_plugin_step
-from .replay import materialize
+from ..lazy import lazy_names
+
+if TYPE_CHECKING:
+    from .dcp import import_dcp, read_dcp_metadata, total_tensor_bytes
+    from .export import HF_NAMES, merge, plan_shards, step_metadata, write_output
+    from .merged import save_merged
+    from .plugins import PluginStep, export_plugin_step, open_plugin_step
+    from .replay import materialize
+
+# the converters that write, or read DCP, imported on first use (ckpt.lazy): reading tensors
+# (ckpt-inspect --diff) needs no DCP
+__getattr__, __dir__ = lazy_names(__name__, {
+    **dict.fromkeys(["import_dcp", "read_dcp_metadata", "total_tensor_bytes"], ".dcp"),
+    **dict.fromkeys(["HF_NAMES", "merge", "plan_shards", "step_metadata", "write_output"], ".export"),
+    "save_merged": ".merged", "materialize": ".replay",
+    **dict.fromkeys(["PluginStep", "export_plugin_step", "open_plugin_step"], ".plugins"),
+})
 
 __all__ = [
     "FORMATS", "GROUPS", "HF_NAMES", "MMAP_MIN_BYTES", "PluginStep", "SAFETENSORS_DTYPES", "TensorSpec",

@@ -11,23 +11,18 @@ first, then parses and validates every field (:mod:`ckpt.format.validate`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
-from torch.distributed.checkpoint.metadata import (
-    BytesStorageMetadata,
-    ChunkStorageMetadata,
-    Metadata,
-    MetadataIndex,
-    TensorProperties,
-    TensorStorageMetadata,
-)
 
 from .blobs import CHECKSUM_ALGORITHM, checksum
 from .digest import seal, unseal
 from .entries import FORMAT_NAME, FORMAT_VERSION, Blob, Chunk, TensorEntry, ValueEntry, dtype_name
 from .names import MANIFEST_NAME
 from .validate import manifest_fields
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.metadata import Metadata
 
 
 @dataclass
@@ -120,6 +115,17 @@ class Manifest:
 
     # -- DCP view ------------------------------------------------------------------------------
     def to_dcp_metadata(self) -> Metadata:
+        # imported here: torch.distributed.checkpoint's package pulls its planners and DTensor (~1.3 s of
+        # CPU), which a reader of manifests alone (ckpt-inspect) never needs (tests/test_import_cost.py)
+        from torch.distributed.checkpoint.metadata import (
+            BytesStorageMetadata,
+            ChunkStorageMetadata,
+            Metadata,
+            MetadataIndex,
+            TensorProperties,
+            TensorStorageMetadata,
+        )
+
         sd_meta: dict[str, Any] = {}
         storage: dict[MetadataIndex, Any] = {}
         for key, entry in self.tensors.items():

@@ -22,8 +22,6 @@ import os
 from typing import Callable
 
 from ..errors import CheckpointError
-from ..memory.nodes import node_of
-from ..memory.store import memory_steps
 from ..read.committed import read_manifest
 from ..storage import Location
 from .report import primary_run
@@ -52,6 +50,11 @@ def memory_rows(directory: str | os.PathLike, run: str) -> list[dict]:
     "own", "partner", "partner_node", "bytes"}`` (``own``/``partner``: rank lists, None when the
     step's record does not say how many ranks a node has; ``partner_node``: the node the copies are
     of, None when there are none)."""
+    # imported here: the memory room's face brings its tier and torch.distributed.checkpoint (~1.3 s of
+    # CPU at start-up), which ckpt-inspect needs only for a run with a memory directory
+    from ..memory.nodes import node_of
+    from ..memory.store import memory_steps
+
     rows = []
     for step in memory_steps(directory, run):
         per_node, node, ranks = step["local_world"], step["node"], step["ranks"]

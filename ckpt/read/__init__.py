@@ -23,6 +23,10 @@
 | :mod:`~ckpt.read.gc_pause` | the cyclic garbage collector paused while a load builds large structures |
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from .chain import MAX_CHAIN, ChainLoopError, check_link, listed_base, walk
 from .committed import (
     DCP_METADATA_NAME,
@@ -34,10 +38,16 @@ from .committed import (
     uncommitted_reason,
 )
 from .files import DataFiles, verify_blobs
-from .planner import SafeLoadPlanner
 from .prefetch import REMOTE_PIECE_BYTES, REMOTE_READ_THREADS
 from .source import ChunkSource
-from .storage_reader import Reader
+from ..lazy import lazy_names
+
+if TYPE_CHECKING:
+    from .planner import SafeLoadPlanner
+    from .storage_reader import Reader
+
+# the DCP side of the room, imported on first use (ckpt.lazy): reading a manifest needs no DCP
+__getattr__, __dir__ = lazy_names(__name__, {"SafeLoadPlanner": ".planner", "Reader": ".storage_reader"})
 
 __all__ = ["read_manifest", "read_manifest_bytes", "is_committed", "looks_like_dcp", "uncommitted_reason",
            "MAX_MANIFEST_BYTES", "DCP_METADATA_NAME", "ChunkSource", "MAX_CHAIN", "DataFiles", "verify_blobs",
