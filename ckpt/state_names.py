@@ -80,7 +80,9 @@ class _OptimizerNaming:
 
 class StateNames:
     """Model and optimizer state dicts as torch's functions give them (see the module docstring), for
-    one caller's repeated saves (a :class:`~ckpt.manager.CheckpointManager` holds one). Not thread-safe."""
+    one caller's repeated saves (a :class:`~ckpt.manager.CheckpointManager` holds one, through
+    :func:`ckpt.state.export_state`). :meth:`new_export` starts each export: until the next, a module
+    tree is read once and taken as unchanged. Not thread-safe."""
 
     def __init__(self) -> None:
         self._models: dict[int, _ModelNaming] = {}
