@@ -20,7 +20,8 @@ its entry fails loudly here ("no entry" / "stale entry"):
   package index; the tests already run in the environment it made).
 * SMALL: long training commands mapped to a small variant of the same command (fewer steps, shorter
   sequences, an interval that keeps the documented sequence of resumes and branches meaningful; a
-  free port for ``{port}``, a scratch folder for an absolute one).
+  free port for ``{port}``, a scratch folder for an absolute one; fewer ranks for LAUNCHING.md's one
+  node of 8, whose configuration a test plans at the 8 ranks it documents).
 * SKIPPED: commands not run, each with why (a cluster, an accelerator, the network, hours).
 """
 
@@ -51,6 +52,8 @@ TWO_NODES = ("torchrun --nnodes 2 --nproc_per_node 1 --rdzv_backend c10d --rdzv_
              "--rdzv_id try-1 --local_addr 127.0.0.1 -m trainer.train --config configs/debug.toml --job.dump_folder "
              "{folder} --training.steps 4 --training.seq_len 64 --checkpoint.interval 2 --metrics.log_freq 2 &")
 
+ONE_NODE = "torchrun --standalone --nproc_per_node 8 -m trainer.train --config configs/debug.toml"  # LAUNCHING.md
+
 # README's main job and its resume trio (300 / 400 / 450 steps, checkpoints every 50, a branch from
 # 400 that replaces 450) as 6 / 8 / 10 steps with checkpoints every 2 and a branch from 8.
 SMALL = {
@@ -68,10 +71,11 @@ SMALL = {
     # the reader's bare `wait` returns 0 whatever the agents did, so each agent's code is waited for
     TWO_NODES.format(port=29400, folder="/tmp/two-nodes"): TWO_NODES.format(port="{port}", folder="two-nodes"),
     "done; wait": "done; for agent in $(jobs -p); do wait $agent; done",
-    # LAUNCHING.md's one node of 8: 8 CPU ranks on this box, 2 steps (16 s, 30 CPU s on the 2-core box)
-    "torchrun --standalone --nproc_per_node 8 -m trainer.train --config configs/debug.toml":
-        "torchrun --standalone --nproc_per_node 8 -m trainer.train --config configs/debug.toml --training.steps 2 "
-        "--training.seq_len 16 --checkpoint.interval 2",
+    # LAUNCHING.md's one node of 8 as one node of 2, 2 steps: a rank's start-up is its cost (~3.5 s of CPU:
+    # torch and the trainer's imports), so 8 CPU ranks cost ~33 s of CPU and 2 ~11 s; what 8 adds, its
+    # config at that world size (the batch, the degrees), test_the_one_node_command_plans_its_world checks
+    ONE_NODE: ONE_NODE.replace("--nproc_per_node 8", "--nproc_per_node 2") +
+        " --training.steps 2 --training.seq_len 16 --checkpoint.interval 2",
 }
 CLUSTER = "a cluster (several nodes, a shared folder or a scheduler)"
 SKIPPED = {
@@ -173,6 +177,20 @@ def test_the_lists_name_only_documented_commands():
     trains = [c for c in documented if "trainer.train" in c and "--dry-run" not in c
               and c not in SMALL and c not in SKIPPED]
     assert not trains, f"a documented training command with no small variant in SMALL: {trains}"
+
+
+def test_the_one_node_command_plans_its_world(monkeypatch):
+    """LAUNCHING.md's one-node command runs on 2 ranks (SMALL); here its configuration is planned, in
+    this process, at the world size it documents (``--nproc_per_node``): the trainer's own rules for
+    the layout (ParallelismError) and the batch (a problem the trainer would refuse with exit 2)."""
+    from trainer.plan import plan
+    from trainer.config import load_config
+
+    launcher, _, arguments = ONE_NODE.partition(" -m trainer.train ")
+    world = int(re.search(r"--nproc_per_node (\d+)", launcher).group(1))
+    monkeypatch.chdir(REPO)
+    planned = plan(load_config(arguments.split()), world)
+    assert planned.problems == [], planned.problems
 
 
 def test_the_set_up_ends_by_printing_the_activation_line():
