@@ -7,6 +7,9 @@ trainer's ``checkpoint.memory``), for the manager and every caller of the save p
 | :mod:`~ckpt.memory.store` | :class:`NodeStore`: one node's memory directory for one run (0700), its steps, complete or not |
 | :mod:`~ckpt.memory.nodes` | which node a rank is on, which rank holds its partner copy |
 | :mod:`~ckpt.memory.partner` | a committed rank checkpoint copied to another rank over a gloo group, verified |
+| :mod:`~ckpt.memory.wire` | a partner copy's wire: frames, bounds, the file table's check, the channel |
+| :mod:`~ckpt.memory.arrival` | a data file's blobs checked against its manifest while its bytes arrive |
+| :mod:`~ckpt.memory.overlap` | :class:`Behind`: a stream's pieces handled on a thread, one behind the next one's read |
 | :mod:`~ckpt.memory.local` | a rank's own checkpoint (its local shards), written without DCP's planner, and loaded |
 | :mod:`~ckpt.memory.gate` | :class:`MemoryGate`: whether every rank takes the next memory-only save, agreed a step ahead |
 | :mod:`~ckpt.memory.tier` | :class:`MemoryTier`: a save on the writer thread, one collective decision, recovery |

@@ -46,7 +46,7 @@ from ..read.gc_pause import paused_gc
 from ..state import export_state
 from .local import flat_local, layout_of, load_local, tensor_bytes_of, write_local
 from .nodes import node_of, partner_rank, source_rank
-from .partner import receive_checkpoint, send_checkpoint, swap
+from .partner import exchange_copies, swap
 from .store import NodeStore
 
 log = logging.getLogger(__name__)
@@ -210,8 +210,9 @@ class MemoryTier:
 
     def _holders(self) -> dict[int, dict[int, list[int]]]:
         """step -> {rank r: the ranks that can read r's files there, one per node holding them: r
-        itself first when its own node does, then a rank of each node holding its copy}, from every
-        node's complete steps."""
+        itself first when its own node does, then for each node holding its copy that node's rank
+        of r's local rank (so a node's copies are sent by as many of its ranks, at once)}, from
+        every node's complete steps."""
         held = {step: sorted(ranks) for step, ranks in self.store.complete_steps().items()}
         gathered = [held]
         if self.distributed:
@@ -225,22 +226,38 @@ class MemoryTier:
                 for r in ranks:
                     readers = found.setdefault(r, [])
                     if all(node_of(other, self.local_world) != node for other in readers):
-                        readers.append(r if node == node_of(r, self.local_world) else reader)
+                        readers.append(r if node == node_of(r, self.local_world) else self._peer(r, node, reader))
         for found in holders.values():
             for r, readers in found.items():
                 readers.sort(key=lambda reader, r=r: (reader != r, reader))  # its own node first
         return holders
 
+    def _peer(self, r: int, node: int, reader: int) -> int:
+        """The rank of ``node`` with ``r``'s local rank (``reader``, a rank of that node, where the
+        last node has fewer ranks)."""
+        peer = node * self.local_world + r % self.local_world
+        return peer if peer < self.world else reader
+
     def _fetch(self, step: int, fetch: dict[int, int], *, overwrite: bool = False) -> None:
         """Each rank ``fetch`` names takes its files from the rank named with it (a node holding its
-        copy), pair by pair in rank order (every rank walks the same list); ``overwrite``: in place
-        of its own copy."""
-        for r, holder in sorted(fetch.items()):
-            if self.rank == holder:
-                send_checkpoint(self.store.rank_location(step, r), r, self.group)
-            elif self.rank == r:
+        copy), every pair at once: a rank sends what it holds for others (in rank order, on a
+        thread) while it receives its own (:func:`~ckpt.memory.partner.exchange_copies`);
+        ``overwrite``: in place of its own copy."""
+        sends = [(self.store.rank_location(step, r), r) for r, holder in sorted(fetch.items()) if holder == self.rank]
+        source, target, unplaced = fetch.get(self.rank), self.store.rank_location(step, self.rank), None
+        if source is not None:
+            try:
                 self.store.prepare_step(step)
-                receive_checkpoint(self.store.rank_location(step, r), holder, self.group, overwrite=overwrite)
+            except (CheckpointError, OSError) as exc:  # its sender is released all the same: nowhere to put it
+                target, unplaced = None, exc
+        if sends or source is not None:
+            try:
+                exchange_copies(sends, target, source, self.group, overwrite=overwrite)
+            except CheckpointError:
+                if unplaced is None:
+                    raise
+        if unplaced is not None:
+            raise unplaced
 
     def _failures(self, error: BaseException | None) -> dict[int, tuple[str, bool]]:
         """Every rank's failure (collective): rank -> (what failed, whether its copy was damaged or missing)."""

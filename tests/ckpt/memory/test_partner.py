@@ -49,7 +49,7 @@ def test_ranks_per_node_must_divide_the_world(local):
 
 
 # -- the file table -------------------------------------------------------------------------------
-GOOD = [["data/rank-00000.bin", 10], ["data/rank-00000-p1.bin", 0], ["manifest.json", 5]]
+GOOD = [["manifest.json", 5], ["data/rank-00000.bin", 10], ["data/rank-00000-p1.bin", 0]]
 
 
 def test_a_good_table_is_taken():
@@ -57,17 +57,18 @@ def test_a_good_table_is_taken():
 
 
 @pytest.mark.parametrize("table", [
-    [["../rank-00000.bin", 1], ["manifest.json", 5]],
-    [["data/../../etc.bin", 1], ["manifest.json", 5]],
-    [["/etc/passwd", 1], ["manifest.json", 5]],
-    [["data/sub/rank-00000.bin", 1], ["manifest.json", 5]],
-    [["data/rank-00000.bin", 1], ["data/rank-00000.bin", 1], ["manifest.json", 5]],  # a repeat
-    [["manifest.json", 5], ["data/rank-00000.bin", 1]],                               # manifest not last
+    [["manifest.json", 5], ["../rank-00000.bin", 1]],
+    [["manifest.json", 5], ["data/../../etc.bin", 1]],
+    [["manifest.json", 5], ["/etc/passwd", 1]],
+    [["manifest.json", 5], ["data/sub/rank-00000.bin", 1]],
+    [["manifest.json", 5], ["data/rank-00000.bin", 1], ["data/rank-00000.bin", 1]],  # a repeat
+    [["data/rank-00000.bin", 1], ["manifest.json", 5]],                               # manifest not first
+    [["manifest.json", 5], ["manifest.json", 5]],                                     # the manifest twice
     [["data/rank-00000.bin", 1]],                                                       # no manifest
-    [["data/rank-00000.bin", -1], ["manifest.json", 5]],
-    [["data/rank-00000.bin", 1 << 51], ["manifest.json", 5]],
-    [["data/rank-00000.bin", 1], ["manifest.json", 1 << 31]],
-    [["data/rank-00000.bin", True], ["manifest.json", 5]],
+    [["manifest.json", 5], ["data/rank-00000.bin", -1]],
+    [["manifest.json", 5], ["data/rank-00000.bin", 1 << 51]],
+    [["manifest.json", 1 << 31], ["data/rank-00000.bin", 1]],
+    [["manifest.json", 5], ["data/rank-00000.bin", True]],
     [],
     {"data/rank-00000.bin": 1},
 ])
@@ -127,18 +128,21 @@ def _refused(location):
 
 
 def _damage_first_piece_sent() -> None:
-    """torch.distributed.isend flips a byte of the first data piece (the second uint8 tensor: the
-    file table goes first)."""
+    """torch.distributed.isend flips a byte of the first data piece (the first uint8 tensor after
+    the manifest's END frame: the file table and the manifest go first)."""
     import torch.distributed as dist
 
-    real, sent = dist.isend, []
+    from ckpt.memory.partner import END
+
+    real, ends, flipped = dist.isend, [], []
 
     def isend(tensor, *args, **kwargs):
-        if tensor.dtype == torch.uint8:
-            sent.append(tensor)
-            if len(sent) == 2:
-                tensor = tensor.clone()
-                tensor[len(tensor) // 2] ^= 0xFF
+        if tensor.dtype == torch.int64 and tensor.numel() == 2 and int(tensor[0]) == END:
+            ends.append(tensor)
+        elif tensor.dtype == torch.uint8 and len(ends) == 1 and not flipped:
+            flipped.append(tensor)
+            tensor = tensor.clone()
+            tensor[len(tensor) // 2] ^= 0xFF
         return real(tensor, *args, **kwargs)
 
     dist.isend = isend
