@@ -35,7 +35,8 @@ caught there, before the state is used. What it gives up: nothing the read-back 
 not — a flip in the receiver's RAM between the write and the load, which the read-back could not
 rule out either for the time after it ran. ``fsync`` on a RAM file system is free (measured: 0.00
 s), so the commit protocol is kept as it is. Together with the overlap of reading, sending and
-writing: the fetch's wall time 0.8-3.3 s -> 0.5 s, the receiver's CPU 0.65 -> 0.36 s.
+writing: the fetch's wall time 0.8-3.3 s -> 0.5-0.7 s, the receiver's CPU 0.6-0.68 -> 0.35-0.38 s
+(load average 10-16 on 2 shared cores; /tmp/h9/fetch_bench.py in the helper's report).
 """
 
 from __future__ import annotations
