@@ -83,10 +83,17 @@ def _load_tags(rank: int, world_size: int, root: str, tags: tuple) -> dict:
     return outcomes
 
 
+def _damage_the_newest_then_load_tags(rank: int, world_size: int, root: str, tags: tuple) -> dict:
+    """Train with saves at steps 2 and 4, damage global_step4's model file, then :func:`_load_tags`:
+    one process (DeepSpeed's start-up once), a fresh engine for the loads."""
+    train(rank, world_size, root, 1, 4, (2, 4), False)  # tags global_step2, global_step4; latest: 4
+    flip_byte(os.path.join(root, "global_step4", "mp_rank_00_model_states.pt"))
+    return _load_tags(rank, world_size, root, tags)
+
+
 def test_a_tag_asked_for_by_name_is_never_replaced(tmp_path):
-    run_ranks(1, train, str(tmp_path), 1, 4, (2, 4), False)  # tags global_step2, global_step4; latest: 4
-    flip_byte(tmp_path / "global_step4" / "mp_rank_00_model_states.pt")
-    outcomes = run_ranks(1, _load_tags, str(tmp_path), ("global_step4", "global_step3", None))[0]
+    outcomes = run_ranks(1, _damage_the_newest_then_load_tags, str(tmp_path),
+                         ("global_step4", "global_step3", None))[0]
     # Damaged: refused, naming the tag that would stand in (it was loaded with a warning before).
     assert "global_step4" in outcomes["global_step4"] and "pass tag='global_step2'" in outcomes["global_step4"]
     # Not there: refused (the newest tag, global_step4, was tried in its place before).

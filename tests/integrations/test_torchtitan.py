@@ -235,16 +235,14 @@ def test_initial_load_path_from_a_torchtitan_checkpoint_on_two_ranks(tmp_path):
         assert_bitwise(result["resumed"], result["written"], f"rank{rank}")
 
 
-def test_module_imports_without_triton_and_names_the_extra():
+def test_module_imports_without_triton():
+    """In a fresh interpreter (what the import pulls in); the extra named when torchtitan is missing:
+    tests/integrations/test_imports.py."""
     code = ("import sys; sys.modules['triton'] = None\n"
             "import ckpt.integrations.torchtitan\n"
             "assert 'torchtitan.trainer' not in sys.modules\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    missing = subprocess.run([sys.executable, "-c", "import sys; sys.modules['torchtitan'] = None\n"
-                              "import ckpt.integrations.torchtitan"], cwd=REPO, capture_output=True, text=True,
-                             timeout=120)
-    assert "pip install 'ckpt-engine[torchtitan]'" in missing.stderr, missing.stderr
 
 
 # -- torchtitan's own llama3 (debugmodel: FusedQKVLinear, whose state dict is made by hooks) -----------

@@ -1,5 +1,7 @@
 """DeepSpeed runs on CPU (its CPU accelerator, gloo) for tests/integrations/test_deepspeed.py, importable
-by the ranks of ``run_ranks``. DS_ACCELERATOR=cpu must be set before deepspeed is imported."""
+by the ranks of ``run_ranks``. DS_ACCELERATOR=cpu must be set before deepspeed is imported, and
+DeepSpeed's shared-memory all-reduce op is not built (:func:`without_the_shm_op`): importing this
+module does both, so a rank function that imports it before ``deepspeed.initialize`` gets them."""
 
 from __future__ import annotations
 
@@ -8,6 +10,24 @@ import os
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import torch  # noqa: E402
+
+
+def without_the_shm_op() -> None:
+    """Tell DeepSpeed that its ``deepspeed_shm_comm`` op cannot be built in this process. On its CPU
+    accelerator DeepSpeed builds that op (g++ over torch's headers: ~65 s of CPU, minutes under load)
+    the first time a process sets up ``deepspeed.comm``, and again whenever its build cache
+    (~/.cache/torch_extensions) was last written for another checkout's environment: a fresh clone,
+    CI, two checkouts taking turns. The op serves only ``inference_all_reduce``, never ZeRO's
+    training, saves or loads; without it DeepSpeed uses torch.distributed (gloo). DeepSpeed keeps the
+    probed ops in one dict for edits like this one (``deepspeed.ops.__compatible_ops__``)."""
+    try:
+        import deepspeed.ops
+    except ImportError:  # the deepspeed extra is not installed: the tests skip
+        return
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+without_the_shm_op()
 
 
 def model() -> torch.nn.Module:
@@ -42,6 +62,7 @@ def train(rank: int, world_size: int, save_dir: str, stage: int, steps: int, sav
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-2)
     section = {"engine": "ckpt", "ckpt": {"full_every": full_every}} if ours else {}
     engine, _, _, _ = ckpt_deepspeed.initialize(model=net, optimizer=optimizer, config=config(stage, **section))
+    assert deepspeed.comm.comm.cdb.shm_comm_op is None, "DeepSpeed built its shm op: see without_the_shm_op"
     start = 0
     if load:
         ckpt_deepspeed.load_checkpoint(engine, save_dir)

@@ -76,7 +76,14 @@ def _bf16_zero2(rank: int, world_size: int, root: str, ours: bool) -> None:
     engine.destroy()
 
 
-# Two 2-rank DeepSpeed runs (about 25 s on a quiet 2-core box).
+def _bf16_zero2_ours_and_theirs(rank: int, world_size: int, root: str) -> None:
+    """:func:`_bf16_zero2` through our engine into ``root/ours``, then through DeepSpeed's own into
+    ``root/theirs``: the same steps from the same seeds, in one launch (DeepSpeed's start-up once a rank)."""
+    _bf16_zero2(rank, world_size, os.path.join(root, "ours"), True)
+    _bf16_zero2(rank, world_size, os.path.join(root, "theirs"), False)
+
+
+# Two DeepSpeed runs on one launch of 2 ranks (ZeRO-2's partitions: one per rank, joined by both tools).
 @pytest.mark.slow
 def test_deepspeed_bf16_zero2_masters_are_what_zero_to_fp32_gives(tmp_path, capsys):
     pytest.importorskip("deepspeed")
@@ -84,8 +91,7 @@ def test_deepspeed_bf16_zero2_masters_are_what_zero_to_fp32_gives(tmp_path, caps
 
     from tests.support.launch import run_ranks
 
-    run_ranks(2, _bf16_zero2, str(tmp_path / "ours"), True)
-    run_ranks(2, _bf16_zero2, str(tmp_path / "theirs"), False)
+    run_ranks(2, _bf16_zero2_ours_and_theirs, str(tmp_path))
     assert _convert(capsys, tmp_path / "ours", tmp_path / "w.pt", "--to", "torch", "--quiet")[0] == 0
     spec = importlib.util.spec_from_file_location("zero_to_fp32", tmp_path / "theirs" / "zero_to_fp32.py")
     script = importlib.util.module_from_spec(spec)
