@@ -44,6 +44,16 @@ def _check(names: StateNames, model: nn.Module, optim: torch.optim.Optimizer) ->
     _same(names.optimizer_state_dict(model, optim), get_optimizer_state_dict(model, optim, options=FLAT))
 
 
+def _trained() -> tuple[nn.Module, torch.optim.Optimizer, StateNames]:
+    """A model and AdamW after one step, and names checked against torch's once."""
+    model = _model()
+    optim = torch.optim.AdamW(model.parameters(), lr=0.1)
+    _train(model, optim)
+    names = StateNames()
+    _check(names, model, optim)
+    return model, optim, names
+
+
 @pytest.fixture
 def torch_calls(monkeypatch) -> list[str]:
     """Which of torch's functions the kept names still call."""
@@ -100,11 +110,7 @@ def test_a_save_after_the_lr_changes_records_the_new_lr():
 
 
 def test_a_save_after_a_load_sees_the_loaded_tensors():
-    model = _model()
-    optim = torch.optim.AdamW(model.parameters(), lr=0.1)
-    _train(model, optim)
-    names = StateNames()
-    _check(names, model, optim)
+    model, optim, names = _trained()
     other_model = _model(seed=1)
     other = torch.optim.AdamW(other_model.parameters(), lr=0.1)
     _train(other_model, other, seed=5)
@@ -122,11 +128,7 @@ def test_a_save_after_a_load_sees_the_loaded_tensors():
 
 
 def test_a_save_after_the_optimizer_state_was_replaced_sees_the_new_tensors():
-    model = _model()
-    optim = torch.optim.AdamW(model.parameters(), lr=0.1)
-    _train(model, optim)
-    names = StateNames()
-    _check(names, model, optim)
+    model, optim, names = _trained()
     weight = model["a"].weight
     optim.state[weight]["exp_avg"] = replaced = torch.full_like(weight, 7.0)
     del optim.state[model["b"][1].bias]  # and a state gone
@@ -168,11 +170,7 @@ def test_names_follow_modules_swapped_a_param_group_added_and_a_buffer_registere
 
 
 def test_a_parameter_replaced_outside_the_optimizer_fails_as_torch_does():
-    model = _model()
-    optim = torch.optim.AdamW(model.parameters(), lr=0.1)
-    _train(model, optim)
-    names = StateNames()
-    _check(names, model, optim)
+    model, optim, names = _trained()
     model["a"].weight = nn.Parameter(torch.zeros(4, 4))  # the optimizer still holds the old one
     with pytest.raises(KeyError):
         get_optimizer_state_dict(model, optim, options=FLAT)
