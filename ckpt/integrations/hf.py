@@ -98,11 +98,18 @@ class CkptCallback(TrainerCallback):
 
     # -- binding to the Trainer ----------------------------------------------------------------------
     def on_init_end(self, args, state, control, **kwargs):
-        for frame in inspect.stack()[1:12]:  # the Trainer that is calling us, from its __init__
-            candidate = frame.frame.f_locals.get("self")
+        # The Trainer that is calling us, from its __init__, within 11 frames. Frames are walked, not
+        # taken from inspect.stack(), which reads every frame's source lines up the whole stack.
+        frame = inspect.currentframe()
+        for _ in range(11):
+            frame = frame.f_back if frame is not None else None
+            if frame is None:
+                break
+            candidate = frame.f_locals.get("self")
             if isinstance(candidate, Trainer) and self in candidate.callback_handler.callbacks:
                 self.bind(candidate)
                 break
+        del frame  # no reference cycle through this frame
         return control
 
     def bind(self, trainer: Trainer) -> None:
