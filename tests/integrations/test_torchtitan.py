@@ -8,8 +8,6 @@ driven by tests.support.titan with a tiny model; everything the checkpoint touch
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,7 +18,6 @@ from torchtitan.config import apply_overrides  # noqa: E402
 
 import ckpt  # noqa: E402
 from ckpt.integrations import torchtitan as titan  # noqa: E402
-from tests.support import REPO  # noqa: E402
 from tests.support.launch import run_ranks  # noqa: E402
 from tests.support.titan import OVERRIDE, Job, assert_bitwise, job_config, llama_job, seeded_step  # noqa: E402
 
@@ -233,16 +230,6 @@ def _titan_writes(rank: int, world: int, base: str) -> dict:
 def test_initial_load_path_from_a_torchtitan_checkpoint_on_two_ranks(tmp_path):
     for rank, result in enumerate(run_ranks(2, _titan_writes, str(tmp_path))):
         assert_bitwise(result["resumed"], result["written"], f"rank{rank}")
-
-
-def test_module_imports_without_triton():
-    """In a fresh interpreter (what the import pulls in); the extra named when torchtitan is missing:
-    tests/integrations/test_imports.py."""
-    code = ("import sys; sys.modules['triton'] = None\n"
-            "import ckpt.integrations.torchtitan\n"
-            "assert 'torchtitan.trainer' not in sys.modules\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
 
 
 # -- torchtitan's own llama3 (debugmodel: FusedQKVLinear, whose state dict is made by hooks) -----------
