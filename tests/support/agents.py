@@ -4,6 +4,8 @@ to be logged, kill one node or both, wait for them to end — every wait bounded
     job = TwoNodes(logs, argv_of=lambda node: [...trainer arguments of that node...], max_restarts=1)
     job.start()
     job.wait_for_step(7)          # rank 0's "step      7 ..." line, on whichever agent holds rank 0
+    with job.paused():            # every worker SIGSTOPped: the files are what a kill now would leave
+        shutil.copytree(...)      # (a copy for another scenario); SIGCONT at the block's end
     job.kill_worker(1)            # SIGKILL one worker of agent 1 (torchrun restarts the group)
     job.kill_node(1)              # SIGKILL agent 1 and its workers: the node is gone
     codes = job.wait()            # the agents' exit codes; at the deadline all is killed, the test fails
@@ -28,7 +30,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from tests.support import REPO
 from tests.support.launch import descendants, free_port, job_env
@@ -77,6 +79,26 @@ class TwoNodes:
         os.kill(workers[0], signal.SIGKILL)
         return workers[0]
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Every process under both agents stopped (SIGSTOP, waited for until /proc says so) inside
+        the block and continued (SIGCONT) after it; the agents themselves run on. What the workers
+        wrote is then what a SIGKILL of the job at that moment would leave."""
+        stopped = [pid for p in self.procs for pid in descendants(p.pid)]
+        try:
+            for pid in stopped:
+                with contextlib.suppress(ProcessLookupError, PermissionError):  # gone meanwhile
+                    os.kill(pid, signal.SIGSTOP)
+            while not all(_stopped_or_gone(pid) for pid in stopped):
+                if time.monotonic() > self.deadline:
+                    self._fail("the workers did not stop")
+                time.sleep(0.01)
+            yield
+        finally:
+            for pid in stopped:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGCONT)
+
     def kill_node(self, node: int) -> None:
         """SIGKILL agent ``node`` and every process under it, and wait for the agent's end."""
         self._kill([self.procs[node]])
@@ -113,6 +135,14 @@ class TwoNodes:
         report = "\n".join(f"--- agent {i} (exit {code}), {log}:\n{out[-5000:]}"
                            for i, (code, log, out) in enumerate(zip(codes, self.logs, self.outputs())))
         raise AssertionError(f"{why}; agents exited {codes}\n{report}")
+
+
+def _stopped_or_gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # gone
+        return True
+    return stat[stat.rindex(")") + 2] in "TtZX"  # stopped (or traced), or dead
 
 
 def _is_trainer(pid: int) -> bool:

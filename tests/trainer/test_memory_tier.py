@@ -1,21 +1,29 @@
-"""The memory tier under torchrun (issue 38): the trainer as two nodes of 2 ranks each (two agents on
-this machine, :class:`tests.support.agents.TwoNodes`), each node its own memory directory
-(``<tmp>/shm/node0`` and ``node1``: one machine plays two nodes), the checkpoint folder shared; 10
+"""The memory tier under torchrun (issue 38): the trainer as two nodes (two agents on this machine,
+:class:`tests.support.agents.TwoNodes`, one rank each), each node its own memory directory
+(``<job>/shm/node0`` and ``node1``: one machine plays two nodes), the checkpoint folder shared; 10
 steps of the debug model, a storage step every 4 (and the last), a memory step every step.
 
-* a worker SIGKILLed after step 7 is logged: torchrun restarts the group, which resumes from a memory
-  step newer than storage's step 4;
-* a whole node killed and its memory directory wiped, the job taken down: both agents launched
-  again, the lost node's ranks take their files from the partner node and the run resumes from memory;
-* both copies of one rank's files gone: the run says why, once, and resumes from storage's newest;
-* another run's memory folder beside ours is untouched after our clean finish, ours removed.
+One saving job (another run's memory folder beside ours on node 0) is paused after step 7 is logged
+(every worker SIGSTOPped: its files are then what a kill of the whole job at that moment would leave)
+and its job folder copied twice; then
 
-Every loss logged, before and after the resume, equals an uninterrupted run's bit for bit. The jobs
-save inline (``checkpoint.async_mode sync``): with staging, a memory step whose writer is still busy is
-skipped (the memory gate, tests/ckpt/memory/test_gate.py), so which steps are kept would depend on
-timing; inline, a step logged means every rank's memory save of the step before it was complete, so
-a kill after step 7 leaves memory step 6 or newer (the restart may find a newer one: whatever was
-complete when the kill struck).
+* (a) one of its workers is SIGKILLed: torchrun restarts the group, which resumes from a memory step
+  newer than storage's step 4 and finishes; (f) its clean finish removes our memory steps on both
+  nodes and leaves the other run's folder untouched, byte for byte;
+* (b) in the first copy node 1 is lost (its memory directory wiped, as a replacement node's RAM file
+  system is): both agents launched again, node 1's rank takes its files from the partner node and
+  the run resumes from memory;
+* (c) in the second copy both copies of rank 1's files are gone: the run says why, once, and resumes
+  from storage's newest.
+
+Every loss logged, before and after each resume, equals an uninterrupted run's bit for bit (the
+same 2 ranks forked from the tests' fork server: no torchrun needed for the reference). One rank per
+node: what two ranks per node change (which rank is whose partner, from torchrun's LOCAL_WORLD_SIZE)
+is proven on 4 gloo ranks as 2 nodes of 2 in tests/ckpt/memory/test_tier.py, with every recovery.
+The jobs save inline (``checkpoint.async_mode sync``): with staging, a memory step whose writer is
+still busy is skipped (the memory gate, tests/ckpt/memory/test_gate.py), so which steps are kept
+would depend on timing; inline, a step logged means every rank's memory save of the step before it
+was complete, so a pause after step 7 leaves memory step 6 or newer.
 """
 
 from __future__ import annotations
@@ -32,26 +40,29 @@ import pytest
 from ckpt.root import CheckpointRoot
 from tests.support import REPO
 from tests.support.agents import TwoNodes
-from tests.support.trainer_runs import logged_losses
+from tests.support.launch import run_ranks
+from tests.support.trainer_runs import logged_losses, run_trainer
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and process groups"),
-              pytest.mark.slow]  # torchrun jobs of two agents, 4 ranks
+              pytest.mark.slow]  # three torchrun jobs of two agents and a restart
 
-STEPS, INTERVAL, KILL_AFTER = 10, 4, 7
+STEPS, INTERVAL, PAUSE_AFTER = 10, 4, 7
 MEMORY_LINE = re.compile(r"resumed from checkpoint step (\d+) \(from memory: (\S+); newest in \S+: (?:step (\d+)|none)\)")
 
 
-def _argv(job: Path, node: int) -> list[str]:
+def _argv(job: Path, node: int | None = None) -> list[str]:
+    """The trainer's command line in ``job``; with ``node``, that node's memory directory."""
+    memory = [] if node is None else ["--checkpoint.memory", str(job / "shm" / f"node{node}"),
+                                      "--checkpoint.memory_interval", "1"]
     return ["--config", str(REPO / "configs" / "debug.toml"), "--job.dump_folder", str(job / "run"),
             "--training.steps", str(STEPS), "--training.seq_len", "32", "--training.batch_size", "8",
-            "--checkpoint.interval", str(INTERVAL), "--metrics.log_freq", "1",
-            "--checkpoint.memory", str(job / "shm" / f"node{node}"), "--checkpoint.memory_interval", "1",
-            "--checkpoint.async_mode", "sync"]
+            "--checkpoint.interval", str(INTERVAL), "--metrics.log_freq", "1", "--checkpoint.async_mode", "sync",
+            *memory]
 
 
-def _job(tmp: Path, *, max_restarts: int = 0) -> TwoNodes:
-    (tmp / "shm").mkdir(exist_ok=True)  # the RAM file system's mount point; each node's folder made by its ranks
-    return TwoNodes(tmp, lambda node: _argv(tmp, node), max_restarts=max_restarts)
+def _job(job: Path, *, max_restarts: int = 0) -> TwoNodes:
+    (job / "shm").mkdir(exist_ok=True)  # the RAM file system's mount point; each node's folder made by its rank
+    return TwoNodes(job, lambda node: _argv(job, node), nproc=1, max_restarts=max_restarts)
 
 
 def _memory_resume(outputs: list[str]) -> tuple[int, int | None]:
@@ -76,76 +87,81 @@ def _tree(path: Path) -> dict[str, bytes]:
     return {str(p.relative_to(path)): p.read_bytes() if p.is_file() else b"<dir>" for p in sorted(path.rglob("*"))}
 
 
+def _losses(rank: int, world: int, job: str) -> list[float]:
+    return run_trainer(_argv(Path(job)))[0]
+
+
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> dict:
-    """The reference: the same job, never stopped, with another run's memory folder on node 0."""
-    job = tmp_path_factory.mktemp("uninterrupted")
+def uninterrupted(tmp_path_factory) -> list[float]:
+    """The reference: the same job on the same 2 ranks (no memory tier), never stopped."""
+    return run_ranks(2, _losses, str(tmp_path_factory.mktemp("uninterrupted")))[0]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> dict:
+    """The saving job, paused after step 7 and copied twice, then (a) a worker killed and (f) finished."""
+    job, lost_node, lost_rank = (tmp_path_factory.mktemp(name) for name in ("job", "lost-node", "lost-rank"))
     other = job / "shm" / "node0" / uuid.uuid4().hex / "step-00000003"
     (other / "rank-00000" / "data").mkdir(parents=True)
     (other / "rank-00000" / "data" / "rank-00000.bin").write_bytes(b"another run's bytes")
     (other / "rank-00000" / "manifest.json").write_text("{}")
     (other / "COMPLETE").write_text('{"run": "%s", "step": 3, "node": 0, "ranks": [0]}' % other.parent.name)
     other_before = _tree(other.parent)
-    nodes = _job(job).start()
-    nodes.wait_for_step(KILL_AFTER)
-    runs_during = _run_dirs(job)  # ours beside the other run's, while it trains
-    nodes.wait()
-    return {"losses": logged_losses(job / "run"), "other": other.parent, "other_before": other_before,
-            "runs_during": runs_during, "runs_after": _run_dirs(job), "outputs": nodes.outputs()}
-
-
-def test_a_clean_finish_removes_our_memory_steps_and_leaves_another_run_s(uninterrupted):
-    other = uninterrupted["other"]
-    ours = [run for run in uninterrupted["runs_during"] if run != other]
-    assert len(ours) == 2 and {run.name for run in ours} != {other.name}  # one folder per node, our run id
-    assert uninterrupted["runs_after"] == [other]  # ours gone on both nodes
-    assert _tree(other) == uninterrupted["other_before"]  # untouched, byte for byte
-    assert sorted(uninterrupted["losses"]) == list(range(1, STEPS + 1))
-
-
-def test_a_killed_worker_is_restarted_by_torchrun_and_resumes_from_memory(tmp_path, uninterrupted):
-    nodes = _job(tmp_path, max_restarts=1).start()
-    nodes.wait_for_step(KILL_AFTER)
-    nodes.kill_worker(1)
+    nodes = _job(job, max_restarts=1).start()
+    nodes.wait_for_step(PAUSE_AFTER)
+    with nodes.paused():
+        for copy in (lost_node, lost_rank):
+            for folder in ("shm", "run"):
+                shutil.copytree(job / folder, copy / folder, symlinks=True)
+        runs_during = _run_dirs(job)  # ours beside the other run's, while it trains
+        nodes.kill_worker(1)
     nodes.wait()  # the restarted group finished: both agents exit 0
-    step, newest = _memory_resume(nodes.outputs())
-    assert step >= KILL_AFTER - 2 and step > INTERVAL and (newest is None or step >= newest)
-    assert _resumed_steps(tmp_path) == [None, step]
-    assert logged_losses(tmp_path / "run") == uninterrupted["losses"]  # bitwise, the steps after the resume too
+    return {"job": job, "lost_node": lost_node, "lost_rank": lost_rank, "other": other.parent,
+            "other_before": other_before, "runs_during": runs_during, "runs_after": _run_dirs(job),
+            "outputs": nodes.outputs()}
 
 
-def test_a_lost_node_s_ranks_fetch_their_files_from_the_partner_node(tmp_path, uninterrupted):
-    nodes = _job(tmp_path).start()
-    nodes.wait_for_step(KILL_AFTER)
-    nodes.kill_node(1)
-    nodes.kill_node(0)  # the job goes down too, as its scheduler takes it down: its survivors can wait
-    # in a collective with the lost ranks until the process group's timeout (30 minutes)
-    shutil.rmtree(tmp_path / "shm" / "node1")  # the replacement node's RAM file system: empty
-    (tmp_path / "shm" / "node1").mkdir()
-    again = _job(tmp_path).start()
+def test_a_killed_worker_is_restarted_by_torchrun_and_resumes_from_memory(saved, uninterrupted):
+    step, newest = _memory_resume(saved["outputs"])
+    assert step >= PAUSE_AFTER - 2 and step > INTERVAL and (newest is None or step >= newest)
+    assert _resumed_steps(saved["job"]) == [None, step]
+    assert logged_losses(saved["job"] / "run") == dict(enumerate(uninterrupted, 1))  # bitwise, resumed steps too
+
+
+def test_a_clean_finish_removes_our_memory_steps_and_leaves_another_run_s(saved):
+    other = saved["other"]
+    ours = [run for run in saved["runs_during"] if run != other]
+    assert len(ours) == 2 and {run.name for run in ours} != {other.name}  # one folder per node, our run id
+    assert saved["runs_after"] == [other]  # ours gone on both nodes
+    assert _tree(other) == saved["other_before"]  # untouched, byte for byte
+
+
+def test_a_lost_node_s_rank_fetches_its_files_from_the_partner_node(saved, uninterrupted):
+    job = saved["lost_node"]
+    shutil.rmtree(job / "shm" / "node1")  # the replacement node's RAM file system: empty
+    (job / "shm" / "node1").mkdir()
+    again = _job(job).start()
     again.wait()
-    step, newest = _memory_resume(again.outputs())  # no rank could load it without node 1's ranks' copies
-    assert step >= KILL_AFTER - 2 and step > INTERVAL and (newest is None or step >= newest)
-    assert _resumed_steps(tmp_path)[-1] == step
-    assert logged_losses(tmp_path / "run") == uninterrupted["losses"]
+    step, newest = _memory_resume(again.outputs())  # no rank could load it without node 1's rank's copy
+    assert step >= PAUSE_AFTER - 2 and step > INTERVAL and (newest is None or step >= newest)
+    assert _resumed_steps(job) == [None, step]
+    assert logged_losses(job / "run") == dict(enumerate(uninterrupted, 1))
 
 
-def test_both_copies_of_a_rank_lost_resume_from_storage_saying_why(tmp_path, uninterrupted):
-    nodes = _job(tmp_path).start()
-    nodes.wait_for_step(KILL_AFTER)
-    nodes.kill_all()
-    lost = [rank for run in _run_dirs(tmp_path) for rank in run.glob("step-*/rank-00001")]
+def test_both_copies_of_a_rank_lost_resume_from_storage_saying_why(saved, uninterrupted):
+    job = saved["lost_rank"]
+    lost = [rank for run in _run_dirs(job) for rank in run.glob("step-*/rank-00001")]
     assert len(lost) >= 2  # its own node's files and the partner's copy, of each step kept
     for rank in lost:
         shutil.rmtree(rank)
-    stored = CheckpointRoot(tmp_path / "run" / "checkpoints").steps()[-1]
-    again = _job(tmp_path).start()
+    stored = CheckpointRoot(job / "run" / "checkpoints").steps()[-1]
+    again = _job(job).start()
     again.wait()
     out = "".join(again.outputs())
     why = re.findall(r"^memory step (\d+) unusable \(rank 1: its files are on no node\): resuming from storage$",
                      out, re.M)
     assert len(why) == 1 and int(why[0]) >= stored, out[-4000:]
-    assert f"resumed from checkpoint step {stored} ({tmp_path / 'run' / 'checkpoints'})" in out
+    assert f"resumed from checkpoint step {stored} ({job / 'run' / 'checkpoints'})" in out
     assert not MEMORY_LINE.search(out)
-    assert _resumed_steps(tmp_path)[-1] == stored
-    assert logged_losses(tmp_path / "run") == uninterrupted["losses"]
+    assert _resumed_steps(job) == [None, stored]
+    assert logged_losses(job / "run") == dict(enumerate(uninterrupted, 1))
