@@ -23,7 +23,8 @@ from tests.support import REPO
 _FRESH = """
 import json, sys
 import ckpt, ckpt.integrations
-frameworks = sorted(m for m in ('lightning', 'transformers', 'accelerate', 'deepspeed', 'torchtitan') if m in sys.modules)
+names = ('lightning', 'transformers', 'accelerate', 'deepspeed', 'torchtitan')
+frameworks = sorted(m for m in names if m in sys.modules)
 sys.modules['triton'] = None
 try:
     import ckpt.integrations.torchtitan
