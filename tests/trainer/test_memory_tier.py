@@ -13,8 +13,9 @@ and its job folder copied twice; then
 * (b) in the first copy node 1 is lost (its memory directory wiped, as a replacement node's RAM file
   system is): both agents launched again, node 1's rank takes its files from the partner node and
   the run resumes from memory;
-* (c) in the second copy both copies of rank 1's files are gone: the run says why, once, and resumes
-  from storage's newest.
+* (c) in the second copy both copies of rank 1's files are gone: the run says why, once, resumes
+  from storage's newest and commits the next storage steps from its two ranks (a second two-node
+  job resuming a two-node job's storage step: tests/trainer/test_multinode.py runs only one job).
 
 Every loss logged, before and after each resume, equals an uninterrupted run's bit for bit (the
 same 2 ranks forked from the tests' fork server: no torchrun needed for the reference). One rank per
@@ -37,6 +38,8 @@ from pathlib import Path
 
 import pytest
 
+import ckpt
+from ckpt.format import step_name
 from ckpt.root import CheckpointRoot
 from tests.support import REPO
 from tests.support.agents import TwoNodes
@@ -165,3 +168,6 @@ def test_both_copies_of_a_rank_lost_resume_from_storage_saying_why(saved, uninte
     assert not MEMORY_LINE.search(out)
     assert _resumed_steps(job) == [None, stored]
     assert logged_losses(job / "run") == dict(enumerate(uninterrupted, 1))
+    checkpoints = job / "run" / "checkpoints"  # the resumed two-node job commits from its two ranks
+    assert CheckpointRoot(checkpoints).steps() == [INTERVAL, 2 * INTERVAL, STEPS]
+    assert ckpt.read_manifest(checkpoints / step_name(STEPS)).world_size == 2

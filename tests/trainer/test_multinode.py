@@ -1,23 +1,18 @@
 """The trainer as a two-node job: two torchrun agents on this machine (one process each) meet through
-c10d rendezvous on 127.0.0.1, train, checkpoint, and a second two-agent job resumes.
+c10d rendezvous on 127.0.0.1, train and checkpoint. A second two-node job resuming from a two-node
+job's storage step is tests/trainer/test_memory_tier.py's (c): it resumes in a new two-agent job
+(after the memory tier declined), bitwise against an uninterrupted run, and commits the next steps
+from its two ranks.
 
-Compared with a one-process run of the same 6 steps (in the test's process: cheaper than a third
+Compared with a one-process run of the same 6 steps (in the test's process: cheaper than another
 torchrun job), the logged losses at steps 2, 4 and 6 must agree to 1e-5 (the mean of two ranks'
 losses against one loss over the same 8 sequences: reassociation only). The comparison is valid
-because:
-
-* the data loader's order is global (``trainer.data.DataLoader``: global sample ``g`` is a seeded
-  permutation's entry, rank ``r`` of ``D`` takes the ``r``-th contiguous slice of each global
-  batch, and the checkpointed state is the global position), and every job has the same global
-  batch (8). c10d rendezvous ignores ``--node_rank`` and
-  numbers the agents by sorting (advertised address, process id), here by process id, so which
-  agent holds rank 0 may change between jobs; the logged loss is the mean over both ranks, which
-  does not depend on that;
-* the learning rate does not depend on ``training.steps`` here: debug.toml warms up for 20 steps, so
-  steps 1-6 all follow ``lr * step / 20`` in the 4-step job, the resumed 6-step job and the
-  reference alike (after the warmup the cosine would be stretched to ``training.steps`` and a
-  4-step job resumed to 6 would not match a straight 6-step job). The logged ``lr`` is compared
-  too, which would catch a config that changed that.
+because the data loader's order is global (``trainer.data.DataLoader``: global sample ``g`` is a
+seeded permutation's entry, rank ``r`` of ``D`` takes the ``r``-th contiguous slice of each global
+batch), and both runs have the same global batch (8) and the same learning rates (compared too).
+c10d rendezvous ignores ``--node_rank`` and numbers the agents by sorting (advertised address,
+process id), here by process id, so which agent holds rank 0 may change between jobs; the logged
+loss is the mean over both ranks, which does not depend on that.
 
 The agents get ``OMP_NUM_THREADS=1`` and ``GLOO_SOCKET_IFNAME`` = this machine's loopback interface,
 and no ``MASTER_ADDR``/``MASTER_PORT``: the rendezvous supplies them. Each agent runs in its own
@@ -46,8 +41,9 @@ from ckpt.root import CheckpointRoot
 from tests.support import REPO
 from tests.support.launch import descendants, free_port, job_env
 TIMEOUT_S = 180  # one job (two agents): 10-26 s measured on a shared 2-core box
+STEPS = 6
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and process groups"),
-              pytest.mark.slow]  # two torchrun jobs of two agents each
+              pytest.mark.slow]  # a torchrun job of two agents
 
 
 def _env() -> dict[str, str]:
@@ -158,40 +154,29 @@ def _rendezvous(output: str) -> tuple[int, int, str]:
 def jobs(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("multinode")
     two, one = root / "two-nodes", root / "one-node"
-    for logs in ("first", "resumed"):
-        (root / logs).mkdir()
-    first, first_s = _two_nodes(two, 4, root / "first")
-    after_first = CheckpointRoot(two / "checkpoints").steps()
-    manifest_4 = ckpt.read_manifest(two / "checkpoints" / step_name(4))
-    resumed, resumed_s = _two_nodes(two, 6, root / "resumed")
+    (root / "logs").mkdir()
+    outputs, seconds = _two_nodes(two, STEPS, root / "logs")
     from trainer.train import (
-        main,  # the reference: the same 6 steps in this one process (no agents to start)
+        main,  # the reference: the same steps in this one process (no agents to start)
     )
 
-    assert main(_trainer_args(one, 6)[2:]) == 0  # without "-m trainer.train"
-    print(f"\nwall time (rendezvous): first two-node job {first_s:.1f} s ({_rendezvous_seconds(first)}), resumed "
-          f"two-node job {resumed_s:.1f} s ({_rendezvous_seconds(resumed)}); logs under {root}")
-    return {"first": first, "after_first": after_first, "manifest_4": manifest_4, "resumed": resumed,
-            "two": two, "one": one}
+    assert main(_trainer_args(one, STEPS)[2:]) == 0  # without "-m trainer.train"
+    print(f"\nwall time (rendezvous): two-node job {seconds:.1f} s ({_rendezvous_seconds(outputs)}); logs under {root}")
+    return {"outputs": outputs, "two": two, "one": one}
 
 
-def test_two_agents_form_one_two_node_job_and_commit_step_4_from_two_ranks(jobs):
-    ranks = sorted(_rendezvous(output) for output in jobs["first"])
+def test_two_agents_form_one_two_node_job_and_commit_steps_from_two_ranks(jobs):
+    ranks = sorted(_rendezvous(output) for output in jobs["outputs"])
     assert ranks == [(0, 2, "127.0.0.1"), (1, 2, "127.0.0.1")]  # two nodes of one job, one process each
-    assert sum("on 2 x cpu, dp=2" in output for output in jobs["first"]) == 1  # rank 0 logs, on one node
-    assert jobs["after_first"] == [2, 4]
-    assert jobs["manifest_4"].step == 4 and jobs["manifest_4"].world_size == 2
-
-
-def test_a_second_two_node_job_resumes_from_step_4(jobs):
-    assert sorted(_rendezvous(output) for output in jobs["resumed"]) == [(0, 2, "127.0.0.1"), (1, 2, "127.0.0.1")]
-    assert sum("resumed from checkpoint step 4" in output for output in jobs["resumed"]) == 1
+    assert sum("on 2 x cpu, dp=2" in output for output in jobs["outputs"]) == 1  # rank 0 logs, on one node
     assert CheckpointRoot(jobs["two"] / "checkpoints").steps() == [2, 4, 6]
-    assert ckpt.read_manifest(jobs["two"] / "checkpoints" / step_name(6)).world_size == 2
+    for step in (2, 4, 6):
+        manifest = ckpt.read_manifest(jobs["two"] / "checkpoints" / step_name(step))
+        assert manifest.step == step and manifest.world_size == 2
 
 
-def test_losses_continue_as_in_one_node_run(jobs):
-    two, one = _metrics(jobs["two"]), _metrics(jobs["one"])  # the resumed job appended step 6
+def test_losses_are_those_of_a_one_node_run(jobs):
+    two, one = _metrics(jobs["two"]), _metrics(jobs["one"])
     assert sorted(two) == sorted(one) == [2, 4, 6]
     for step in (2, 4, 6):
         assert two[step]["loss"] == pytest.approx(one[step]["loss"], abs=1e-5), step
