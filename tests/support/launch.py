@@ -41,9 +41,11 @@ RANK_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RAN
                   "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE")
 
 
-# What every test's ranks import, imported once in the fork server the ranks are forked from.
+# What every test's ranks import, imported once in the fork server the ranks are forked from
+# (torch._dynamo: FSDP's fully_shard and a trainer model's first initialisation import it, ~1 s of
+# CPU a rank), then the heap frozen (tests.support.frozen_heap: a rank's full collections leave it alone).
 RANK_PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint", "torch.distributed.tensor",
-                "torch.distributed.fsdp", "ckpt", "trainer.train"]
+                "torch.distributed.fsdp", "torch._dynamo", "ckpt", "trainer.train", "tests.support.frozen_heap"]
 
 
 def free_port() -> int:

@@ -6,36 +6,35 @@ from __future__ import annotations
 
 import gc
 import json
-import subprocess
-import sys
+import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from ckpt.root import CheckpointRoot
+from tests.support.exit_runs import LEFT_OVER, Launcher
 from tests.support.launch import run_ranks
 from tests.support import REPO
 from tests.support.trainer_runs import trainer_args
 
-# Runs the trainer CLI with every data file of the named steps failing as on a full disk.
-_FAILING_WRITES = """
-import errno, sys
-import ckpt.write.files
-real = ckpt.write.files.write_file
-def write_file(path, *args, **kwargs):
-    if any(f"step-{s:08d}.tmp" in str(path) for s in FAIL):
-        raise OSError(errno.ENOSPC, "No space left on device", str(path))
-    return real(path, *args, **kwargs)
-ckpt.write.files.write_file = write_file  # where write_rank looks it up
-from trainer.train import main
-sys.exit(main(sys.argv[1:]))
-"""
+
+@pytest.fixture(scope="module")
+def launcher():
+    """The processes of this module's command-line runs are forked from one launcher that imported
+    torch and the trainer once (tests.support.exit_runs): each is a real process and exit."""
+    with Launcher(timeout=300) as launcher:
+        yield launcher
 
 
-def _cli(argv: list[str], fail_steps: tuple[int, ...] = ()) -> subprocess.CompletedProcess:
-    program = _FAILING_WRITES.replace("FAIL", repr(tuple(fail_steps)))
-    return subprocess.run([sys.executable, "-c", program, *argv], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+def _cli(launcher: Launcher, argv: list[str], fail_steps: tuple[int, ...] = ()) -> SimpleNamespace:
+    """The trainer's command line in a process of its own, every data file of ``fail_steps`` failing
+    as on a full disk; its exit code, stdout and stderr (kept beside the dump folder)."""
+    dump = Path(argv[argv.index("--job.dump_folder") + 1])
+    out = tempfile.mkdtemp(prefix="cli-", dir=dump.parent)
+    code, = launcher.run({"world": 0, "argv": argv, "out": out, "full_disk_steps": list(fail_steps)})
+    return SimpleNamespace(returncode=code, stdout=Path(out, "rank-0.out").read_text(),
+                           stderr=Path(out, "rank-0.err").read_text())
 
 
 def _one_line(stderr: str) -> str:
@@ -58,8 +57,8 @@ def _steps(folder: Path) -> list[int]:
 
 
 @pytest.mark.slow
-def test_vocab_smaller_than_the_tokenizer_is_refused_before_anything_is_written(tmp_path):
-    result = _cli(trainer_args(str(tmp_path / "run"), model__vocab_size=100))
+def test_vocab_smaller_than_the_tokenizer_is_refused_before_anything_is_written(tmp_path, launcher):
+    result = _cli(launcher, trainer_args(str(tmp_path / "run"), model__vocab_size=100))
     assert result.returncode == 2
     line = _one_line(result.stderr)
     assert "model.vocab_size=100" in line and "258" in line
@@ -131,7 +130,7 @@ def test_missing_load_step_is_refused_and_an_unreadable_checkpoint_fails(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_second_trainer_on_a_locked_folder_writes_nothing(tmp_path):
+def test_a_second_trainer_on_a_locked_folder_writes_nothing(tmp_path, launcher):
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text("sentinel config\n")
@@ -139,7 +138,7 @@ def test_a_second_trainer_on_a_locked_folder_writes_nothing(tmp_path):
     lock = CheckpointRoot(run / "checkpoints")
     lock.lock()  # the running job
     try:
-        result = _cli(trainer_args(str(run)))
+        result = _cli(launcher, trainer_args(str(run)))
     finally:
         lock.unlock()
     assert result.returncode == 2
@@ -149,26 +148,26 @@ def test_a_second_trainer_on_a_locked_folder_writes_nothing(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_failed_save_under_on_error_stop_exits_1_each_time(tmp_path):
+def test_a_failed_save_under_on_error_stop_exits_1_each_time(tmp_path, launcher):
     run = tmp_path / "run"
     argv = trainer_args(str(run), steps=6, checkpoint__interval=2)
-    result = _cli(argv, fail_steps=(4,))
+    result = _cli(launcher, argv, fail_steps=(4,))
     assert result.returncode == 1
     line = _one_line(result.stderr)
     assert "step-00000004" in line and "No space left on device" in line and "on_error" in line
     assert _steps(run) == [2]
     end = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     assert (end["event"], end["status"], end["newest_step"], end["checkpoints_written"]) == ("run_end", "failed", 2, 1)
-    again = _cli(argv, fail_steps=(4,))  # a restart resumes from step 2 and stops at the same save
+    again = _cli(launcher, argv, fail_steps=(4,))  # a restart resumes from step 2 and stops at the same save
     assert again.returncode == 1 and "resumed from checkpoint step 2" in again.stdout
     assert "step-00000004" in _one_line(again.stderr)
-    assert _cli(argv).returncode == 0 and _steps(run) == [2, 4, 6]
+    assert _cli(launcher, argv).returncode == 0 and _steps(run) == [2, 4, 6]
 
 
 @pytest.mark.slow
-def test_a_failed_save_under_on_error_continue_trains_on_and_counts_it(tmp_path):
+def test_a_failed_save_under_on_error_continue_trains_on_and_counts_it(tmp_path, launcher):
     run = tmp_path / "run"
-    result = _cli(trainer_args(str(run), steps=8, checkpoint__interval=2, checkpoint__on_error="continue",
+    result = _cli(launcher, trainer_args(str(run), steps=8, checkpoint__interval=2, checkpoint__on_error="continue",
                         metrics__log_freq=2), fail_steps=(2,))
     assert result.returncode == 0, result.stderr
     warning, = result.stderr.strip().splitlines()  # one line per failed save, no traceback
@@ -240,14 +239,13 @@ _SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
 
 
 @pytest.mark.slow
-def test_finished_pipeline_runs_exit_0_every_time(tmp_path):
-    """20 PP 2 runs in a row, the three schedules in turn; each rank a real process exit (atexit
-    handlers, interpreter finalization) from one launcher that imported torch once. Without
-    checkpoints, the gap between the last collective and the finalization is shortest."""
-    from tests.support.exit_runs import LEFT_OVER, run_jobs
-
-    jobs = []
-    for run in range(20):
+def test_finished_pipeline_runs_exit_0_every_time(tmp_path, launcher):
+    """PP 2 runs in a row, the three schedules in turn, each rank a real process exit (atexit
+    handlers, interpreter finalization). Without checkpoints, the gap between the last collective
+    and the finalization is shortest. The abort itself hit 4 of 20 runs; its cause, a gloo thread
+    still running when main() has returned (LEFT_OVER), shows on every rank of every run (seen with
+    the fix taken out), so a few runs of each schedule prove it, and the abort is still looked for."""
+    for run in range(12):
         schedule = _SCHEDULES[run % len(_SCHEDULES)]
         out = tmp_path / f"run-{run}"
         out.mkdir()
@@ -255,9 +253,7 @@ def test_finished_pipeline_runs_exit_0_every_time(tmp_path):
                 "--distributed.pp_size", "2", "--training.max_steps", "2", "--training.seq_len", "32",
                 "--checkpoint.enable", "false", "--parallelism.pp_schedule", schedule,
                 "--parallelism.pp_virtual_stages", "2" if schedule == "interleaved1f1b" else "1"]
-        jobs.append({"world": 2, "argv": argv, "out": str(out)})
-    for run, codes in enumerate(run_jobs(jobs)):
-        schedule, out = _SCHEDULES[run % len(_SCHEDULES)], tmp_path / f"run-{run}"
+        codes = launcher.run({"world": 2, "argv": argv, "out": str(out)})
         errors = [(out / f"rank-{rank}.err").read_text() for rank in range(2)]
         assert "run finished" in (out / "rank-0.out").read_text(), (run, schedule, errors)
         assert codes == [0, 0], (run, schedule, codes, errors)
