@@ -1,23 +1,22 @@
-"""tools.replay, the ckpt-replay CLI: exit code 1 and one error line for a missing step, 2 for bad usage."""
+"""tools.replay, the ckpt-replay CLI: exit code 1 and one error line for a missing step, 2 for bad usage.
+(``python -m tools.replay`` as a process of its own: tests/ckpt/convert/test_replay.py.)"""
 
 from __future__ import annotations
-
-import subprocess
-import sys
 
 import pytest
 
 from tests.support.checkpoints import reseal
 
 
-@pytest.mark.slow
-def test_replay_cli_errors(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "tools.replay", str(tmp_path), "--step", "9"],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 1 and result.stderr.count("\n") == 1 and "no checkpoint" in result.stderr
-    result = subprocess.run([sys.executable, "-m", "tools.replay", str(tmp_path)], capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 2
+def test_replay_cli_errors(tmp_path, capsys):
+    from tools.replay import main
+
+    assert main([str(tmp_path), "--step", "9"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no checkpoint" in err
+    with pytest.raises(SystemExit) as usage:
+        main([str(tmp_path)])
+    assert usage.value.code == 2 and "--step" in capsys.readouterr().err
 
 
 def _compressed_checkpoint(tmp_path):
