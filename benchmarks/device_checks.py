@@ -142,14 +142,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--work", default=None, help="scratch folder for checkpoints (default: /dev/shm on a device)")
     p.add_argument("--budget", type=float, default=370.0, help="seconds; later sections are skipped past it")
     p.add_argument("--every", type=int, default=None, help="steps between saves in the stall section "
-                   "(default: 30 on a device, 5 in a dry run)")
+                   "(default: 30 on a device, 3 in a dry run)")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
-    args.every = args.every or (5 if args.dry_run else 30)
+    args.every = args.every or (3 if args.dry_run else 30)
     out = Path(args.out or os.environ.get("OUT") or REPO / "benchmarks" / "_work" / "device_checks")
     wanted = [s for s in args.only.split(",") if s] or list(SECTIONS)
     unknown = set(wanted) - set(SECTIONS)
