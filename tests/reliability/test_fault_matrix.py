@@ -4,12 +4,12 @@ the losses of the steps it trained equal an uninterrupted run's, bit for bit. A 
 stop the run stops with exit 2 and one line on every rank, and the start after the stated manual
 step finishes as above.
 
-FSDP2 runs every case. PP 2 runs the cases whose restart loads other bytes than the last save
-(:data:`LOAD_PATH_CASES`: a damaged step falls back to the replica's copy or, both damaged, to the
-delta before it; a lost replica is filled again), where the layout's own state (each rank a stage)
-is what is read. The other cases (a lock held by another process, a dead S3 endpoint, a replica
-refusing a branch's deletions) are decided by the checkpoint root and its mounts before and after
-the state, alike for any layout: run once, under FSDP2.
+FSDP2 runs every case. PP 2 runs the cases of damaged or lost checkpoint bytes
+(:data:`LOAD_PATH_CASES`: on the primary, the replica or both, or the replica gone), where what the
+restart reads, falls back to and copies again is the layout's own state (each rank a stage). The
+other cases (a lock held by another process, a dead S3 endpoint, a replica refusing a branch's
+deletions) are decided by the checkpoint root and its mounts, alike for any layout: run once,
+under FSDP2.
 
 Each layout's cases run one after another in the same 2 ranks (``run_ranks``: the trainer imported
 once; ``trainer.train.main`` called for each start, so its exit codes and error lines are the
