@@ -1,10 +1,10 @@
 """Two torchrun agents on this machine as the two nodes of one job: start them, wait for a step
 to be logged, kill one node or both, wait for them to end — every wait bounded.
 
-    job = TwoNodes(logs, argv_of=lambda node: [...trainer arguments of that node...], max_restarts=1)
+    job = TwoNodes(logs, argv_of=lambda node: [...trainer arguments of that node...], max_restarts=1,
+                   hold_after=7)  # every worker stops itself once, after step 7 (tests.support.held_trainer)
     job.start()
-    job.wait_for_step(7)          # rank 0's "step      7 ..." line, on whichever agent holds rank 0
-    with job.paused():            # every worker SIGSTOPped: the files are what a kill now would leave
+    with job.held():              # until every worker stopped: the files are what a kill now would leave
         shutil.copytree(...)      # (a copy for another scenario); SIGCONT at the block's end
     job.kill_worker(1)            # SIGKILL one worker of agent 1 (torchrun restarts the group)
     job.kill_node(1)              # SIGKILL agent 1 and its workers: the node is gone
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -41,20 +40,24 @@ LAUNCH_S = 300.0  # a guard against hangs, far above a loaded 2-core box's time 
 class TwoNodes:
     """One job of two agents (``nproc`` workers each); see the module docstring."""
 
-    def __init__(self, logs: Path, argv_of: Callable[[int], list[str]], *, nproc: int = 2, max_restarts: int = 0):
+    def __init__(self, logs: Path, argv_of: Callable[[int], list[str]], *, nproc: int = 2, max_restarts: int = 0,
+                 hold_after: int | None = None):
         self.logs = [logs / f"node{node}.log" for node in (0, 1)]
         self.argv_of, self.nproc, self.max_restarts = argv_of, nproc, max_restarts
+        self.module = "trainer.train" if hold_after is None else "tests.support.held_trainer"
+        self.hold = {} if hold_after is None else {"HOLD_AFTER_STEP": str(hold_after),
+                                                   "HOLD_MARKS": str(_fresh_dir(logs / "hold-marks"))}
         self.procs: list[subprocess.Popen] = []
         self.deadline = 0.0
 
     def start(self) -> "TwoNodes":
         endpoint, run_id = f"127.0.0.1:{free_port()}", f"nodes-{uuid.uuid4().hex[:12]}"
-        env = job_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+        env = job_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", **self.hold)
         self.deadline = time.monotonic() + LAUNCH_S
         for node, log in enumerate(self.logs):
             launch = ["--nnodes", "2", "--nproc_per_node", str(self.nproc), "--rdzv_backend", "c10d",
                       "--rdzv_endpoint", endpoint, "--rdzv_id", run_id, "--local_addr", "127.0.0.1",
-                      "--max_restarts", str(self.max_restarts), "-m", "trainer.train", *self.argv_of(node)]
+                      "--max_restarts", str(self.max_restarts), "-m", self.module, *self.argv_of(node)]
             with log.open("ab") as out:  # appended: a second launch's log follows the first's
                 self.procs.append(subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *launch],
                                                    cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out,
@@ -64,40 +67,34 @@ class TwoNodes:
     def outputs(self) -> list[str]:
         return [log.read_text(errors="replace") if log.exists() else "" for log in self.logs]
 
-    def wait_for_step(self, step: int) -> None:
-        """Until rank 0 has logged ``step`` (polled; bounded by the launch's deadline and by the agents' lives)."""
-        line = re.compile(rf"^step +{step} ", re.M)
-        while not any(line.search(output) for output in self.outputs()):
-            if time.monotonic() > self.deadline or any(p.poll() is not None for p in self.procs):
-                self._fail(f"step {step} was never logged")
-            time.sleep(0.05)
-
     def kill_worker(self, node: int) -> int:
         """SIGKILL one trainer worker of agent ``node``; its pid."""
-        workers = [pid for pid in descendants(self.procs[node].pid) if _is_trainer(pid)]
+        workers = self._workers([self.procs[node]])
         assert workers, f"agent {node} has no worker running"
         os.kill(workers[0], signal.SIGKILL)
         return workers[0]
 
     @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """Every process under both agents stopped (SIGSTOP, waited for until /proc says so) inside
-        the block and continued (SIGCONT) after it; the agents themselves run on. What the workers
-        wrote is then what a SIGKILL of the job at that moment would leave."""
-        stopped = [pid for p in self.procs for pid in descendants(p.pid)]
+    def held(self) -> Iterator[None]:
+        """Inside the block every worker of both agents has stopped itself after ``hold_after``
+        (waited for until /proc says so: 2 × ``nproc`` trainer processes stopped); continued
+        (SIGCONT) after it. The agents themselves run on."""
+        assert self.hold, "TwoNodes(hold_after=...) holds its workers"
+        workers: list[int] = []
         try:
-            for pid in stopped:
-                with contextlib.suppress(ProcessLookupError, PermissionError):  # gone meanwhile
-                    os.kill(pid, signal.SIGSTOP)
-            while not all(_stopped_or_gone(pid) for pid in stopped):
-                if time.monotonic() > self.deadline:
-                    self._fail("the workers did not stop")
-                time.sleep(0.01)
+            while len(workers := self._workers(self.procs)) < 2 * self.nproc or not all(map(_stopped, workers)):
+                if time.monotonic() > self.deadline or any(p.poll() is not None for p in self.procs):
+                    self._fail(f"the workers never all stopped after step {self.hold['HOLD_AFTER_STEP']}")
+                time.sleep(0.05)
             yield
         finally:
-            for pid in stopped:
+            for pid in workers:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGCONT)
+
+    def _workers(self, procs: list[subprocess.Popen]) -> list[int]:
+        module = self.module.encode()
+        return [pid for p in procs for pid in descendants(p.pid) if _runs(pid, module)]
 
     def kill_node(self, node: int) -> None:
         """SIGKILL agent ``node`` and every process under it, and wait for the agent's end."""
@@ -137,16 +134,22 @@ class TwoNodes:
         raise AssertionError(f"{why}; agents exited {codes}\n{report}")
 
 
-def _stopped_or_gone(pid: int) -> bool:
+def _fresh_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=False)
+    return path
+
+
+def _stopped(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:  # gone
-        return True
-    return stat[stat.rindex(")") + 2] in "TtZX"  # stopped (or traced), or dead
+    except OSError:  # gone: a worker that died is not a held one
+        return False
+    return stat[stat.rindex(")") + 2] in "Tt"
 
 
-def _is_trainer(pid: int) -> bool:
+def _runs(pid: int, module: bytes) -> bool:
+    """Whether ``pid`` is a worker running ``module`` (``-m module`` on its command line)."""
     try:
-        return b"trainer.train" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return module in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:  # gone meanwhile
         return False

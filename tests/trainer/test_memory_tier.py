@@ -3,9 +3,9 @@
 (``<job>/shm/node0`` and ``node1``: one machine plays two nodes), the checkpoint folder shared; 10
 steps of the debug model, a storage step every 4 (and the last), a memory step every step.
 
-One saving job (another run's memory folder beside ours on node 0) is paused after step 7 is logged
-(every worker SIGSTOPped: its files are then what a kill of the whole job at that moment would leave)
-and its job folder copied twice; then
+One saving job (another run's memory folder beside ours on node 0) is held after step 7 (every worker
+stops itself right before step 8 begins, tests.support.held_trainer: its files are then what a kill of
+the whole job at that moment would leave, whatever the box's load) and its job folder copied twice; then
 
 * (a) one of its workers is SIGKILLed: torchrun restarts the group, which resumes from a memory step
   newer than storage's step 4 and finishes; (f) its clean finish removes our memory steps on both
@@ -23,8 +23,8 @@ node: what two ranks per node change (which rank is whose partner, from torchrun
 is proven on 4 gloo ranks as 2 nodes of 2 in tests/ckpt/memory/test_tier.py, with every recovery.
 The jobs save inline (``checkpoint.async_mode sync``): with staging, a memory step whose writer is
 still busy is skipped (the memory gate, tests/ckpt/memory/test_gate.py), so which steps are kept
-would depend on timing; inline, a step logged means every rank's memory save of the step before it
-was complete, so a pause after step 7 leaves memory step 6 or newer.
+would depend on timing; inline, step 7's memory save is complete on every rank when the ranks stop,
+so the hold leaves memory steps 6 and 7 and storage's step 4.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from tests.support.trainer_runs import logged_losses, run_trainer
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and process groups"),
               pytest.mark.slow]  # three torchrun jobs of two agents and a restart
 
-STEPS, INTERVAL, PAUSE_AFTER = 10, 4, 7
+STEPS, INTERVAL, HOLD_AFTER = 10, 4, 7
 MEMORY_LINE = re.compile(r"resumed from checkpoint step (\d+) \(from memory: (\S+); newest in \S+: (?:step (\d+)|none)\)")
 
 
@@ -63,9 +63,9 @@ def _argv(job: Path, node: int | None = None) -> list[str]:
             *memory]
 
 
-def _job(job: Path, *, max_restarts: int = 0) -> TwoNodes:
+def _job(job: Path, *, max_restarts: int = 0, hold_after: int | None = None) -> TwoNodes:
     (job / "shm").mkdir(exist_ok=True)  # the RAM file system's mount point; each node's folder made by its rank
-    return TwoNodes(job, lambda node: _argv(job, node), nproc=1, max_restarts=max_restarts)
+    return TwoNodes(job, lambda node: _argv(job, node), nproc=1, max_restarts=max_restarts, hold_after=hold_after)
 
 
 def _memory_resume(outputs: list[str]) -> tuple[int, int | None]:
@@ -102,7 +102,7 @@ def uninterrupted(tmp_path_factory) -> list[float]:
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> dict:
-    """The saving job, paused after step 7 and copied twice, then (a) a worker killed and (f) finished."""
+    """The saving job, held after step 7 and copied twice, then (a) a worker killed and (f) finished."""
     job, lost_node, lost_rank = (tmp_path_factory.mktemp(name) for name in ("job", "lost-node", "lost-rank"))
     other = job / "shm" / "node0" / uuid.uuid4().hex / "step-00000003"
     (other / "rank-00000" / "data").mkdir(parents=True)
@@ -110,9 +110,8 @@ def saved(tmp_path_factory) -> dict:
     (other / "rank-00000" / "manifest.json").write_text("{}")
     (other / "COMPLETE").write_text('{"run": "%s", "step": 3, "node": 0, "ranks": [0]}' % other.parent.name)
     other_before = _tree(other.parent)
-    nodes = _job(job, max_restarts=1).start()
-    nodes.wait_for_step(PAUSE_AFTER)
-    with nodes.paused():
+    nodes = _job(job, max_restarts=1, hold_after=HOLD_AFTER).start()
+    with nodes.held():
         for copy in (lost_node, lost_rank):
             for folder in ("shm", "run"):
                 shutil.copytree(job / folder, copy / folder, symlinks=True)
@@ -126,7 +125,7 @@ def saved(tmp_path_factory) -> dict:
 
 def test_a_killed_worker_is_restarted_by_torchrun_and_resumes_from_memory(saved, uninterrupted):
     step, newest = _memory_resume(saved["outputs"])
-    assert step >= PAUSE_AFTER - 2 and step > INTERVAL and (newest is None or step >= newest)
+    assert (step, newest) == (HOLD_AFTER, INTERVAL)  # the held step, newer than storage's
     assert _resumed_steps(saved["job"]) == [None, step]
     assert logged_losses(saved["job"] / "run") == dict(enumerate(uninterrupted, 1))  # bitwise, resumed steps too
 
@@ -146,7 +145,7 @@ def test_a_lost_node_s_rank_fetches_its_files_from_the_partner_node(saved, unint
     again = _job(job).start()
     again.wait()
     step, newest = _memory_resume(again.outputs())  # no rank could load it without node 1's rank's copy
-    assert step >= PAUSE_AFTER - 2 and step > INTERVAL and (newest is None or step >= newest)
+    assert (step, newest) == (HOLD_AFTER, INTERVAL)  # the held step, newer than storage's
     assert _resumed_steps(job) == [None, step]
     assert logged_losses(job / "run") == dict(enumerate(uninterrupted, 1))
 
