@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from contextlib import nullcontext
 from typing import Any, Callable
 
 import torch
@@ -209,10 +210,14 @@ class CheckpointManager:
         (:func:`~ckpt.root.retention.discard_after_on_mounts`)."""
         self._check_open()
         self.wait()
-        # rank 0 deletes; its list, or its error (naming the mount and step), on every rank
-        return Agreement(self._control_pg, distributed=self._distributed).decided(
-            lambda: retention.discard_after_on_mounts(self._root, self._mounts[1:], step,
-                                                      deleted=lambda m, old: self._catalog.forget(m.path, old)))
+        # rank 0 deletes; its list, or its error (naming the mount and step), on every rank. No replica
+        # copy is in flight there meanwhile: one that read a later step before its deletion would commit
+        # it after (rank 0 only: its copies need no other rank's main thread, so nothing waits in a circle)
+        replicating = self._replicator is not None and self.rank == 0
+        with self._replicator.branching if replicating else nullcontext():
+            return Agreement(self._control_pg, distributed=self._distributed).decided(
+                lambda: retention.discard_after_on_mounts(self._root, self._mounts[1:], step,
+                                                          deleted=lambda m, old: self._catalog.forget(m.path, old)))
 
     def replication_status(self) -> dict[int, dict[str, str]]:
         """``{step: {replica url: state}}``: pending, copying, committed, failed or dropped (see

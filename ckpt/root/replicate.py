@@ -159,8 +159,9 @@ class _MountWorker:
         missing, error = [], None
         if self.owner.rank == 0:
             try:
-                have = set(self.mount.committed())
-                missing = [s for s in self.owner.primary.steps() if s not in have or self._stale(s)]
+                with self.owner.branching:  # both listings on one side of a branch's deletions
+                    have = set(self.mount.committed())
+                    missing = [s for s in self.owner.primary.steps() if s not in have or self._stale(s)]
             except CheckpointError as exc:
                 error = exc
         missing = broadcast_value(missing, self.group, distributed=self.owner.distributed)
@@ -217,6 +218,10 @@ class _MountWorker:
                 return False
 
     def _copy_with_bases(self, step: int) -> None:
+        with self.owner.branching:  # a branch's deletions wait for the copy: none commits after them
+            self._copy_locked(step)
+
+    def _copy_locked(self, step: int) -> None:
         self._clean_up()
         chain, error = [step], None
         if self.owner.rank == 0:
@@ -285,6 +290,7 @@ class Replicator:
         self.rank = dist.get_rank() if distributed else 0
         self.on_state = on_state
         self.lock = threading.Condition()
+        self.branching = threading.Lock()  # held by each copy and catch-up listing; CheckpointManager.discard_after takes it
         self.closing, self.deadline = False, None
         self.groups = groups = list(groups or [None] * len(replicas))
         self.workers = [_MountWorker(self, mount, group) for mount, group in zip(replicas, groups)]

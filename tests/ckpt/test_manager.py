@@ -4,6 +4,7 @@ background errors, locking, start-up clean-up, fallback, and the same on 2 FSDP2
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 
 import pytest
@@ -422,6 +423,52 @@ def test_discard_after_leaves_one_history_on_every_mount(tmp_path):
         assert manager.discard_after(1) == [2, 3]
         assert manager.steps() == [1]
         assert manager.discard_after(1) == []
+    assert ckpt.CheckpointRoot(primary).steps() == [1] and ckpt.CheckpointRoot(replica).steps() == [1]
+
+
+def test_a_replica_copy_in_flight_never_commits_a_step_a_branch_deleted(tmp_path, monkeypatch):
+    """A catch-up copy of step 2 to the replica has read the primary's step (parked here with what
+    it read) when discard_after(1) begins: the branch waits for the copy, then deletes the step on
+    both mounts — the copy never commits it after the deletions (seen once in a full run: the
+    replica left holding [1, 2])."""
+    from ckpt.root import replicate, retention
+    from ckpt.storage import locate
+
+    primary, replica = tmp_path / "primary", tmp_path / "replica"
+    with CheckpointManager(primary, interval=1, keep=5, replicas=[str(replica)]) as manager:
+        for step in (1, 2, 3):
+            manager.save(step, {"w": torch.full((4,), float(step))})
+    retention.discard_after(ckpt.CheckpointRoot(replica), 1)  # the next manager catches 2 and 3 up
+    read, release = threading.Event(), threading.Event()
+
+    def parked_copy(source, target, **kwargs):
+        if not read.is_set():  # the first copy, step 2: what it read, then parked before committing
+            snapshot = tmp_path / "read" / source.name
+            shutil.copytree(str(source), snapshot)
+            read.set()
+            assert release.wait(120)
+            source = locate(snapshot)
+        return real_copy(source, target, **kwargs)
+
+    class Announced:  # the branch's wait for copies in flight releases the parked copy
+        def __init__(self, lock):
+            self.lock = lock
+
+        def __enter__(self):
+            if threading.current_thread() is threading.main_thread():
+                release.set()
+            return self.lock.__enter__()
+
+        def __exit__(self, *exc):
+            return self.lock.__exit__(*exc)
+
+    real_copy = replicate.copy_step
+    monkeypatch.setattr(replicate, "copy_step", parked_copy)
+    with CheckpointManager(primary, interval=1, keep=5, replicas=[str(replica)]) as manager:
+        manager._replicator.branching = Announced(manager._replicator.branching)
+        assert read.wait(120)
+        assert manager.discard_after(1) == [2, 3]
+        release.set()  # a branch that did not wait: the copy commits step 2 only now
     assert ckpt.CheckpointRoot(primary).steps() == [1] and ckpt.CheckpointRoot(replica).steps() == [1]
 
 
