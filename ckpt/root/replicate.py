@@ -21,9 +21,10 @@ place (:func:`~ckpt.root.copy.copy_step` itself never replaces a committed step)
 bounded: when more than ``backlog`` steps wait, the oldest waiting one is dropped (the newest steps
 matter for resuming; a dropped step is still copied later if it is the base of a newer one). After
 each commit on a mount, retention is applied there with the primary's policy
-(:func:`ckpt.root.retention.apply`, as on the primary). State changes (a
-:class:`~ckpt.root.replica_states.ReplicaState`) are logged one line each and handed to
-``on_state`` (the catalog). Nothing here ever blocks training.
+(:func:`ckpt.root.retention.apply`). A branch (``CheckpointManager.discard_after``) holds ``branching``,
+which each copy and catch-up listing hold too: no copy commits a step after the branch deleted it.
+State changes (:class:`~ckpt.root.replica_states.ReplicaState`) are logged one line each and handed
+to ``on_state`` (the catalog). Nothing here ever blocks training.
 
 The primary is the manager's own :class:`~ckpt.root.steps.CheckpointRoot` (one object per mount and
 run: its base map is shared, never read twice).
@@ -187,7 +188,8 @@ class _MountWorker:
         while True:
             self.set_state(step, COPYING)
             try:
-                self._copy_with_bases(step)
+                with self.owner.branching:  # a branch's deletions wait for the copy: none commits after them
+                    self._copy_with_bases(step)
                 self.set_state(step, COMMITTED)
                 self._retain()
                 return True
@@ -218,10 +220,6 @@ class _MountWorker:
                 return False
 
     def _copy_with_bases(self, step: int) -> None:
-        with self.owner.branching:  # a branch's deletions wait for the copy: none commits after them
-            self._copy_locked(step)
-
-    def _copy_locked(self, step: int) -> None:
         self._clean_up()
         chain, error = [step], None
         if self.owner.rank == 0:
@@ -290,7 +288,7 @@ class Replicator:
         self.rank = dist.get_rank() if distributed else 0
         self.on_state = on_state
         self.lock = threading.Condition()
-        self.branching = threading.Lock()  # held by each copy and catch-up listing; CheckpointManager.discard_after takes it
+        self.branching = threading.Lock()  # see the module docstring
         self.closing, self.deadline = False, None
         self.groups = groups = list(groups or [None] * len(replicas))
         self.workers = [_MountWorker(self, mount, group) for mount, group in zip(replicas, groups)]
