@@ -180,6 +180,13 @@ class CheckpointManager:
 
     def _stored(self, step: int | None) -> int | None:
         self.loaded_from = None if step is None else "storage"
+        return self._going_on_from(step)
+
+    def _going_on_from(self, step: int | None) -> int | None:
+        """The memory tier's steps after ``step`` are another history from now on (see
+        :meth:`ckpt.memory.MemoryTier.going_on_from`)."""
+        if self._pipeline.memory is not None:
+            self._pipeline.memory.going_on_from(step)
         return step
 
     def recover_memory(self, state: dict[str, Any], *, strict: bool = True) -> int | None:
@@ -195,6 +202,7 @@ class CheckpointManager:
         step = self._pipeline.memory.recover(state, stored[-1] if stored else None, strict=strict)
         if step is not None:
             self.loaded_from = "memory"
+            self._going_on_from(step)
         return step
 
     @property
@@ -204,8 +212,9 @@ class CheckpointManager:
         return None if self._pipeline.memory is None else self._pipeline.memory.note
 
     def discard_after(self, step: int) -> list[int]:
-        """Delete every committed step after ``step`` on every mount (rank 0; collective), so that
-        training on from ``step`` leaves one history, not two interleaved. Returns the steps deleted
+        """Delete every committed step after ``step`` on every mount (rank 0; collective), and the
+        memory tier's (each node's first rank), so that training on from ``step`` leaves one history,
+        not two interleaved. Returns the steps deleted
         on the primary (every rank); a mount where that fails raises on every rank, the primary then untouched
         (:func:`~ckpt.root.retention.discard_after_on_mounts`)."""
         self._check_open()
@@ -215,9 +224,12 @@ class CheckpointManager:
         # it after (rank 0 only: its copies need no other rank's main thread, so nothing waits in a circle)
         replicating = self._replicator is not None and self.rank == 0
         with self._replicator.branching if replicating else nullcontext():
-            return Agreement(self._control_pg, distributed=self._distributed).decided(
+            deleted = Agreement(self._control_pg, distributed=self._distributed).decided(
                 lambda: retention.discard_after_on_mounts(self._root, self._mounts[1:], step,
                                                           deleted=lambda m, old: self._catalog.forget(m.path, old)))
+        if self._pipeline.memory is not None:  # and the memory tier's: a crash before the next save must not resume them
+            self._pipeline.memory.forget_after(step)
+        return deleted
 
     def replication_status(self) -> dict[int, dict[str, str]]:
         """``{step: {replica url: state}}``: pending, copying, committed, failed or dropped (see

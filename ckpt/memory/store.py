@@ -296,6 +296,14 @@ class NodeStore:
             self.remove_step(step)
         return removed
 
+    def remove_after(self, step: int) -> list[int]:
+        """Remove every step after ``step``, complete or not (another history's: see
+        :meth:`ckpt.memory.MemoryTier.going_on_from`). Returns the steps removed."""
+        removed = [later for later in self._steps() if later > step]
+        for later in removed:
+            self.remove_step(later)
+        return removed
+
     def remove_all(self) -> None:
         """A clean finish: every step removed (each COMPLETE first), then the run's directory."""
         for step in self._steps():

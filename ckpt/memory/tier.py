@@ -12,6 +12,9 @@ a DTensor is kept as its local tensor, a plain tensor of the rank's own, and loa
 in ``<directory>/<run>/step-N/rank-R`` (:mod:`ckpt.memory.store`). One save, on every rank in the
 same order (the pipeline's saves are agreed):
 
+0. once, at the first memory save after a load: each node's first rank removes the memory steps
+   after the step the run goes on from (:meth:`MemoryTier.going_on_from`: a branch's or an older
+   load's abandoned history, which a later crash must never resume nor mix with the new steps);
 1. room: this rank's bytes, twice with a partner (its own files and its source's copy), must fit the
    tmpfs; every rank votes; a save that does not fit somewhere is skipped on all (one warning on each
    rank short of room, ``SaveStats.memory_skipped``), storage saves unaffected;
@@ -79,6 +82,8 @@ class MemoryTier:
             log.warning("memory tier: one node, so no partner copy (a lost node loses its memory steps; "
                         "storage is the backstop)")
         self._warned_room = False
+        self._going_on_from: int | None = None  # the step the run goes on from (going_on_from)
+        self._one_history = False  # memory steps after it removed on every node (the first memory save)
         self.note: str | None = None  # the last recovery's one line (every rank), None when it had nothing to say
 
     # -- saving (the writer thread) -----------------------------------------------------------------
@@ -96,15 +101,21 @@ class MemoryTier:
     def _save(self, step: int, tree: Any) -> bool:
         flat, paths = flat_local(tree)  # the one walk of the tree: room, layout, records
         need = tensor_bytes_of(flat) * (2 if self.partner is not None else 1) + ROOM_MARGIN
+        after = step - 1 if self._going_on_from is None else self._going_on_from
+        unsettled = None if self._one_history else self._remove_after(after)  # first: it frees room
         free = self.store.free_bytes()
-        if not self._all(free >= need):
+        if not self._all(free >= need and unsettled is None):
             self.stats.memory_skipped += 1
-            if free < need and not self._warned_room:
+            if unsettled is not None:
+                log.warning("memory save of step %d skipped: memory steps after step %d (another history) could "
+                            "not be removed: %s; storage saves go on", step, after, unsettled)
+            elif free < need and not self._warned_room:
                 self._warned_room = True
                 log.warning("memory save of step %d skipped: %s has %.1f MiB free, %.1f MiB needed (own files "
                             "and a partner's copy); storage saves go on", step, self.store.path, free / 2**20,
                             need / 2**20)
             return False
+        self._one_history = True
         error = self._write_and_swap(step, flat, paths)
         if not self._all(error is None):
             self.stats.memory_failures += 1
@@ -135,6 +146,39 @@ class MemoryTier:
         except (CheckpointError, OSError) as exc:
             error = error or exc
         return error
+
+    # -- one history ------------------------------------------------------------------------------
+    def going_on_from(self, step: int | None) -> None:
+        """The run goes on from ``step`` (the step loaded; None: none, from scratch). Memory steps
+        after it belong to a history the run leaves (a branch, an older step loaded, a memory step
+        that could not be used): a crash later must never resume from them, nor mix their files with
+        the new steps of the same numbers. They are removed on every node at the first memory save
+        that follows (before it writes; not at the load, so a start refused after its load loses
+        nothing). Without this call, the first memory save removes those at or after its own step."""
+        self._going_on_from, self._one_history = step, False
+
+    def forget_after(self, step: int) -> None:
+        """Remove the memory steps after ``step`` now (each node's first rank; every rank calls it,
+        no collective), as a branch from ``step`` deletes storage's; the later saves go on from it.
+        A failure is logged and tried again at the next memory save, which waits for it."""
+        self.going_on_from(step)
+        error = self._remove_after(step)
+        if error is not None:
+            log.warning("memory steps after step %d not removed yet: %s (tried again at the next memory save)",
+                        step, error)
+
+    def _remove_after(self, after: int) -> BaseException | None:
+        """This node's memory steps after ``after`` removed by its first rank; the error, if that failed."""
+        if not self.leader:
+            return None
+        try:
+            removed = self.store.remove_after(after)
+        except (CheckpointError, OSError) as exc:
+            return exc
+        if removed:
+            log.info("memory tier: removed the memory steps %s of node %d (after step %d, where this run goes on "
+                     "from)", ", ".join(map(str, removed)), self.node, after)
+        return None
 
     def _metadata(self, flat: dict) -> dict:
         return {"memory": {"world": self.world, "rank": self.rank, "layout": layout_of(flat)}}

@@ -276,3 +276,62 @@ def test_where_a_load_came_from_and_why_storage_when_a_rank_s_files_are_gone(tmp
     assert again.load(_state(0, 0)) == 2 and again.loaded_from == "storage"
     assert again.memory_note == "memory step 3 unusable (rank 0: its files are on no node): resuming from storage"
     again.close()
+
+
+def _other_history(rank: int, step: int, history: int) -> dict:
+    """Rank ``rank``'s state at ``step`` of another history (a branch: other values, same keys)."""
+    state = _state(rank, step)
+    state[f"w{rank}"] = state[f"w{rank}"] * -history
+    return state
+
+
+def _start(rank: int, root: str, memory: str, interval: int = 2):
+    """A start of the 4-rank job: its manager and the step its load gave (where it came from)."""
+    import ckpt
+
+    os.environ["LOCAL_WORLD_SIZE"] = str(LOCAL)
+    manager = ckpt.CheckpointManager(root, interval=interval, keep=3, memory=f"{memory}/node{rank // LOCAL}")
+    live = _state(rank, 0)
+    return manager, live, (manager.load(live), manager.loaded_from)
+
+
+def _branches(rank: int, world: int, root: str, memory: str) -> list:
+    """After 5 steps (storage 2 and 4, memory 4 and 5): what the load of each start below gave."""
+    seen = []
+    manager, live, _ = _start(rank, root, memory)
+    live.update(_state(rank, 2))
+    manager.load(live, step=2)  # a start that loads step 2 and stops there (a branch refused): nothing lost
+    manager.close(finished=False)
+    manager, live, loaded = _start(rank, root, memory)
+    seen.append(loaded)
+    manager.load(live, step=2)  # a branch from step 2; a crash before its first save
+    manager.discard_after(2)
+    manager.close(finished=False)
+    manager, live, loaded = _start(rank, root, memory, interval=100)
+    seen.append(loaded)
+    for step in (3, 4, 5):  # the branch trains on (memory 4 and 5 again, no storage save), then crashes
+        live.update(_other_history(rank, step, 1))
+        manager.save(step, live)
+        manager.wait()
+    manager.close(finished=False)
+    manager, live, _ = _start(rank, root, memory, interval=100)
+    manager.load(live, step=2)  # an older step again, no storage step after it (step 4 deleted): no branch needed
+    live.update(_other_history(rank, 3, 2))
+    manager.save(3, live)  # the third history's first save, then a crash
+    manager.wait()
+    manager.close(finished=False)
+    manager, live, loaded = _start(rank, root, memory)
+    seen.append(loaded + (torch.equal(live[f"w{rank}"], _other_history(rank, 3, 2)[f"w{rank}"]),))
+    manager.close()
+    return seen
+
+
+@pytest.mark.slow
+def test_a_branch_leaves_no_memory_step_of_the_old_history(trained):
+    """A branch (``discard_after``) removes the memory steps after its step too, and the first memory
+    save after a load those after the loaded step: a crash never resumes from the history the run
+    left (was: memory step 5 of the first history, newer than the branch's storage step, resumed).
+    A start that only loaded an older step and stopped (a refused branch) loses no memory step."""
+    root, memory, _ = trained
+    results = run_ranks(WORLD, _branches, str(root), str(memory))
+    assert results == [[(5, "memory"), (2, "storage"), (3, "memory", True)]] * WORLD
