@@ -204,7 +204,12 @@ class Bench:
         self.memory.clear()
         shutil.rmtree(root, ignore_errors=True)
         count = [r["memory_saves"] if memory else r["saves"] for r in ranks]
+        per_step = self.world * self.args.window  # rank-steps in the window
         return {"tokens_per_s": ranks[0]["tokens_per_s"], "memory_failures": sum(r["memory_failures"] for r in ranks),
+                "cpu_ms_per_rank_step": {"training": sum(r["cpu_s"]["main"] for r in ranks) / per_step * 1e3,
+                                         "gloo": sum(r["cpu_s"]["gloo"] for r in ranks) / per_step * 1e3,
+                                         "other": sum(r["cpu_s"]["process"] - r["cpu_s"]["main"] - r["cpu_s"]["gloo"]
+                                                      for r in ranks) / per_step * 1e3},
                 "stall_per_save": (sum(r["stall_s"] / c for r, c in zip(ranks, count) if c) / self.world
                                    if all(count) else None)}
 

@@ -21,7 +21,8 @@ restart  the trainer's own resume (memory tier first, then storage); records the
 train    ``fit`` to step ``--warmup``, then the timed window to ``--steps`` (the saves drained by
          ``manager.wait()`` inside it, so the writer's work is counted); records tokens/s of the window
          (global batch × sequence length per step) and the manager's counters: storage saves, memory
-         saves and the stall (``SaveStats.stall_s``: host + device time training was blocked).
+         saves and the stall (``SaveStats.stall_s``: host + device time training was blocked), and the
+         window's CPU seconds by thread (:func:`cpu_seconds`: training thread, gloo's, the rest).
 
 Each rank writes ``<out>/rank-<R>.json`` (``--mode crash``: before it dies).
 """
@@ -68,6 +69,22 @@ def write(args: argparse.Namespace, record: dict) -> None:
     rank = int(os.environ.get("RANK", "0"))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "started": STARTED, **record}))
+
+
+def cpu_seconds() -> dict:
+    """This process's CPU seconds so far: all threads (exited ones included), the training (main)
+    thread's, and gloo's threads' (by their names in /proc: ``gloo_*``, ``pt_gloo_*``); the rest is the
+    checkpoint's threads (writer, partner copy, hashing) and Python's few others."""
+    gloo = 0
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # a thread that has just exited: counted in the process's total
+            continue
+        name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        if name.startswith(("gloo", "pt_gloo")):
+            gloo += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+    return {"process": time.process_time(), "main": time.thread_time(), "gloo": gloo / os.sysconf("SC_CLK_TCK")}
 
 
 def started_saves(manager) -> list[int]:
@@ -133,15 +150,17 @@ def main(argv: list[str] | None = None) -> int:
         else:
             trainer.fit(stop_at=args.warmup)
             dist.barrier()
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), cpu_seconds()
             trainer.fit(stop_at=args.steps)
             trainer.checkpoints.manager.wait()
+            cpu = {k: v - cpu0[k] for k, v in cpu_seconds().items()}  # before the barrier: its wait is not the window's
             dist.barrier()
             seconds = time.perf_counter() - t0
             stats = trainer.checkpoints.manager.stats
             write(args, {"seconds": seconds, "tokens_per_s": (args.steps - args.warmup) * BATCH * SEQ / seconds,
                          "saves": stats.saves, "memory_saves": stats.memory_saves, "stall_s": stats.stall_s,
-                         "memory_failures": stats.memory_failures, "memory_skipped": stats.memory_skipped})
+                         "memory_failures": stats.memory_failures, "memory_skipped": stats.memory_skipped,
+                         "cpu_s": cpu})
     finally:
         trainer.close()  # a clean finish: the run's memory steps go
     sys.stdout.flush()

@@ -114,9 +114,34 @@ def crash_line(lost: dict) -> str:
             f"after the newest memory step.")
 
 
+CPU_PARTS = ("training", "gloo", "other")  # recover_rank.cpu_seconds's split of a rank's CPU
+
+
+def _cpu(runs: list[dict], part: str) -> float:
+    """Median over repeats of one part's CPU ms per rank-step."""
+    return median([r["cpu_ms_per_rank_step"][part] for r in runs])
+
+
+def cpu_sharing(tps: dict) -> str:
+    """What the tokens/s ratio measures on a CPU-bound box: the CPU a step takes with and without a
+    memory save, and the ratio they predict when training and writers share saturated cores."""
+    none, memory = (sum(_cpu(tps[v], part) for part in CPU_PARTS) for v in ("none", "memory"))
+    training = _cpu(tps["memory"], "training") - _cpu(tps["none"], "training")
+    measured = median(_ratios([r["tokens_per_s"] for r in tps["memory"]], [r["tokens_per_s"] for r in tps["none"]]))
+    return (f"- What the tokens/s ratio measures here: the cores are saturated (training is CPU-bound), so tokens/s "
+            f"follows CPU per step. A rank-step takes {none:.1f} ms of CPU without saves and {memory:.1f} ms with a "
+            f"memory save every step (the checkpoint's threads — the RAM write, checksums, the partner copy's "
+            f"sending and receiving — and gloo's copies over loopback): {none / memory:.2f}× as many steps fit in "
+            f"the same CPU; tokens/s measured {measured:.2f}×. The training thread's own CPU per step changes by "
+            f"{training:+.1f} ms (the stall is in it); with a core for the writer (an accelerator host's spare CPUs) "
+            f"that, not the writer's CPU, is what training would pay. Measured by `/proc/self/task` and the process's CPU clock in each rank "
+            f"(`recover_rank.cpu_seconds`).")
+
+
 def throughput_lines(result: dict) -> tuple[list[str], list[dict], list[dict]]:
     tps = result["tps"]
-    lines = table_head(["Saving", "tokens/s", "× no save", "Stall per save ms"], "lrrr")
+    lines = table_head(["Saving", "tokens/s", "× no save", "Stall per save ms", "CPU ms per rank-step: training "
+                        "thread", "gloo threads", "checkpoint threads", "all"], "lrrrrrrr")
     metrics, goals = [], []
     none = [r["tokens_per_s"] for r in tps["none"]]
     for variant, rs in tps.items():
@@ -129,8 +154,10 @@ def throughput_lines(result: dict) -> tuple[list[str], list[dict], list[dict]]:
             metrics.append(metric(label, "tokens_x_none", "×", x))
             if stalls:
                 metrics.append(metric(label, "stall_per_save_s", "s", stalls))
+        cpu = [_cpu(rs, part) for part in CPU_PARTS]
         lines.append(f"| {label} | {ratio_span(vals)} | {ratio_span(x, '×') if variant != 'none' else '–'} | "
-                     + (f"{ratio_span([s * 1e3 for s in stalls])} |" if stalls else "– |"))
+                     + (f"{ratio_span([s * 1e3 for s in stalls])} |" if stalls else "– |")
+                     + "".join(f" {c:.1f} |" for c in cpu) + f" {sum(cpu):.1f} |")
     x_memory = _ratios([r["tokens_per_s"] for r in tps["memory"]], none)
     failed = sum(r["memory_failures"] for r in tps["memory"])
     goals.append(goal(f"recover: tokens/s with a memory save every step ≥ {GOAL_TOKENS}× no save",
@@ -188,10 +215,11 @@ def report(result: dict, rows, args, info: dict, command: str) -> tuple[str, lis
         "- Read from storage: the bytes the ranks' `CheckpointManager.load` read from storage (`LoadStats.bytes_read`, "
         "summed); 0 means the state came from the memory tier. The first loss must be the same in every row (same "
         "weights and data position).",
-        f"- Tokens/s: {ranks} ranks and their writer threads share this box's cores, so \"memory save every step\" "
-        "counts the writer's CPU work — the RAM write, the checksums, the partner copy over loopback gloo — taken "
-        "from training, not only the stall; with spare cores for the writer it would be closer to the stall alone. "
-        "The stall is `SaveStats.stall_s` per save (host + device time training was blocked).",
+        f"- Tokens/s: {ranks} ranks and their writer threads share this box's cores. The stall is "
+        "`SaveStats.stall_s` per save (host + device time training was blocked); CPU per rank-step is the window's "
+        "CPU of all ranks over their steps, by thread: the training (main) thread, gloo's (FSDP's collectives; "
+        "the partner copy), the checkpoint's (the rest).",
+        cpu_sharing(result["tps"]),
         *([f"- **The memory tier was not used** in: {', '.join(fell_back)} (the ranks read from storage). The saving "
            f"run counted {saved['memory_saves']} memory saves and {saved['memory_failures']} memory-save failures "
            f"(summed over ranks); the logs under the work dir (`--keep`) say why."] if fell_back else []),
