@@ -281,9 +281,9 @@ def _copy_attempt(source: Location, target: Location, plan, attempt, rank: int, 
                               fence=fence)
         except Exception as exc:
             result = exc
+    result = broadcast_error(result, group, distributed=distributed)  # every rank joins, its own error or not
     if local is not None:
         raise local
-    result = broadcast_error(result, group, distributed=distributed)
     if result is not None:
         raise result
     if corrupt:

@@ -106,3 +106,36 @@ def test_a_target_committed_with_another_manifest_is_refused_not_counted_as_done
     same = locate(tmp_path / "c" / "step-00000001")
     assert copy_step(source, same) > 0
     assert copy_step(source, same) == 0  # the same manifest: done
+
+
+def _copy_with_one_share_corrupt(rank: int, world: int, root: str) -> tuple[str, str]:
+    import torch
+    import torch.distributed as dist
+
+    source, target = Path(root) / "a" / "step-00000001", Path(root) / "b" / "step-00000001"
+    ckpt.save({f"w{rank}": torch.arange(4096, dtype=torch.float32) + rank}, source)  # each rank its own file
+    dist.barrier()
+    if rank == 0:  # rank 1's share of the copy fails its check; rank 0's passes
+        data = source / "data" / "rank-00001.bin"
+        raw = bytearray(data.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        data.write_bytes(bytes(raw))
+    dist.barrier()
+    try:
+        copy_step(locate(source), locate(target), distributed=True)
+    except ckpt.CheckpointError as exc:
+        return type(exc).__name__, str(exc)
+    return "copied", ""
+
+
+@pytest.mark.slow
+def test_a_corrupt_share_on_one_rank_fails_the_copy_on_every_rank_without_a_hang(tmp_path):
+    """The rank whose share failed its check raised before the commit's collective the other rank
+    waited in (seen: the trainer's replicator hung at close, rank 0 in that broadcast, rank 1 in the
+    next step's agreement); now every rank joins it, then both raise and nothing is committed."""
+    from tests.support.launch import run_ranks
+
+    results = run_ranks(2, _copy_with_one_share_corrupt, str(tmp_path), hang_seconds=20)
+    assert [name for name, _ in results] == ["SourceCorruptError", "SourceCorruptError"], results
+    assert "checksum mismatch" in results[1][1] and "failed verification on another rank" in results[0][1]
+    assert CheckpointRoot(tmp_path / "b").committed() == []
