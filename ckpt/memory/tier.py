@@ -48,7 +48,7 @@ from ..read import read_manifest
 from ..read.gc_pause import paused_gc
 from ..state import export_state
 from .local import flat_local, layout_of, load_local, tensor_bytes_of, write_local
-from .nodes import node_of, partner_rank, source_rank
+from .nodes import node_of, partner_rank, readers_by_step, source_rank
 from .partner import exchange_copies, swap
 from .store import NodeStore
 
@@ -237,9 +237,12 @@ class MemoryTier:
             if self.rank in loading:
                 manifest = read_manifest(location)
                 saved = (manifest.user or {}).get("memory", {})
-                if saved.get("world") != self.world or saved.get("layout") != layout:
+                if saved.get("world") != self.world:
                     raise _Unusable(f"memory step {step} was saved by another layout ({saved.get('world')} "
                                     f"ranks) than this run's ({self.world} ranks)")
+                if saved.get("layout") != layout:  # same world: the rank's keys, shard shapes or dtypes differ
+                    raise _Unusable(f"memory step {step} was saved by another layout (this rank's tensors: other "
+                                    f"names, shard shapes or dtypes than this run's)")
         except (CheckpointError, OSError) as exc:
             error = exc
         failures = self._failures(error)
@@ -253,34 +256,14 @@ class MemoryTier:
         return self._failures(error), True
 
     def _holders(self) -> dict[int, dict[int, list[int]]]:
-        """step -> {rank r: the ranks that can read r's files there, one per node holding them: r
-        itself first when its own node does, then for each node holding its copy that node's rank
-        of r's local rank (so a node's copies are sent by as many of its ranks, at once)}, from
-        every node's complete steps."""
+        """Who can read each rank's files of each step every node holds complete
+        (:func:`~ckpt.memory.nodes.readers_by_step`, from every rank's listing)."""
         held = {step: sorted(ranks) for step, ranks in self.store.complete_steps().items()}
         gathered = [held]
         if self.distributed:
             gathered = [None] * self.world
             dist.all_gather_object(gathered, held, group=self.group)
-        holders: dict[int, dict[int, list[int]]] = {}
-        for reader, steps in enumerate(gathered):
-            node = node_of(reader, self.local_world)
-            for step, ranks in steps.items():
-                found = holders.setdefault(step, {})  # a complete step every rank's files of which are gone is still named
-                for r in ranks:
-                    readers = found.setdefault(r, [])
-                    if all(node_of(other, self.local_world) != node for other in readers):
-                        readers.append(r if node == node_of(r, self.local_world) else self._peer(r, node, reader))
-        for found in holders.values():
-            for r, readers in found.items():
-                readers.sort(key=lambda reader, r=r: (reader != r, reader))  # its own node first
-        return holders
-
-    def _peer(self, r: int, node: int, reader: int) -> int:
-        """The rank of ``node`` with ``r``'s local rank (``reader``, a rank of that node, where the
-        last node has fewer ranks)."""
-        peer = node * self.local_world + r % self.local_world
-        return peer if peer < self.world else reader
+        return readers_by_step(gathered, self.world, self.local_world)
 
     def _fetch(self, step: int, fetch: dict[int, int], *, overwrite: bool = False) -> None:
         """Each rank ``fetch`` names takes its files from the rank named with it (a node holding its
