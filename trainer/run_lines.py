@@ -1,6 +1,7 @@
 """The lines a run prints about itself: the header (model, parameters, layout, threads), the summary
-at the end (steps, time, tokens/s, final loss, checkpoints written and kept, the newest), and the one
-line of a run that has nothing to train."""
+at the end (steps, time, tokens/s, final loss, checkpoints written and kept, the newest), the one
+line of a run that has nothing to train, and the one of a resume whose ``training.lr`` is not the
+resumed run's."""
 
 from __future__ import annotations
 
@@ -45,3 +46,15 @@ def nothing_to_train(resumed_step: int | None, steps: int) -> str | None:
         return None
     return (f"checkpoint step {resumed_step} is already {'past' if resumed_step > steps else 'at'} "
             f"training.steps = {steps}: nothing to train; raise --training.steps or use another dump folder")
+
+
+def resumed_lr(configured: float, scheduler) -> str | None:
+    """The line of a resume whose ``training.lr`` differs from the learning rate the resumed run was
+    scheduled with (its scheduler's ``base_lrs``, restored with the checkpoint): the schedule goes on
+    at the saved rate, as torchtitan's resume does; None when they agree."""
+    saved = sorted(set(scheduler.base_lrs))
+    if saved == [configured]:
+        return None
+    rates = ", ".join(f"{rate:g}" for rate in saved)
+    return (f"training.lr = {configured:g} is not the resumed run's ({rates}): the optimizer and its learning-rate "
+            f"schedule go on as saved, at {rates}; a changed rate takes effect only in a new run")

@@ -131,6 +131,8 @@ class Trainer:
                                           model=self.model, log=self.log)
         self.manager = self.checkpoints.manager
         self.checkpoints.start(self.state, self.model)
+        if self.checkpoints.resumed_step is not None and (line := run_lines.resumed_lr(t.lr, self.scheduler)):
+            self.log(line)
         writes = self.rank == 0 and self.nothing_to_train is None  # a run with nothing to train writes nothing
         with exits.refusing(f"job.dump_folder={cfg.job.dump_folder!r}"):
             self.metrics = MetricsLogger(cfg.job.dump_folder, enabled=writes, tensorboard=cfg.metrics.tensorboard)

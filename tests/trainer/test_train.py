@@ -224,6 +224,34 @@ def test_a_rerun_with_nothing_to_train_says_so_in_one_line_and_writes_nothing(tm
         assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "config.json", "metrics.jsonl"]
 
 
+def test_a_resume_with_another_training_lr_says_the_saved_rate_goes_on(tmp_path, capsys):
+    """The learning rate comes back with the optimizer's and the scheduler's state (as torchtitan's
+    does): a changed ``training.lr`` on a resume did nothing, without a word; one line says so, and the
+    step's lr is the saved schedule's. The same rate: no line."""
+    import json
+
+    from trainer.train import main
+
+    args = dict(checkpoint__enable="true", checkpoint__interval=2, metrics__log_freq=1)
+    assert main(trainer_args(str(tmp_path / "a"), steps=2, **args)) == 0
+    assert main(trainer_args(str(tmp_path / "b"), steps=2, **args)) == 0
+    capsys.readouterr()
+    assert main(trainer_args(str(tmp_path / "a"), steps=3, training__lr=5e-4, **args)) == 0
+    changed = capsys.readouterr().out.splitlines()
+    assert main(trainer_args(str(tmp_path / "b"), steps=3, **args)) == 0
+    same = capsys.readouterr().out.splitlines()
+    said = [line for line in changed if line.startswith("training.lr = ")]
+    assert said == ["training.lr = 0.0005 is not the resumed run's (0.001): the optimizer and its learning-rate "
+                    "schedule go on as saved, at 0.001; a changed rate takes effect only in a new run"], changed
+    assert not any(line.startswith("training.lr = ") for line in same), same
+
+    def step_3_lr(run: str) -> float:
+        records = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        return next(r["lr"] for r in records if r.get("step") == 3 and "lr" in r)
+
+    assert step_3_lr("a") == step_3_lr("b")  # what the line says: the saved rate goes on
+
+
 def test_the_optimizer_step_returns_the_norm_it_clipped_with():
     """grad_norm in the metrics (issue 40 item 6) is the norm clipping computed, before clipping."""
     from trainer.step import norm_value, optimizer_step
