@@ -83,16 +83,31 @@ def _short(exc: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+# JSON gives exact types (a number is an int, a float or, for true/false, a bool), so ``type(v) is int``
+# is the check: bool refused. The hot checks below run once per leaf of every manifest read (a memory
+# step's partner copy: every step), so they test types directly and build an error's words only on error.
+
 def _int(value: Any, what: str, lo: int = 0, hi: int = MAX_BYTES) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+    if type(value) is not int or not lo <= value <= hi:
         raise InvalidManifestError(f"{what} must be an integer in [{lo}, {hi}], got {value!r}")
     return value
 
 
-def _dims(value: Any, what: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or len(value) > MAX_DIMS:
-        raise InvalidManifestError(f"{what} must be a list of at most {MAX_DIMS} integers")
-    return tuple(_int(v, what) for v in value)
+def _dims(value: Any, key: str, what: str) -> tuple[int, ...]:
+    """A tensor's shape or a chunk's box (``what`` of tensor ``key``): at most MAX_DIMS sizes in [0, MAX_BYTES]."""
+    if type(value) is list and len(value) <= MAX_DIMS:
+        for v in value:
+            if type(v) is not int or not 0 <= v <= MAX_BYTES:
+                _int(v, f"tensor {key!r}: {what}")
+        return tuple(value)
+    raise InvalidManifestError(f"tensor {key!r}: {what} must be a list of at most {MAX_DIMS} integers")
+
+
+def _size(value: Any, where: str, what: str) -> int:
+    """A blob's byte count or offset: :func:`_int` in [0, MAX_BYTES], named ``where: what`` on error."""
+    if type(value) is int and 0 <= value <= MAX_BYTES:
+        return value
+    return _int(value, f"{where}: {what}")
 
 
 def _blocks(doc: dict, where: str, length: int, version: int) -> tuple[int | None, int | None]:
@@ -120,7 +135,7 @@ def _blob(doc: dict, where: str, version: int = FORMAT_VERSION) -> Blob:
     if codec not in CODECS:
         raise UnsupportedFormatError(f"{where}: unknown codec {codec!r}")
     raw_length = doc["raw_length"] if codec != RAW else doc.get("raw_length")
-    length = _int(doc["length"], f"{where}: length")
+    length = _size(doc["length"], where, "length")
     planes = None
     if codec in (PLANES, DELTA):
         table = doc["planes"]
@@ -134,11 +149,11 @@ def _blob(doc: dict, where: str, version: int = FORMAT_VERSION) -> Blob:
     block_size, block_table = _blocks(doc, where, length, version)
     return Blob(
         file=name,
-        offset=_int(doc["offset"], f"{where}: offset"),
+        offset=_size(doc["offset"], where, "offset"),
         length=length,
         checksum=checksum,
         codec=codec,
-        raw_length=None if raw_length is None else _int(raw_length, f"{where}: raw_length"),
+        raw_length=None if raw_length is None else _size(raw_length, where, "raw_length"),
         planes=planes,
         block_size=block_size,
         block_table=block_table,
@@ -148,7 +163,7 @@ def _blob(doc: dict, where: str, version: int = FORMAT_VERSION) -> Blob:
 def _check_coverage(key: str, shape: tuple[int, ...], chunks: list[Chunk]) -> None:
     """Chunks must tile the tensor: distinct origins whose volumes add up to the whole (each one
     already lies inside the shape), so no element can silently keep a stale live value."""
-    if len({c.offsets for c in chunks}) != len(chunks):
+    if len(chunks) > 1 and len({c.offsets for c in chunks}) != len(chunks):
         raise InvalidManifestError(f"tensor {key!r}: two chunks share an origin")
     if sum(math.prod(c.sizes) for c in chunks) != math.prod(shape):
         raise InvalidManifestError(f"tensor {key!r}: chunks do not cover its shape {list(shape)}")
@@ -185,16 +200,17 @@ def _parse(doc: Any, *, sealed: bool) -> dict[str, Any]:
         dtype = DTYPES.get(entry["dtype"])
         if dtype is None:
             raise UnsupportedFormatError(f"tensor {key!r}: unknown dtype {entry['dtype']!r}")
-        shape = _dims(entry["shape"], f"tensor {key!r}: shape")
+        shape = _dims(entry["shape"], key, "shape")
         if math.prod(shape) * dtype.itemsize > MAX_BYTES:
             raise InvalidManifestError(f"tensor {key!r}: absurd shape {list(shape)}")
-        chunks = []
+        chunks, origin = [], (0,) * len(shape)
         for doc_chunk in entry["chunks"]:
-            offsets = _dims(doc_chunk["offsets"], f"tensor {key!r}: chunk offsets")
-            sizes = _dims(doc_chunk["sizes"], f"tensor {key!r}: chunk sizes")
-            if len(offsets) != len(shape) or len(sizes) != len(shape) or any(
+            offsets = _dims(doc_chunk["offsets"], key, "chunk offsets")
+            sizes = _dims(doc_chunk["sizes"], key, "chunk sizes")
+            whole = sizes == shape and offsets == origin  # the common case, inside by definition
+            if not whole and (len(offsets) != len(shape) or len(sizes) != len(shape) or any(
                 o + s > d for o, s, d in zip(offsets, sizes, shape)
-            ):
+            )):
                 raise InvalidManifestError(
                     f"tensor {key!r}: chunk at {list(offsets)} size {list(sizes)} lies outside shape {list(shape)}"
                 )
@@ -223,10 +239,11 @@ def _parse(doc: Any, *, sealed: bool) -> dict[str, Any]:
 
     paths = {}
     for key, path in _mapping(doc["paths"], "paths").items():
-        if not isinstance(path, list) or not all(
-            isinstance(p, (str, int)) and not isinstance(p, bool) for p in path
-        ):
+        if type(path) is not list:
             raise InvalidManifestError(f"path of {key!r} must be a list of str/int")
+        for part in path:
+            if type(part) is not str and type(part) is not int:  # a bool is neither
+                raise InvalidManifestError(f"path of {key!r} must be a list of str/int")
         paths[key] = tuple(path)
 
     step, base = doc["step"], doc["base_step"]

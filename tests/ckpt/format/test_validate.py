@@ -224,3 +224,31 @@ def test_an_incompatible_checkpoint_stops_with_the_full_report(two_steps):
         manager.load(state)
     assert "model.0.weight" in str(info.value) and str(step_path(root, 2)) in str(info.value)
     assert info.value.path == str(step_path(root, 2))
+
+
+@pytest.mark.parametrize("where", ["shape", "chunk offsets", "chunk sizes", "blob offset", "path", "world_size"])
+def test_a_boolean_is_never_a_number(tmp_path, where):
+    """JSON's true/false equal 1/0 in Python: each field below holds a 0 or a 1 that the boolean would
+    pass for, and is refused (the parser's exact-type checks, ``type(v) is int``, must keep refusing bool)."""
+    ckpt.save({"w": torch.zeros(1), "layers": [torch.zeros(2)]}, tmp_path / "c")
+
+    def mutate(doc):
+        chunk = doc["tensors"]["w"]["chunks"][0]
+        first = min((c for e in doc["tensors"].values() for c in e["chunks"]), key=lambda c: c["offset"])
+        if where == "shape":
+            doc["tensors"]["w"]["shape"] = [True]
+        elif where == "chunk offsets":
+            chunk["offsets"] = [False]
+        elif where == "chunk sizes":
+            chunk["sizes"] = [True]
+        elif where == "blob offset":
+            first["offset"] = False
+        elif where == "path":
+            key, path = next((k, p) for k, p in doc["paths"].items() if 0 in p)
+            doc["paths"][key] = [False if part == 0 and type(part) is int else part for part in path]
+        else:
+            doc["world_size"] = True
+
+    reseal(tmp_path / "c", mutate)
+    with pytest.raises(ckpt.InvalidManifestError):
+        ckpt.read_manifest(tmp_path / "c")
