@@ -297,8 +297,7 @@ class NodeStore:
         return removed
 
     def remove_after(self, step: int) -> list[int]:
-        """Remove every step after ``step``, complete or not (another history's: see
-        :meth:`ckpt.memory.MemoryTier.going_on_from`). Returns the steps removed."""
+        """Remove every step after ``step``, complete or not (another history's); the steps removed."""
         removed = [later for later in self._steps() if later > step]
         for later in removed:
             self.remove_step(later)
