@@ -24,6 +24,7 @@ COMPLETE is read bounded, without following a link, and checked field by field b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -158,8 +159,7 @@ class NodeStore:
 
     # -- writing a step ------------------------------------------------------------------------
     def prepare_step(self, step: int) -> None:
-        """Make ``step``'s directory (durably) before any rank writes into it; safe on every rank
-        (one already there is kept: a stale one of the same step is the caller's to remove_step)."""
+        """Make ``step``'s directory (durably) before any rank writes into it; one there is kept (every rank calls it)."""
         commit.make_directory(self.location / step_name(step))
         if not _is_real_dir(self.step_dir(step)):
             raise UnsafeCheckpointError(f"{self.step_dir(step)} is not a directory of its own; refused",
@@ -316,16 +316,13 @@ def _tree_bytes(path: Path) -> int:
     total = 0
     for folder, _, files in os.walk(path):
         for name in files:
-            try:
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile
                 total += os.lstat(os.path.join(folder, name)).st_size
-            except FileNotFoundError:
-                pass
     return total
 
 
 def memory_steps(directory: str | os.PathLike, run: str) -> list[dict]:
-    """:meth:`NodeStore.describe` of ``<directory>/<run>`` without creating anything: [] when it
-    does not exist."""
+    """:meth:`NodeStore.describe` of ``<directory>/<run>``, creating nothing: [] when it does not exist."""
     try:
         store = NodeStore(directory, run, create=False)
     except CheckpointNotFoundError:
