@@ -35,6 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from .tree import DESCEND, descend_containers, leaves, transform
 from .format.values import Leaf
+from .optim_state import create_empty_state
 from .state_names import FLAT, StateNames
 
 
@@ -101,6 +102,7 @@ class _Exporter:
                 self.restorers.append(lambda: node.load_state_dict(_unwrap(sd)))
                 return sd
             # groups per parameter, unless loading a checkpoint that stored them by position (older saves)
+            create_empty_state(node)  # what torch's state-dict API would make by a zero-gradient step, without it
             flat = not (self.loading and _groups_by_position(getattr(self.whole, "keys", ()), path))
             options = FLAT if flat else StateDictOptions(flatten_optimizer_state_dict=False)
             optimizer_state = (get_optimizer_state_dict(owner, node, options=options) if self.names is None

@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.metadata import StorageMeta
 
 from .. import CheckpointError, IncompatibleCheckpointError, SafeLoadPlanner, read_manifest
 from ..convert import read_dcp_metadata
+from ..optim_state import create_empty_state
 
 MODEL = "model"
 DATALOADER = "dataloader"
@@ -49,6 +50,9 @@ def training_tree(states: dict[str, Any], *, model_only: bool = False, exclude: 
         if name == DATALOADER:
             tree.update({f"{DATALOADER}.{key}": item for key, item in value.state_dict().items()})
         else:
+            parts = getattr(value, "optimizers", None) if isinstance(value, torch.optim.Optimizer) else None
+            for optimizer in parts if isinstance(parts, list) else ():  # an OptimizersContainer's, one a model part
+                create_empty_state(optimizer)  # else its state_dict() runs a zero-gradient step first (a resume)
             tree[name] = value
     return tree
 

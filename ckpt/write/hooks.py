@@ -20,6 +20,7 @@ import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from ..optim_state import only_waits
 from ..state import buffer_owners
 
 
@@ -36,14 +37,14 @@ class SnapshotHooks:
         """Wait for a pending snapshot before ``optimizer.step()`` and before the forward of every
         module of ``model`` that holds persistent buffers (they change in forward)."""
         if optimizer is not None:
-            self.hooks.append(optimizer.register_step_pre_hook(lambda *_: self._wait()))
+            self.hooks.append(optimizer.register_step_pre_hook(only_waits(lambda *_: self._wait())))
         for module in buffer_owners(model) if model is not None else ():
             self.hooks.append(module.register_forward_pre_hook(lambda *_: self._wait()))
 
     def attach_everywhere(self) -> None:
         """Wait for a pending snapshot before any optimizer's step and, once after each snapshot, before
         the next forward of any module: for a caller that is handed a dict, not the model."""
-        self.hooks.append(register_optimizer_step_pre_hook(lambda *_: self._wait()))
+        self.hooks.append(register_optimizer_step_pre_hook(only_waits(lambda *_: self._wait())))
         self._everywhere = True
 
     def snapshot_taken(self) -> None:

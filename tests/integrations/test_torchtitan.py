@@ -246,12 +246,19 @@ def _llama_save_and_resume(base: str, imports: list, async_mode: str) -> dict:
             job.checkpointer.maybe_wait_for_staging()
             at_save = job.snapshot()
     job.checkpointer.close()
-    fresh = llama_job(base, imports, seed=7, load_step=2, **options)
-    assert fresh.checkpointer.load(step=2) is True
+    steps, step = [], torch.optim.AdamW.step
+    torch.optim.AdamW.step = lambda self, *args, **kwargs: steps.append(1) or step(self, *args, **kwargs)
+    try:  # the new job's build and load: the optimizer steps in neither
+        fresh = llama_job(base, imports, seed=7, load_step=2, **options)
+        assert fresh.checkpointer.load(step=2) is True
+        steps_in_load = len(steps)  # (the LR scheduler's step wrapper keeps counting after)
+    finally:
+        torch.optim.AdamW.step = step
     resumed = fresh.snapshot()
     seeded_step(fresh)
     fresh.checkpointer.close()
-    return {"at_save": at_save, "resumed": resumed, "continued": fresh.snapshot(), "uninterrupted": job.snapshot()}
+    return {"at_save": at_save, "resumed": resumed, "continued": fresh.snapshot(), "uninterrupted": job.snapshot(),
+            "steps_in_load": steps_in_load}
 
 
 _LLAMA_STATES = ("model", "params", "optimizer", "raw_optimizer", "lr_scheduler", "train_state", "lr")
@@ -262,6 +269,7 @@ def test_llama3_resume_restores_the_fused_qkv_weight(tmp_path):
     torch.set_num_threads(1)
     ours = _llama_save_and_resume(str(tmp_path), [OVERRIDE], "disabled")
     assert any(".qkv_linear.wqkv." in key for key in ours["resumed"]["params"])
+    assert ours["steps_in_load"] == 0  # AdamW's state made directly (ckpt.optim_state), no zero-gradient step
     for state in _LLAMA_STATES:
         assert_bitwise(ours["resumed"][state], ours["at_save"][state], f"vs saved: {state}")
         assert_bitwise(ours["continued"][state], ours["uninterrupted"][state], f"step 3 again: {state}")
@@ -273,6 +281,7 @@ def test_llama3_resume_is_torchtitans_own_managers_resume_sync_and_async(tmp_pat
     torchtitan's own CheckpointManager restores from the same run."""
     torch.set_num_threads(1)
     theirs = _llama_save_and_resume(str(tmp_path / "theirs"), [], "disabled")  # torchtitan's CheckpointManager
+    assert theirs["steps_in_load"] == 1  # torch's state-dict API made AdamW's state by a zero-gradient step
     for async_mode in ("disabled", "async_with_pinned_mem"):
         ours = _llama_save_and_resume(str(tmp_path / async_mode), [OVERRIDE], async_mode)
         for state in _LLAMA_STATES:
