@@ -206,7 +206,10 @@ def report(result: dict, rows, args, info: dict, command: str) -> tuple[str, lis
         "- A worker crash is a fresh job over the memory folders as the crashed run left them (the saving run keeps "
         "them: `memory_keep_on_exit`), not torchrun's `--max-restarts` restart in place: the launcher + interpreter "
         "part is a fresh start's. A node loss empties node 1's folder before the job: its ranks fetch their files "
-        "from node 0 (the partner copies) inside the load part.",
+        "from node 0 (the partner copies) inside the load part. The folders are restored from a copy on disk before "
+        "each memory row; that copy's cached pages are then evicted: on this VM, fresh memory past what the guest "
+        "touched lately costs ~45 us a page at first touch instead of ~3 (measured: a 1 GiB touch after 14 GB of "
+        "tmpfs), and with them cached the memory rows' first step took 2-3x as long (17-24 s against 6-8 s).",
         "- Storage, DCP and torchtitan read nothing from the memory folders: the same recovery after a crash or a lost "
         "node, measured once (scenario \"either\"). No row saves in its first resumed step (the memory rows run with "
         "`memory_interval 1000`), so the first step is the same work everywhere.",
