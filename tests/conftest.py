@@ -46,14 +46,11 @@ from tests.support import REPO, s3proxy, s3server
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hooks (the dev extra)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto`` (the README's test command): one worker per core this process may use, and one
-    more on a box of 2 cores or fewer, at most 4. Most tests run on one core (one torch thread), but
-    their ranks and tools wait on each other (rendezvous, collectives, process starts): on the 2-core
-    box two workers kept the cores busy 1.33 of 2 on average (pytest 11:48 for ~944 s of CPU), and a
-    third fills those waits. More than 4 would only multiply the rank processes the multi-rank tests
-    start."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(4, cores + 1 if cores <= 2 else cores))
+    """``-n auto`` (the README's test command): one worker per core this process may use, at most 4.
+    Most tests run on one core (one torch thread; their ranks and tools wait on each other), so a
+    second worker nearly halves the 2-core box's wall time; more than 4 would only multiply the
+    rank processes that the multi-rank tests start."""
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
