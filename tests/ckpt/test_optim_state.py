@@ -11,6 +11,7 @@ from torch.distributed.checkpoint.state_dict import _init_optim_state
 
 from ckpt.optim_state import create_empty_state
 from tests.support.launch import run_ranks
+from tests.support.models import assert_same
 
 
 def _model(seed: int = 0) -> torch.nn.Module:
@@ -215,23 +216,8 @@ def _resume_both_ways(rank: int, world: int, folder: str) -> dict:
     return results
 
 
-def _assert_same_tree(a, b, where: str) -> None:
-    if isinstance(a, torch.Tensor):
-        assert _same_bits(a, b), where
-    elif isinstance(a, dict):
-        assert list(a) == list(b), where
-        for key in a:
-            _assert_same_tree(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_same_tree(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, where
-
-
 def test_a_managers_resume_is_torchs_without_the_step(tmp_path):
     for rank, result in enumerate(run_ranks(2, _resume_both_ways, str(tmp_path))):
         assert result["direct"]["steps"] == 0 and result["torch"]["steps"] == 1
-        _assert_same_tree(result["direct"]["loaded"], result["torch"]["loaded"], f"rank {rank} loaded")
-        _assert_same_tree(result["direct"]["stepped"], result["torch"]["stepped"], f"rank {rank} stepped")
+        for stage in ("loaded", "stepped"):
+            assert_same(result["direct"][stage], result["torch"][stage], f"rank {rank} {stage}", tensors_same=_same_bits)

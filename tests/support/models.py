@@ -97,18 +97,22 @@ def flat_tensors(nested: dict) -> dict[str, torch.Tensor]:
     return {k: v for k, v in flat.items() if isinstance(v, torch.Tensor)}
 
 
-def assert_same(actual, expected, where: str = "") -> None:
-    """Bitwise equality of nested dicts/lists of tensors and values."""
+def assert_same(actual, expected, where: str = "", *, tensors_same=None) -> None:
+    """Bitwise equality of nested dicts/lists of tensors and values; ``tensors_same(a, e)``, when
+    given, decides for tensors instead (e.g. DTensors: placements, mesh and local bytes)."""
     if isinstance(expected, dict):
         assert isinstance(actual, dict) and actual.keys() == expected.keys(), (where, set(actual) ^ set(expected))
         for key in expected:
-            assert_same(actual[key], expected[key], f"{where}.{key}")
+            assert_same(actual[key], expected[key], f"{where}.{key}", tensors_same=tensors_same)
     elif isinstance(expected, (list, tuple)):
         assert type(actual) is type(expected) and len(actual) == len(expected), where
         for i, (a, e) in enumerate(zip(actual, expected)):
-            assert_same(a, e, f"{where}[{i}]")
+            assert_same(a, e, f"{where}[{i}]", tensors_same=tensors_same)
     elif isinstance(expected, torch.Tensor):
         assert isinstance(actual, torch.Tensor), where
+        if tensors_same is not None:
+            assert tensors_same(actual, expected), where
+            return
         assert actual.dtype == expected.dtype and actual.shape == expected.shape, where
         assert torch.equal(_bits(actual), _bits(expected)), where
     elif isinstance(expected, float) and expected != expected:
