@@ -83,27 +83,37 @@ class CheckpointManager:
         self._write_pg = dist.new_group(backend="gloo") if self._distributed else None
         run_on_src(self._lock_primary if self.rank == 0 else lambda: None, self._control_pg,
                    distributed=self._distributed)
-        self.run = self._root.run = broadcast_value(self._root.run, self._control_pg, distributed=self._distributed)
-        self._catalog = (CatalogUpdates.open(options.catalog, self._root.path, [m.path for m in self._mounts])
-                         if self.rank == 0 else CatalogUpdates(None))
-        self._replicator = start_replicator(self._mounts, options, distributed=self._distributed,
-                                            on_state=self._catalog.replica_state, run=self.run)
-        # snapshot, delta chain, writer thread, hooks, counters, background errors: ckpt.write.pipeline
-        self._pipeline = SavePipeline(options, agree=lambda flags: any_rank(flags, self._control_pg,
-                                                                            distributed=self._distributed))
-        self._memory_pg = None
-        if options.memory is not None:  # host RAM of each node, a partner's copy: ckpt.memory
-            from .memory import MemoryGate, MemoryTier, local_world_size
+        self._catalog, self._replicator, self._memory_pg, self._closed = CatalogUpdates(None), None, None, False
+        self._pipeline: SavePipeline | None = None
+        try:  # from here on the root is held: a constructor that fails lets go of it (and of what it started)
+            self.run = self._root.run = broadcast_value(self._root.run, self._control_pg, distributed=self._distributed)
+            self._catalog = (CatalogUpdates.open(options.catalog, self._root.path, [m.path for m in self._mounts])
+                             if self.rank == 0 else CatalogUpdates(None))
+            self._replicator = start_replicator(self._mounts, options, distributed=self._distributed,
+                                                on_state=self._catalog.replica_state, run=self.run)
+            # snapshot, delta chain, writer thread, hooks, counters, background errors: ckpt.write.pipeline
+            self._pipeline = SavePipeline(options, agree=lambda flags: any_rank(flags, self._control_pg,
+                                                                                distributed=self._distributed))
+            if options.memory is not None:  # host RAM of each node, a partner's copy: ckpt.memory
+                from .memory import MemoryGate, MemoryTier, local_world_size
 
-            world = dist.get_world_size() if self._distributed else 1
-            self._memory_pg = dist.new_group(backend="gloo") if self._distributed else None
-            self._pipeline.use_memory(MemoryTier(
-                options.memory, self.run, rank=self.rank, world=world, local_world=local_world_size(world),
-                group=self._memory_pg, keep=options.memory_keep, replicas=options.memory_replicas),
-                MemoryGate(self._control_pg))  # memory-only saves: no blocking collective per step
+                world = dist.get_world_size() if self._distributed else 1
+                self._memory_pg = dist.new_group(backend="gloo") if self._distributed else None
+                # each node's own folder: a node that cannot open its folder stops every rank, with its error
+                tier = Agreement(self._control_pg, distributed=self._distributed).each(lambda: MemoryTier(
+                    options.memory, self.run, rank=self.rank, world=world, local_world=local_world_size(world),
+                    group=self._memory_pg, keep=options.memory_keep, replicas=options.memory_replicas))
+                # memory-only saves: no blocking collective per step
+                self._pipeline.use_memory(tier, MemoryGate(self._control_pg))
+        except BaseException:
+            try:
+                if self._pipeline is not None:  # no save started: nothing to wait for
+                    self._pipeline.close()
+            finally:
+                self._release()
+            raise
         self.loaded_from: str | None = None  # "memory" or "storage": where the last load's step came from
         self._names = StateNames()  # torch's names of the state's values, kept between saves
-        self._closed = False
 
     # -- training-loop API -----------------------------------------------------------------------
     @property
@@ -259,16 +269,20 @@ class CheckpointManager:
             if self._pipeline.memory is not None:
                 self._pipeline.memory.close(finished=finished, keep_on_exit=self.options.memory_keep_on_exit)
         finally:
-            self._closed = True
-            if self._replicator is not None and not self._replicator.close(self.options.close_timeout):
-                log.warning("replication unfinished at close (%s); the next manager on this root catches up",
-                            self._replicator.status())
-            self._catalog.close()
-            self._root.unlock()
-            for group in (self._control_pg, self._write_pg, self._memory_pg,
-                          *(self._replicator.groups if self._replicator else ())):
-                if group is not None:
-                    dist.destroy_process_group(group)
+            self._release()
+
+    def _release(self) -> None:
+        """Let go of the root and of what the manager started (replication, the catalog, its groups)."""
+        self._closed = True
+        if self._replicator is not None and not self._replicator.close(self.options.close_timeout):
+            log.warning("replication unfinished at close (%s); the next manager on this root catches up",
+                        self._replicator.status())
+        self._catalog.close()
+        self._root.unlock()
+        for group in (self._control_pg, self._write_pg, self._memory_pg,
+                      *(self._replicator.groups if self._replicator else ())):
+            if group is not None:
+                dist.destroy_process_group(group)
 
     def __enter__(self) -> "CheckpointManager":
         return self

@@ -146,6 +146,17 @@ def test_one_manager_per_root_and_startup_cleanup(tmp_path):
         assert again.steps() == [1]
 
 
+def test_a_constructor_that_fails_lets_go_of_the_root(tmp_path):
+    """A manager that cannot start (here: its memory folder cannot be made) raises and holds nothing:
+    the same process opens the root again with the option fixed (the lock was left held before)."""
+    with pytest.raises(ckpt.InvalidOptionError, match="memory"):
+        CheckpointManager(tmp_path / "ckpt", memory=str(tmp_path / "missing" / "shm"))
+    with CheckpointManager(tmp_path / "ckpt", memory=str(tmp_path / "shm")) as manager:
+        manager.save(1, {"x": torch.ones(1)}, force=True)
+        manager.wait()
+        assert manager.steps() == [1]
+
+
 def test_load_latest_falls_back_past_a_corrupt_checkpoint(tmp_path):
     with CheckpointManager(tmp_path, keep=5) as manager:
         for step in (1, 2, 3):

@@ -164,6 +164,35 @@ def test_a_memory_save_without_room_is_skipped_and_storage_saves_go_on(tmp_path)
     assert sorted(p.name for p in root.iterdir() if p.name.startswith("step-")) == ["step-00000002", "step-00000004"]
 
 
+def _open_with_one_node_s_folder_missing(rank: int, world: int, root: str, memory: str) -> tuple:
+    """Node 1's RAM file system is not mounted (its folder's parent is missing): every rank's
+    constructor raises that node's error, none hangs, and each releases what it took (the root)."""
+    import ckpt
+
+    os.environ["LOCAL_WORLD_SIZE"] = str(LOCAL)
+    folder = f"{memory}/node0" if rank < LOCAL else f"{memory}/unmounted/node1"
+    try:
+        ckpt.CheckpointManager(root, memory=folder)
+    except ckpt.InvalidOptionError as exc:
+        error = str(exc)
+    else:
+        error = None
+    with ckpt.CheckpointManager(root, memory=f"{memory}/node{rank // LOCAL}") as manager:  # the root is free
+        manager.save(1, _state(rank, 1), force=True)
+        manager.wait()
+        steps = manager.steps()
+    return error, steps
+
+
+def test_a_node_that_cannot_open_its_memory_folder_stops_every_rank_with_its_error(tmp_path):
+    memory = tmp_path / "shm"
+    memory.mkdir()
+    results = run_ranks(WORLD, _open_with_one_node_s_folder_missing, str(tmp_path / "ckpt"), str(memory))
+    for error, steps in results:
+        assert error is not None and "unmounted" in error and "does not exist" in error
+        assert steps == [1]
+
+
 @pytest.mark.slow
 def test_another_layout_resumes_from_storage(trained):
     """2 ranks on one node where 4 saved: node 0's folder holds every rank's files of step 5 (its own
