@@ -85,10 +85,16 @@ def write_local(flat: dict[str, Any], paths: dict[str, tuple], location: Locatio
     return manifest, new.raw
 
 
-def load_local(state: dict, location: Any, manifest: Any, *, strict: bool) -> None:
+def export_for_load(state: dict, manifest: Any) -> tuple[dict, Any]:
+    """``state`` exported to load the checkpoint of ``manifest`` into (:func:`ckpt.state.export_state`)."""
+    return export_state(state, stored_whole(set(manifest.values), [*manifest.values, *manifest.tensors]))
+
+
+def load_local(state: dict, location: Any, manifest: Any, *, strict: bool, exported: tuple | None = None) -> None:
     """Load a rank's own checkpoint (:func:`local_tree`'s) into ``state``: DCP fills each DTensor's
-    local tensor in place, then the exported tree, DTensors back in it, goes to the user's objects."""
-    tree, restore = export_state(state, stored_whole(set(manifest.values), [*manifest.values, *manifest.tensors]))
+    local tensor in place, then the exported tree, DTensors back in it, goes to the user's objects.
+    ``exported``: :func:`export_for_load`'s result, when the caller made it already (one export, not two)."""
+    tree, restore = exported if exported is not None else export_for_load(state, manifest)
     swapped = _swap_local(tree)
     try:
         load_with_manifest(tree, location, manifest, strict=strict, no_dist=True)

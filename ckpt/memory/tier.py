@@ -46,8 +46,7 @@ from ..errors import (CheckpointError, CheckpointNotFoundError, CorruptCheckpoin
 from ..outcomes import SaveStats
 from ..read import read_manifest
 from ..read.gc_pause import paused_gc
-from ..state import export_state
-from .local import flat_local, layout_of, load_local, tensor_bytes_of, write_local
+from .local import export_for_load, flat_local, layout_of, load_local, tensor_bytes_of, write_local
 from .nodes import node_of, partner_rank, readers_by_step, source_rank
 from .partner import exchange_copies, swap
 from .store import NodeStore
@@ -204,13 +203,12 @@ class MemoryTier:
             return None
         everyone = set(range(self.world))
         readers = {r: held for r, held in holders[step].items() if r in everyone}  # not another layout's
-        layout = layout_of(flat_local(export_state(state)[0])[0])
         fetch = {r: held[0] for r, held in readers.items() if held[0] != r}  # a replaced node's ranks
-        failures, loaded = self._assemble(step, state, fetch, everyone, layout, strict)
+        failures, loaded = self._assemble(step, state, fetch, everyone, strict)
         repair = {r: readers[r][1] for r, (_, damaged) in failures.items() if damaged and len(readers[r]) > 1}
         if failures and repair.keys() == failures.keys():  # own copies damaged: the partner node's instead
             first = failures
-            failures, _ = self._assemble(step, state, repair, set(repair) if loaded else everyone, layout, strict,
+            failures, _ = self._assemble(step, state, repair, set(repair) if loaded else everyone, strict,
                                          overwrite=True)
             failures = {r: (f"{first[r][0]}; its partner's copy: {message}", damaged)
                         for r, (message, damaged) in failures.items()}
@@ -225,13 +223,13 @@ class MemoryTier:
                   level=logging.WARNING if repair else logging.INFO)
         return step
 
-    def _assemble(self, step: int, state: dict, fetch: dict[int, int], loading: set[int], layout: str,
-                  strict: bool, *, overwrite: bool = False) -> tuple[dict[int, tuple[str, bool]], bool]:
+    def _assemble(self, step: int, state: dict, fetch: dict[int, int], loading: set[int], strict: bool, *,
+                  overwrite: bool = False) -> tuple[dict[int, tuple[str, bool]], bool]:
         """Every rank: move the files ``fetch`` names (receiving rank -> sending rank), then each rank
         in ``loading`` checks its copy's manifest and, once every rank's check passed, loads it.
         The failures, by rank (what failed; whether it was its copy, damaged or missing), and whether
         the loads were tried (every check passed)."""
-        location, manifest, error = self.store.rank_location(step, self.rank), None, None
+        location, manifest, exported, error = self.store.rank_location(step, self.rank), None, None, None
         try:
             self._fetch(step, fetch, overwrite=overwrite)
             if self.rank in loading:
@@ -240,7 +238,10 @@ class MemoryTier:
                 if saved.get("world") != self.world:
                     raise _Unusable(f"memory step {step} was saved by another layout ({saved.get('world')} "
                                     f"ranks) than this run's ({self.world} ranks)")
-                if saved.get("layout") != layout:  # same world: the rank's keys, shard shapes or dtypes differ
+                # exported once, as the load wants it: its tensors are those a save's export has (only
+                # tensor-free values may be stored otherwise), so its layout is the one to compare
+                exported = export_for_load(state, manifest)
+                if saved.get("layout") != layout_of(flat_local(exported[0])[0]):  # keys, shard shapes or dtypes
                     raise _Unusable(f"memory step {step} was saved by another layout (this rank's tensors: other "
                                     f"names, shard shapes or dtypes than this run's)")
         except (CheckpointError, OSError) as exc:
@@ -250,7 +251,7 @@ class MemoryTier:
             return failures, False
         if self.rank in loading:
             try:
-                load_local(state, location, manifest, strict=strict)
+                load_local(state, location, manifest, strict=strict, exported=exported)
             except (CheckpointError, OSError) as exc:
                 error = exc
         return self._failures(error), True
