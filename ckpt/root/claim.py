@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 import uuid
 
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, ForeignRunError
 from ..format import is_run_id
 from ..storage import Location
+from .answer import Answer
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +90,7 @@ def claim_primary(root, replicas: list) -> str:
 def _adopt(primary: str, replicas: list[Location]) -> str | None:
     """The run of the first replica whose record names ``primary`` (read in the background, for at
     most :data:`ADOPT_TIMEOUT` seconds: a replica that is down is passed over)."""
-    found: list[str | None] = [None]
-
-    def look() -> None:
+    def look() -> str | None:
         for replica in replicas:
             try:
                 record = read_claim(replica)
@@ -101,13 +99,11 @@ def _adopt(primary: str, replicas: list[Location]) -> str | None:
             if record is not None and record.get("primary") == primary:
                 log.warning("checkpoint root %s is empty and unclaimed; replica %s names it as its primary: "
                             "continuing run %s", primary, replica, record["run"])
-                found[0] = record["run"]
-                return
+                return record["run"]
+        return None
 
-    thread = threading.Thread(target=look, name="ckpt-run-adopt", daemon=True)
-    thread.start()
-    thread.join(ADOPT_TIMEOUT)
-    return found[0]
+    done, run = Answer(look, name="ckpt-run-adopt").wait(time.monotonic() + ADOPT_TIMEOUT)
+    return run if done else None
 
 
 def claim_replica(mount, run: str, primary: str) -> None:

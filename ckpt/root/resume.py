@@ -41,6 +41,7 @@ from typing import Any, Callable
 from ..collective import LOCAL, Agreement
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, ForeignRunError, StorageError
 from ..storage import Location
+from .answer import REPLICA_WAIT_S, Answer, deadline_after_primary
 from .claim import read_claim
 from .damaged import damaged_steps, set_aside, utc_stamp
 from .steps import CheckpointRoot
@@ -74,26 +75,47 @@ def _committed(mount: CheckpointRoot, *, chain_checked: bool, run: str | None = 
     return [step for step in steps if step not in others]
 
 
-def ours(mounts: list[CheckpointRoot], run: str | None) -> list[CheckpointRoot]:
-    """The primary and each replica not claimed by another run (``.run``; one warning naming both
-    runs for each one that is): only these are loaded from, for a step or a delta's link."""
+def _ours(mount: CheckpointRoot, run: str | None) -> bool:
+    """Whether a replica is this run's (or claimed by none): one claimed by another run is passed
+    over entirely, one warning naming both runs."""
     if run is None:
-        return list(mounts)
-    kept = [mounts[0]]
-    for mount in mounts[1:]:
-        try:
-            record = read_claim(mount.path)
-        except ForeignRunError as exc:
-            log.warning("checkpoint mount %s passed over: %s", mount.path, exc)
-            continue
-        except (CheckpointError, OSError):
-            record = None  # unreachable now: listing it passes over it
-        if record is not None and record["run"] != run:
-            log.warning("checkpoint mount %s belongs to another run (claimed by run %s; this is run %s); "
-                        "not loading from it", mount.path, record["run"], run)
-            continue
-        kept.append(mount)
-    return kept
+        return True
+    try:
+        record = read_claim(mount.path)
+    except ForeignRunError as exc:
+        log.warning("checkpoint mount %s passed over: %s", mount.path, exc)
+        return False
+    except (CheckpointError, OSError):
+        return True  # unreachable now: listing it passes over it
+    if record is not None and record["run"] != run:
+        log.warning("checkpoint mount %s belongs to another run (claimed by run %s; this is run %s); "
+                    "not loading from it", mount.path, record["run"], run)
+        return False
+    return True
+
+
+def _listings(mounts: list[CheckpointRoot], run: str | None, *, chain_checked_alone: bool) -> dict[int, list[int]]:
+    """Rank 0: mount index -> its committed steps, for the primary and each replica that is this
+    run's (:func:`_ours`) and answered in time (:mod:`ckpt.root.answer`: every replica is asked at
+    once, on threads, while the primary is listed; when the primary has steps, one that has not
+    answered ``REPLICA_WAIT_S`` seconds later is passed over, saying so). ``chain_checked_alone``:
+    when the primary is the only mount left, its steps whose delta chains are whole."""
+    if len(mounts) == 1:
+        return {0: _committed(mounts[0], chain_checked=chain_checked_alone, run=run)}
+    answers = [Answer(lambda mount=mount: _committed(mount, chain_checked=False, run=run) if _ours(mount, run)
+                      else None) for mount in mounts[1:]]
+    found = {0: _committed(mounts[0], chain_checked=False, run=run)}
+    deadline = deadline_after_primary(bool(found[0]))
+    for index, answer in enumerate(answers, 1):
+        done, steps = answer.wait(deadline)
+        if not done:
+            log.warning("checkpoint mount %s has not answered %.0f s after the primary (newest step %d); passing "
+                        "over it", mounts[index].path, REPLICA_WAIT_S, max(found[0]))
+        elif steps is not None:
+            found[index] = steps
+    if len(found) == 1 and chain_checked_alone:
+        found[0] = _committed(mounts[0], chain_checked=True, run=run)
+    return found
 
 
 def _load_from(mounts: list[CheckpointRoot], holders: list[CheckpointRoot], state: dict, step: int,
@@ -125,9 +147,8 @@ def agreed(load: LoadFn, agree: Agreement) -> LoadFn:
 
 
 def _holders(mounts: list[CheckpointRoot], step: int, run: str | None) -> tuple[list[int], list[int]]:
-    kept = ours(mounts, run)
-    return ([mounts.index(m) for m in kept],
-            [mounts.index(m) for m in kept if step in _committed(m, chain_checked=False, run=run)])
+    found = _listings(mounts, run, chain_checked_alone=False)
+    return sorted(found), [index for index in sorted(found) if step in found[index]]
 
 
 def load_step(mounts: list[CheckpointRoot], state: dict, step: int, load: LoadFn, *, run: str | None = None,
@@ -155,15 +176,15 @@ def _not_there(primary: CheckpointRoot, step: int) -> str:
 def _candidates(mounts: list[CheckpointRoot], run: str | None) -> tuple[list[int], list[tuple[int, list[int]]], list[int]]:
     """Rank 0's listing: the mounts kept (indices), each committed step with the mounts holding it
     (newest first) and, on a single mount, the committed deltas whose chain lost a link."""
-    kept = ours(mounts, run)
-    single = len(kept) == 1
+    found = _listings(mounts, run, chain_checked_alone=True)
+    kept = sorted(found)
     holders: dict[int, list[int]] = {}
-    for mount in kept:
-        for step in _committed(mount, chain_checked=single, run=run):
-            holders.setdefault(step, []).append(mounts.index(mount))
+    for index in kept:
+        for step in found[index]:
+            holders.setdefault(step, []).append(index)
     listed = sorted(holders)
-    orphans = sorted(set(kept[0].committed()) - set(listed), reverse=True) if single else []
-    return [mounts.index(m) for m in kept], [(step, holders[step]) for step in reversed(listed)], orphans
+    orphans = sorted(set(mounts[0].committed()) - set(listed), reverse=True) if len(kept) == 1 else []
+    return kept, [(step, holders[step]) for step in reversed(listed)], orphans
 
 
 def load_latest(mounts: list[CheckpointRoot], state: dict, load: LoadFn, *, run: str | None = None,

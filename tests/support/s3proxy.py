@@ -47,6 +47,8 @@ class LoopbackProxy:
       (the client fails fast rather than waiting on a timeout); the port stays reserved by a bound,
       non-listening socket, so :meth:`restore` gets it back.
     * ``"slow"`` (:meth:`slow`): every chunk forwarded, either way, is held ``delay_ms`` first.
+    * ``"hold"`` (:meth:`hold`): connections are accepted but no request goes on (a server that does
+      not answer: a host gone from the network) until :meth:`forward` or :meth:`close` lets them go.
     * ``"error"`` (:meth:`error`): the next ``count`` requests (optionally only those matching a
       regular expression) are answered by the proxy itself with an S3-style XML error (500
       InternalError, 503 SlowDown), ``Connection: close``, without reaching the server; then
@@ -76,6 +78,8 @@ class LoopbackProxy:
         self._truncate: tuple[int, float] = (0, 0.5)  # (responses still to cut, share of the body kept)
         self._match: str | None = None  # errors/truncation only for request lines matching this regex
         self._lock = threading.Lock()
+        self._released = threading.Event()  # cleared while holding requests
+        self._released.set()
         self._conns: set[socket.socket] = set()  # every open socket, both sides
         self._closed = False
         self._listener: socket.socket | None = socket.create_server((HOST, 0))
@@ -105,6 +109,13 @@ class LoopbackProxy:
             self._require_listening()
             self.mode, self.delay_ms = "slow", max(0.0, float(delay_ms))
 
+    def hold(self) -> None:
+        """Forward no request until :meth:`forward` (or :meth:`close`): each one waits, unanswered."""
+        with self._lock:
+            self._require_listening()
+            self.mode = "hold"
+            self._released.clear()
+
     def error(self, count: int = 1, status: int = 500, *, match: str | None = None) -> None:
         """Answer the next ``count`` requests with the S3 error of ``status`` (500 InternalError,
         501 NotImplemented, 503 SlowDown) without forwarding them; forwarding resumes after them. ``match``: only
@@ -131,6 +142,7 @@ class LoopbackProxy:
             if self.mode != "drop":
                 self.mode = "forward"
             self.delay_ms, self._errors, self._truncate, self._match = 0.0, (0, 500), (0, 0.5), None
+            self._released.set()
 
     def _require_listening(self) -> None:
         if self._closed or self.mode == "drop":
@@ -184,6 +196,7 @@ class LoopbackProxy:
             if self._closed:
                 raise RuntimeError("LoopbackProxy is closed")
             self.delay_ms, self._errors, self._truncate, self._match = 0.0, (0, 500), (0, 0.5), None
+            self._released.set()
             if self._listener is not None:
                 self.mode = "forward"
                 return
@@ -197,6 +210,7 @@ class LoopbackProxy:
         with self._lock:
             self._closed = True
         self.drop()
+        self._released.set()  # held requests go on, to the reset sockets
         self._placeholder.close()
 
     def __enter__(self) -> "LoopbackProxy":
@@ -297,6 +311,7 @@ class LoopbackProxy:
             if status is not None:
                 self._answer(reader, conn, method, status)
                 return
+            self._released.wait()  # held (hold()) until forward() or close()
             with self._lock:
                 conn.methods.append((method, target))
             self._send(upstream, head)

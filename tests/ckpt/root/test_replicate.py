@@ -5,6 +5,8 @@ a loopback proxy that can cut the connection; retention and start-up clean-up on
 from __future__ import annotations
 
 import logging
+import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from ckpt.storage import locate
 from tests.support.checkpoints import step_path
 from tests.support.launch import run_ranks
 from tests.support.replicas import FAST_RETRY
+from tests.support.replicas import blank as _blank
 from tests.support.replicas import train as _train
 from tests.support.replicas import verify_every_blob as _verify_every_blob
 
@@ -76,6 +79,45 @@ def test_close_waits_up_to_its_timeout_and_the_next_manager_catches_up(tmp_path,
                                 **FAST_RETRY) as manager:
         _wait_committed(manager, [2, 3], mounts=1)
     assert CheckpointRoot(s3, s3_bucket.storage_options).steps() == [2, 3]
+
+
+def test_a_replica_that_does_not_answer_holds_up_no_restart(tmp_path, s3_bucket, s3_proxy, caplog):
+    """A restart whose S3 replica accepts connections but answers nothing (a host gone from the
+    network: with s3fs's defaults minutes of timeouts and retries per call; with the tests' options
+    2 attempts x 5 s of read timeout) opens its root (the catalog rebuilt: it was lost) and loads the
+    primary's newest step without waiting for it: the replica is passed over 5 s after the primary
+    answered, one line each, where it used to be waited for ("cannot be listed" after the timeouts).
+    Then the replica answers again and the run goes on as before."""
+    caplog.set_level(logging.WARNING, logger="ckpt")
+    primary, s3 = tmp_path / "nvme", f"{s3_bucket.url}/run"
+    options = dict(interval=1, keep=3, replicas=[s3], storage_options=s3_proxy.storage_options, **FAST_RETRY)
+    with ckpt.CheckpointManager(primary, **options) as manager:
+        saved = _train(manager, [1, 2])
+        manager.wait()
+        _wait_committed(manager, [1, 2], mounts=1)
+    shutil.rmtree(primary / ".catalog")  # rebuilt at the next start, from every mount
+    s3_proxy.hold()
+    restarted: dict = {}
+
+    def restart() -> None:
+        restarted["manager"] = ckpt.CheckpointManager(primary, **options)
+        state = _blank()
+        restarted["step"], restarted["state"] = restarted["manager"].load(state), state
+
+    thread = threading.Thread(target=restart, daemon=True)
+    thread.start()
+    thread.join(120)  # a hang guard, not a timing: the held replica would answer nothing for minutes
+    s3_proxy.forward()
+    if thread.is_alive():
+        thread.join()
+        raise AssertionError("the restart waited for a replica that answered nothing")
+    assert restarted["step"] == 2 and torch.equal(restarted["state"]["w"], saved[2]["w"])
+    said = [r.getMessage() for r in caplog.records if "has not answered" in r.getMessage()]
+    assert len(said) == 2 and all(s3 in line for line in said)  # the catalog's rebuild, then the resume
+    with restarted["manager"] as manager:  # the replica is back: new steps reach it
+        _train(manager, [3], seed0=2)
+        manager.wait()
+        _wait_committed(manager, [3], mounts=1)
 
 
 def _replicate_on_two_ranks(rank: int, world: int, primary: str, s3: str, options: dict) -> list[str]:
