@@ -81,7 +81,7 @@ def test_close_waits_up_to_its_timeout_and_the_next_manager_catches_up(tmp_path,
     assert CheckpointRoot(s3, s3_bucket.storage_options).steps() == [2, 3]
 
 
-def test_a_replica_that_does_not_answer_holds_up_no_restart(tmp_path, s3_bucket, s3_proxy, caplog):
+def test_a_replica_that_does_not_answer_holds_up_no_restart(tmp_path, s3_bucket, s3_proxy, caplog, monkeypatch):
     """A restart whose S3 replica accepts connections but answers nothing (a host gone from the
     network: with s3fs's defaults minutes of timeouts and retries per call; with the tests' options
     2 attempts x 5 s of read timeout) opens its root (the catalog rebuilt: it was lost) and loads the
@@ -96,6 +96,7 @@ def test_a_replica_that_does_not_answer_holds_up_no_restart(tmp_path, s3_bucket,
         manager.wait()
         _wait_committed(manager, [1, 2], mounts=1)
     shutil.rmtree(primary / ".catalog")  # rebuilt at the next start, from every mount
+    monkeypatch.setattr("ckpt.root.answer.REPLICA_WAIT_S", 1.0)  # the held replica answers nothing, ever
     s3_proxy.hold()
     restarted: dict = {}
 
