@@ -41,7 +41,7 @@ import torch.distributed as dist
 from .api import load_with_manifest, write_tree
 from .collective import Agreement, any_rank, broadcast_value, run_on_src
 from .dcp import Writer
-from .errors import CheckpointError
+from .errors import CheckpointError, CheckpointNotFoundError
 from .format import step_name
 from .options import SaveOptions
 from .outcomes import CommitInfo, LoadStats, SaveStats, tell_commit
@@ -181,7 +181,13 @@ class CheckpointManager:
 
         self.loaded_from = None
         if step is not None:
-            return self._stored(resume.load_step(self._mounts, state, step, load, run=self.run, agree=agree))
+            try:
+                return self._stored(resume.load_step(self._mounts, state, step, load, run=self.run, agree=agree))
+            except CheckpointNotFoundError as exc:  # a memory step is never history: say so where one is
+                why = self._pipeline.memory.why_not_stored(step) if self._pipeline.memory is not None else None
+                if why is None:
+                    raise
+                raise CheckpointNotFoundError(f"{exc}; {why}", path=exc.path) from exc
         recovered = self.recover_memory(state, strict=strict)  # newer than storage after a crash, from RAM
         if recovered is not None:
             return recovered

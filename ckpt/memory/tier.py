@@ -223,6 +223,12 @@ class MemoryTier:
                   level=logging.WARNING if repair else logging.INFO)
         return step
 
+    def why_not_stored(self, step: int) -> str | None:
+        """The line for a storage load of ``step`` that found none, when this node holds it in memory."""
+        if step in self.store.complete_steps():
+            return f"step {step} is a memory-tier step, loaded only by a load without a step while it is the newest"
+        return None
+
     def _assemble(self, step: int, state: dict, fetch: dict[int, int], loading: set[int], strict: bool, *,
                   overwrite: bool = False) -> tuple[dict[int, tuple[str, bool]], bool]:
         """Every rank: move the files ``fetch`` names (receiving rank -> sending rank), then each rank

@@ -231,6 +231,27 @@ def test_one_process_saves_to_memory_unless_told_not_and_recovers_memory_alone(t
     again.close()
 
 
+def test_a_load_of_a_memory_only_step_by_number_says_it_is_one(tmp_path):
+    """``load(step=N)`` reads storage (a memory step is never history): for a step only the memory
+    tier holds, the not-found error says so; for a step nowhere, it stays the plain one."""
+    import ckpt
+
+    memory = tmp_path / "shm"
+    memory.mkdir()
+    manager = ckpt.CheckpointManager(tmp_path / "ckpt", interval=2, memory=str(memory / "node0"))
+    for step in (1, 2, 3):
+        manager.save(step, _state(0, step))
+        manager.wait()
+    manager.close(finished=False)
+    again = ckpt.CheckpointManager(tmp_path / "ckpt", interval=2, memory=str(memory / "node0"))
+    with pytest.raises(ckpt.CheckpointNotFoundError, match=r"committed steps: 2; step 3 is a memory-tier step"):
+        again.load(_state(0, 0), step=3)
+    with pytest.raises(ckpt.CheckpointNotFoundError, match=r"committed steps: 2$"):
+        again.load(_state(0, 0), step=7)
+    assert again.load(_state(0, 0)) == 3  # the newest, from memory
+    again.close()
+
+
 def test_a_memory_save_pauses_the_garbage_collector(tmp_path, monkeypatch):
     """The objects a save builds (records, manifests) die with it: collected while alive, they would
     be promoted and bring on full collections of the whole process (the cost the pause removes)."""
