@@ -94,28 +94,37 @@ def _ours(mount: CheckpointRoot, run: str | None) -> bool:
     return True
 
 
-def _listings(mounts: list[CheckpointRoot], run: str | None, *, chain_checked_alone: bool) -> dict[int, list[int]]:
+def _listings(mounts: list[CheckpointRoot], run: str | None, *, chain_checked_alone: bool,
+              patient: bool = False) -> tuple[dict[int, list[int]], bool]:
     """Rank 0: mount index -> its committed steps, for the primary and each replica that is this
     run's (:func:`_ours`) and answered in time (:mod:`ckpt.root.answer`: every replica is asked at
     once, on threads, while the primary is listed; when the primary has steps, one that has not
-    answered ``REPLICA_WAIT_S`` seconds later is passed over, saying so). ``chain_checked_alone``:
-    when the primary is the only mount left, its steps whose delta chains are whole."""
+    answered ``REPLICA_WAIT_S`` seconds later is passed over, saying so, unless ``patient``); and
+    whether one was passed over so. ``chain_checked_alone``: when the primary is the only mount
+    left, its steps whose delta chains are whole."""
     if len(mounts) == 1:
-        return {0: _committed(mounts[0], chain_checked=chain_checked_alone, run=run)}
+        return {0: _committed(mounts[0], chain_checked=chain_checked_alone, run=run)}, False
     answers = [Answer(lambda mount=mount: _committed(mount, chain_checked=False, run=run) if _ours(mount, run)
                       else None) for mount in mounts[1:]]
-    found = {0: _committed(mounts[0], chain_checked=False, run=run)}
-    deadline = deadline_after_primary(bool(found[0]))
+    found, hurried = {0: _committed(mounts[0], chain_checked=False, run=run)}, False
+    deadline = deadline_after_primary(bool(found[0]) and not patient)
     for index, answer in enumerate(answers, 1):
         done, steps = answer.wait(deadline)
         if not done:
+            hurried = True
             log.warning("checkpoint mount %s has not answered %.0f s after the primary (newest step %d); passing "
-                        "over it", mounts[index].path, REPLICA_WAIT_S, max(found[0]))
+                        "over it unless the primary's copies fail", mounts[index].path, REPLICA_WAIT_S,
+                        max(found[0]))
         elif steps is not None:
             found[index] = steps
     if len(found) == 1 and chain_checked_alone:
         found[0] = _committed(mounts[0], chain_checked=True, run=run)
-    return found
+    return found, hurried
+
+
+def _ask_the_rest(step: int, failure: BaseException) -> None:
+    log.warning("checkpoint step %d cannot be loaded from the mounts that answered (%s); asking the replicas "
+                "passed over, however long they take", step, failure)
 
 
 def _load_from(mounts: list[CheckpointRoot], holders: list[CheckpointRoot], state: dict, step: int,
@@ -146,24 +155,31 @@ def agreed(load: LoadFn, agree: Agreement) -> LoadFn:
     return lambda state, path, mirrors: agree.each(lambda: load(state, path, mirrors))
 
 
-def _holders(mounts: list[CheckpointRoot], step: int, run: str | None) -> tuple[list[int], list[int]]:
-    found = _listings(mounts, run, chain_checked_alone=False)
-    return sorted(found), [index for index in sorted(found) if step in found[index]]
+def _holders(mounts: list[CheckpointRoot], step: int, run: str | None,
+             patient: bool) -> tuple[list[int], list[int], bool]:
+    found, hurried = _listings(mounts, run, chain_checked_alone=False, patient=patient)
+    return sorted(found), [index for index in sorted(found) if step in found[index]], hurried
 
 
 def load_step(mounts: list[CheckpointRoot], state: dict, step: int, load: LoadFn, *, run: str | None = None,
               agree: Agreement = LOCAL) -> int:
-    kept, holding = agree.decided(lambda: _holders(mounts, step, run))  # rank 0 lists for every rank
-    if not holding:
-        shown = agree.decided(lambda: _not_there(mounts[0], step))
-        raise CheckpointNotFoundError(
-            f"no committed checkpoint of step {step} under {mounts[0].path}; committed steps: {shown}",
-            path=str(mounts[0].step_path(step)))
-    failure, _ = _load_from([mounts[i] for i in kept], [mounts[i] for i in holding], state, step,
-                            agreed(load, agree))
+    for patient in (False, True):  # patient: once the mounts that answered in time have no good copy
+        kept, holding, hurried = agree.decided(lambda: _holders(mounts, step, run, patient))  # rank 0 lists
+        failure = None
+        if holding:
+            failure, _ = _load_from([mounts[i] for i in kept], [mounts[i] for i in holding], state, step,
+                                    agreed(load, agree))
+            if failure is None:
+                return step
+        if not hurried:
+            break
+        _ask_the_rest(step, failure or "none holds it")
     if failure is not None:
         raise failure
-    return step
+    shown = agree.decided(lambda: _not_there(mounts[0], step))
+    raise CheckpointNotFoundError(
+        f"no committed checkpoint of step {step} under {mounts[0].path}; committed steps: {shown}",
+        path=str(mounts[0].step_path(step)))
 
 
 def _not_there(primary: CheckpointRoot, step: int) -> str:
@@ -173,10 +189,12 @@ def _not_there(primary: CheckpointRoot, step: int) -> str:
     return shown + (f" (step {step} was set aside as damaged: {aside[-1]})" if aside else "")
 
 
-def _candidates(mounts: list[CheckpointRoot], run: str | None) -> tuple[list[int], list[tuple[int, list[int]]], list[int]]:
+def _candidates(mounts: list[CheckpointRoot], run: str | None,
+                patient: bool) -> tuple[list[int], list[tuple[int, list[int]]], list[int], bool]:
     """Rank 0's listing: the mounts kept (indices), each committed step with the mounts holding it
-    (newest first) and, on a single mount, the committed deltas whose chain lost a link."""
-    found = _listings(mounts, run, chain_checked_alone=True)
+    (newest first), on a single mount the committed deltas whose chain lost a link, and whether a
+    replica was passed over for not answering in time (see :func:`_listings`)."""
+    found, hurried = _listings(mounts, run, chain_checked_alone=True, patient=patient)
     kept = sorted(found)
     holders: dict[int, list[int]] = {}
     for index in kept:
@@ -184,27 +202,34 @@ def _candidates(mounts: list[CheckpointRoot], run: str | None) -> tuple[list[int
             holders.setdefault(step, []).append(index)
     listed = sorted(holders)
     orphans = sorted(set(mounts[0].committed()) - set(listed), reverse=True) if len(kept) == 1 else []
-    return kept, [(step, holders[step]) for step in reversed(listed)], orphans
+    return kept, [(step, holders[step]) for step in reversed(listed)], orphans, hurried
 
 
 def load_latest(mounts: list[CheckpointRoot], state: dict, load: LoadFn, *, run: str | None = None,
                 agree: Agreement = LOCAL, on_set_aside: Callable | None = None) -> int | None:
-    kept, candidates, orphans = agree.decided(lambda: _candidates(mounts, run))
-    newest_listed = candidates[0][0] if candidates else None
-    for orphan in orphans:
-        if newest_listed is None or orphan > newest_listed:
-            _fall_back(orphan, "a link of its delta chain is missing or unreadable")
-    load = agreed(load, agree)
-    failed: list[tuple[int, CheckpointError]] = []
-    for candidate, holding in candidates:
-        holders = [mounts[i] for i in holding]
-        failure, damaged = _load_from([mounts[i] for i in kept], holders, state, candidate, load)
-        if failure is None:
-            return candidate
-        failed.append((candidate, failure))
-        _fall_back(candidate, failure)
-        if not agree.any(not damaged):  # damaged on every mount, as every rank saw it
-            agree.decided(lambda: _set_aside(holders, candidate, on_set_aside))
+    load, patient = agreed(load, agree), False
+    while True:  # twice at most: again, patient, when a copy fails while a replica was passed over
+        kept, candidates, orphans, hurried = agree.decided(lambda: _candidates(mounts, run, patient))
+        newest_listed = candidates[0][0] if candidates else None
+        for orphan in orphans:
+            if newest_listed is None or orphan > newest_listed:
+                _fall_back(orphan, "a link of its delta chain is missing or unreadable")
+        failed: list[tuple[int, CheckpointError]] = []
+        for candidate, holding in candidates:
+            holders = [mounts[i] for i in holding]
+            failure, damaged = _load_from([mounts[i] for i in kept], holders, state, candidate, load)
+            if failure is None:
+                return candidate
+            if hurried:  # the replica passed over may hold a good copy: every mount's listing first
+                _ask_the_rest(candidate, failure)
+                break
+            failed.append((candidate, failure))
+            _fall_back(candidate, failure)
+            if not agree.any(not damaged):  # damaged on every mount, as every rank saw it
+                agree.decided(lambda: _set_aside(holders, candidate, on_set_aside))
+        else:
+            break
+        patient = True
     if failed or orphans:
         newest = failed[0] if failed else (orphans[0], "a link of its delta chain is missing")
         where = ", ".join(str(mounts[i].path) for i in kept)

@@ -17,7 +17,7 @@ import ckpt
 from ckpt.root import CheckpointRoot
 from ckpt.root.replicate import COMMITTED
 from ckpt.storage import locate
-from tests.support.checkpoints import step_path
+from tests.support.checkpoints import flip_byte, step_path
 from tests.support.launch import run_ranks
 from tests.support.replicas import FAST_RETRY
 from tests.support.replicas import blank as _blank
@@ -81,32 +81,46 @@ def test_close_waits_up_to_its_timeout_and_the_next_manager_catches_up(tmp_path,
     assert CheckpointRoot(s3, s3_bucket.storage_options).steps() == [2, 3]
 
 
-def test_a_replica_that_does_not_answer_holds_up_no_restart(tmp_path, s3_bucket, s3_proxy, caplog, monkeypatch):
-    """A restart whose S3 replica accepts connections but answers nothing (a host gone from the
-    network: with s3fs's defaults minutes of timeouts and retries per call; with the tests' options
-    2 attempts x 5 s of read timeout) opens its root (the catalog rebuilt: it was lost) and loads the
-    primary's newest step without waiting for it: the replica is passed over 5 s after the primary
-    answered, one line each, where it used to be waited for ("cannot be listed" after the timeouts).
-    Then the replica answers again and the run goes on as before."""
-    caplog.set_level(logging.WARNING, logger="ckpt")
-    primary, s3 = tmp_path / "nvme", f"{s3_bucket.url}/run"
-    options = dict(interval=1, keep=3, replicas=[s3], storage_options=s3_proxy.storage_options, **FAST_RETRY)
+def _saved_then_held(primary: Path, s3_proxy, options: dict, monkeypatch) -> dict:
+    """Steps 1-2 saved and copied to the S3 replica; then the catalog lost (rebuilt at the next start,
+    from every mount) and the replica holding every request: it accepts connections and answers
+    nothing (a host gone from the network: with s3fs's defaults minutes of timeouts and retries per
+    call; with the tests' options 2 attempts x 5 s of read timeout). The states saved, by step."""
     with ckpt.CheckpointManager(primary, **options) as manager:
         saved = _train(manager, [1, 2])
         manager.wait()
         _wait_committed(manager, [1, 2], mounts=1)
-    shutil.rmtree(primary / ".catalog")  # rebuilt at the next start, from every mount
+    shutil.rmtree(primary / ".catalog")
     monkeypatch.setattr("ckpt.root.answer.REPLICA_WAIT_S", 1.0)  # the held replica answers nothing, ever
     s3_proxy.hold()
+    return saved
+
+
+def _restart_in_background(primary: Path, options: dict, step: int | None = None) -> tuple[threading.Thread, dict]:
+    """A restart (the manager's start and its load, of ``step`` or the newest) on a thread: the
+    thread and, once it is done, its manager, the step loaded and the state."""
     restarted: dict = {}
 
     def restart() -> None:
         restarted["manager"] = ckpt.CheckpointManager(primary, **options)
         state = _blank()
-        restarted["step"], restarted["state"] = restarted["manager"].load(state), state
+        restarted["step"], restarted["state"] = restarted["manager"].load(state, step), state
 
     thread = threading.Thread(target=restart, daemon=True)
     thread.start()
+    return thread, restarted
+
+
+def test_a_replica_that_does_not_answer_holds_up_no_restart(tmp_path, s3_bucket, s3_proxy, caplog, monkeypatch):
+    """The restart opens its root and loads the primary's newest step without waiting for the held
+    replica: it is passed over 1 s (5 s outside the tests) after the primary answered, one line at
+    the catalog's rebuild and one at the resume, where it used to be waited for ("cannot be listed"
+    after the timeouts). Then the replica answers again and the run goes on as before."""
+    caplog.set_level(logging.WARNING, logger="ckpt")
+    primary, s3 = tmp_path / "nvme", f"{s3_bucket.url}/run"
+    options = dict(interval=1, keep=3, replicas=[s3], storage_options=s3_proxy.storage_options, **FAST_RETRY)
+    saved = _saved_then_held(primary, s3_proxy, options, monkeypatch)
+    thread, restarted = _restart_in_background(primary, options)
     thread.join(120)  # a hang guard, not a timing: the held replica would answer nothing for minutes
     s3_proxy.forward()
     if thread.is_alive():
@@ -119,6 +133,35 @@ def test_a_replica_that_does_not_answer_holds_up_no_restart(tmp_path, s3_bucket,
         _train(manager, [3], seed0=2)
         manager.wait()
         _wait_committed(manager, [3], mounts=1)
+
+
+@pytest.mark.parametrize("step", [None, 2], ids=["newest", "load_step"])
+def test_a_damaged_primary_copy_waits_for_the_replica_passed_over(step, tmp_path, s3_bucket, s3_proxy, caplog,
+                                                                 monkeypatch):
+    """The double fault: the primary's newest copy is damaged while the replica does not answer. The
+    restart passes the replica over, the primary's copy fails, and then it asks the replica however
+    long it takes (one line saying so), rather than falling back to an older step or failing: once
+    the replica answers, step 2 loads from it, bitwise. The damaged copy is not set aside (a good
+    copy exists). The same for an explicit ``load(step=2)``."""
+    caplog.set_level(logging.WARNING, logger="ckpt")
+    primary, s3 = tmp_path / "nvme", f"{s3_bucket.url}/run"
+    options = dict(interval=1, keep=3, replicas=[s3], storage_options=s3_proxy.storage_options, **FAST_RETRY)
+    saved = _saved_then_held(primary, s3_proxy, options, monkeypatch)
+    flip_byte(step_path(primary, 2), largest=True)
+    with pytest.warns(UserWarning, match="loaded from replica"):
+        thread, restarted = _restart_in_background(primary, options, step)
+        for _ in range(1200):  # until the restart says it waits for the replica (bounded: 120 s)
+            if any("asking the replicas passed over" in r.getMessage() for r in caplog.records):
+                break
+            thread.join(0.1)
+        s3_proxy.forward()  # the replica answers again
+        thread.join(120)
+    assert not thread.is_alive()
+    assert restarted["step"] == 2 and torch.equal(restarted["state"]["w"], saved[2]["w"])
+    assert any("asking the replicas passed over" in r.getMessage() for r in caplog.records)
+    assert any(f"loaded from replica {s3}" in r.getMessage() for r in caplog.records)
+    assert step_path(primary, 2).exists()  # not set aside: the replica had a good copy
+    restarted["manager"].close()
 
 
 def _replicate_on_two_ranks(rank: int, world: int, primary: str, s3: str, options: dict) -> list[str]:
