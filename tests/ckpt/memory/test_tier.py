@@ -231,9 +231,9 @@ def test_one_process_saves_to_memory_unless_told_not_and_recovers_memory_alone(t
     again.close()
 
 
-def test_a_load_of_a_memory_only_step_by_number_says_it_is_one(tmp_path):
-    """``load(step=N)`` reads storage (a memory step is never history): for a step only the memory
-    tier holds, the not-found error says so; for a step nowhere, it stays the plain one."""
+def _reopened_after_steps_1_to_3(tmp_path):
+    """One process, one node: steps 1-3 in memory, storage every 2 (step 2), closed as a crash leaves
+    it; a new manager on the same root and memory folder."""
     import ckpt
 
     memory = tmp_path / "shm"
@@ -243,7 +243,15 @@ def test_a_load_of_a_memory_only_step_by_number_says_it_is_one(tmp_path):
         manager.save(step, _state(0, step))
         manager.wait()
     manager.close(finished=False)
-    again = ckpt.CheckpointManager(tmp_path / "ckpt", interval=2, memory=str(memory / "node0"))
+    return ckpt.CheckpointManager(tmp_path / "ckpt", interval=2, memory=str(memory / "node0"))
+
+
+def test_a_load_of_a_memory_only_step_by_number_says_it_is_one(tmp_path):
+    """``load(step=N)`` reads storage (a memory step is never history): for a step only the memory
+    tier holds, the not-found error says so; for a step nowhere, it stays the plain one."""
+    import ckpt
+
+    again = _reopened_after_steps_1_to_3(tmp_path)
     with pytest.raises(ckpt.CheckpointNotFoundError, match=r"committed steps: 2; step 3 is a memory-tier step"):
         again.load(_state(0, 0), step=3)
     with pytest.raises(ckpt.CheckpointNotFoundError, match=r"committed steps: 2$"):
@@ -307,18 +315,12 @@ def test_where_a_load_came_from_and_why_storage_when_a_rank_s_files_are_gone(tmp
     was used (was: storage used without a word)."""
     import ckpt
 
-    memory = tmp_path / "shm"
-    memory.mkdir()
-    manager = ckpt.CheckpointManager(tmp_path / "ckpt", interval=2, memory=str(memory / "node0"))
-    for step in (1, 2, 3):
-        manager.save(step, _state(0, step))
-        manager.wait()
-    manager.close(finished=False)
-    again = ckpt.CheckpointManager(tmp_path / "ckpt", interval=2, memory=str(memory / "node0"))
+    again = _reopened_after_steps_1_to_3(tmp_path)
     assert again.loaded_from is None
     assert again.load(_state(0, 0)) == 3
     assert again.loaded_from == "memory" and again.memory_note == "resumed from memory step 3 (storage's newest: 2)"
     again.close(finished=False)
+    memory = tmp_path / "shm"
     (run,) = (memory / "node0").iterdir()
     for step in ("step-00000002", "step-00000003"):  # memory_keep 2: both steps lose rank 0's files
         shutil.rmtree(run / step / "rank-00000")
