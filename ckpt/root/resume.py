@@ -17,7 +17,10 @@ another run is passed over entirely, a step whose manifest names another run is 
 warning naming both runs each); steps that name no run (written before runs were identified) count
 as this run's.
 
-``mounts`` are the run's roots, the primary first, then its replicas (:mod:`ckpt.root.replicate`). A step
+``mounts`` are the run's roots, the primary first, then its replicas (:mod:`ckpt.root.replicate`).
+Rank 0 lists the replicas on threads while it lists the primary (:mod:`ckpt.root.answer`); when the
+primary has steps, a replica that has not answered 5 s after it is passed over, with a line, and
+asked again — however long it takes — only if a copy on the mounts that answered fails. A step
 is tried on each mount that holds it, in that order; a delta's base links may come from any mount,
 link by link (``mirrors``: :class:`~ckpt.read.source.ChunkSource`). When the primary's copy is missing or
 fails verification the state comes from the next mount whose copy verifies (bitwise the same), and a
