@@ -119,7 +119,7 @@ class _MountWorker:
         self._clean_up()
         self._catch_up()
         while (step := self._next()) is not None:
-            late = self.owner.deadline is not None and time.monotonic() >= self.owner.deadline
+            late = self.owner.past_deadline()
             if any_rank((late,), self.group, distributed=self.owner.distributed)[0]:  # every rank stops together
                 self.set_state(step, PENDING, "abandoned at close; copied when a manager next starts")
                 return
@@ -132,7 +132,7 @@ class _MountWorker:
         :meth:`~ckpt.root.steps.CheckpointRoot.clean_up`). A mount that cannot be claimed now (down,
         or its lock held) is tried again before the next copy; one that belongs to another run is
         refused for good (:attr:`foreign`; the next copy tells every rank)."""
-        if self.owner.rank != 0 or self.cleaned or self.foreign is not None:
+        if self.owner.rank != 0 or self.cleaned or self.foreign is not None or self.owner.past_deadline():
             return
         try:
             self._claim()
@@ -158,7 +158,7 @@ class _MountWorker:
     def _catch_up(self) -> None:
         """Queue the primary's steps this mount lacks or holds stale (all ranks queue the same list)."""
         missing, error = [], None
-        if self.owner.rank == 0:
+        if self.owner.rank == 0 and not self.owner.past_deadline():  # closing, its time up: nothing more to queue
             try:
                 with self.owner.branching:  # both listings on one side of a branch's deletions
                     have = set(self.mount.committed())
@@ -313,13 +313,17 @@ class Replicator:
         """Sleep ``delay`` seconds (less when closing); True when a close's deadline has passed."""
         with self.lock:
             end = time.monotonic() + delay
-            while not (self.deadline is not None and time.monotonic() >= self.deadline):
+            while not self.past_deadline():
                 left = end - time.monotonic()
                 if left <= 0:
                     break
                 wait = left if self.deadline is None else min(left, max(0.0, self.deadline - time.monotonic()))
                 self.lock.wait(wait)
-            return self.deadline is not None and time.monotonic() >= self.deadline
+            return self.past_deadline()
+
+    def past_deadline(self) -> bool:
+        """Closing, and its ``timeout`` is up: no new call to a mount is started."""
+        return self.deadline is not None and time.monotonic() >= self.deadline
 
     def close(self, timeout: float) -> bool:
         """Let the workers finish what is queued, for at most ``timeout`` seconds; True when every

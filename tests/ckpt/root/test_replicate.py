@@ -164,6 +164,52 @@ def test_a_damaged_primary_copy_waits_for_the_replica_passed_over(step, tmp_path
     restarted["manager"].close()
 
 
+class _SignalledJoin:
+    """A worker thread whose ``join`` first sets ``joined``: the close calling it has set its deadline."""
+
+    def __init__(self, thread: threading.Thread, joined: threading.Event):
+        self.thread, self.joined = thread, joined
+
+    def join(self, *args) -> None:
+        self.joined.set()
+        self.thread.join(*args)
+
+    def __getattr__(self, name: str):
+        return getattr(self.thread, name)
+
+
+def test_a_close_whose_time_is_up_starts_no_new_call_to_the_replica(tmp_path, s3_bucket, s3_proxy, monkeypatch):
+    """``close()`` (``close_timeout`` 0) while the replication thread's claim of the S3 replica is
+    held (the replica answers nothing): once that call returns, the thread starts no other — no
+    catch-up listing, nothing queued: step 3, missing there, is left for the next manager, which
+    copies it. Before, the catch-up listing and its queueing followed the deadline, each one more
+    call that can take a silent host's timeouts and retries past ``close_timeout``."""
+    primary, s3 = tmp_path / "nvme", f"{s3_bucket.url}/run"
+    options = dict(interval=1, keep=5, replicas=[s3], storage_options=s3_proxy.storage_options, **FAST_RETRY)
+    with ckpt.CheckpointManager(primary, **options) as manager:
+        _train(manager, [1, 2])
+        manager.wait()
+        _wait_committed(manager, [1, 2], mounts=1)
+    with ckpt.CheckpointManager(primary, interval=1, keep=5) as manager:  # step 3 on the primary alone
+        _train(manager, [3], seed0=2)
+    monkeypatch.setattr("ckpt.root.answer.REPLICA_WAIT_S", 1.0)  # the catalog's rebuild: the replica passed over
+    s3_proxy.hold()
+    manager = ckpt.CheckpointManager(primary, **{**options, "close_timeout": 0})
+    joined = threading.Event()
+    (worker,) = manager._replicator.workers
+    worker.thread = _SignalledJoin(worker.thread, joined)
+
+    def release_once_closing() -> None:
+        joined.wait(120)
+        s3_proxy.forward()
+
+    threading.Thread(target=release_once_closing, daemon=True).start()
+    manager.close()
+    assert 3 not in manager.replication_status()  # never queued: no call after the deadline
+    with ckpt.CheckpointManager(primary, **options) as manager:  # the next manager catches up
+        _wait_committed(manager, [3], mounts=1)
+
+
 def _replicate_on_two_ranks(rank: int, world: int, primary: str, s3: str, options: dict) -> list[str]:
     with ckpt.CheckpointManager(primary, interval=1, keep=2, replicas=[s3], storage_options=options,
                                 **FAST_RETRY) as manager:
