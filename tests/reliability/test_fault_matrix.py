@@ -17,6 +17,7 @@ command's). Faults are made by rank 0 between two barriers. SIGKILL during a sav
 harness's (tests/reliability/test_crash.py: the same trainer, 2 ranks, deltas, a local replica).
 
     first run: steps 1-4, a checkpoint every step (full_every 3: 1 full, 2-3 deltas, 4 full), replica
+               (trained once with a folder replica and copied for each case; the S3 case trains its own)
     fault:     one of CASES
     restart:   --training.steps 6 (the S3 case: with the replica's endpoint down; the branch case:
                --checkpoint.load_step 2 --checkpoint.branch true, first refused while the replica's
@@ -34,7 +35,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.checkpoints import flip_byte
-from tests.support.launch import run_ranks
+from tests.support.launch import barrier, by_rank0, run_ranks
 from tests.support.trainer_runs import logged_losses, trainer_args
 
 pytestmark = pytest.mark.slow
@@ -100,10 +101,6 @@ def _start(job: Path, steps: int, layout: dict, replica: str, **extra) -> tuple[
     return code, err.getvalue()
 
 
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    dist.barrier()
 
 
 def _hold(folder: Path):
@@ -125,27 +122,31 @@ def _hold(folder: Path):
 def _matrix(rank: int, world: int, root: str, layout: dict, cases: list[str], bucket_url: str) -> dict:
     root = Path(root)
     results = {"reference": _start(root / "reference", STEPS, layout, str(root / "reference" / "replica"))}
+    # one first run (steps 1-4, its replica a folder beside it), copied for each case whose replica
+    # is a folder: the same bytes each time, trained once (the S3 case trains its own)
+    first_run = _start(root / "first-run", FIRST, layout, str(root / "first-run" / "replica"))
     for case in cases:
         job = root / case
         replica = f"{bucket_url}/{case}" if case.startswith("s3") else str(job / "replica")
-        first = _start(job, FIRST, layout, replica)
-        _barrier()
-        if rank == 0:
-            CASES[case](job)
-        _barrier()
+        if case.startswith("s3"):
+            first = _start(job, FIRST, layout, replica)
+        else:
+            by_rank0(rank, lambda job=job: shutil.copytree(root / "first-run", job, symlinks=True))
+            first = first_run
+        by_rank0(rank, lambda case=case, job=job: CASES[case](job))
         if case.startswith("s3"):
             endpoint = os.environ["AWS_ENDPOINT_URL"]
             os.environ["AWS_ENDPOINT_URL"] = DEAD_ENDPOINT
             _clear_s3fs()
         if case == "second-run":  # another process takes the folder; the restart is refused; it lets go
             holder = _hold(job / "checkpoints") if rank == 0 else None
-            _barrier()
+            barrier()
             results[f"{case}:refused"] = _start(job, STEPS, layout, replica)
-            _barrier()
+            barrier()
             if holder is not None:  # the manual step: the other run ends
                 holder.stdin.close()
                 assert holder.wait(timeout=120) == 0
-            _barrier()
+            barrier()
         extra = {}
         if case.startswith("s3"):  # with the replica down, the end waits close_timeout for copies that cannot happen
             extra = {"checkpoint__close_timeout": 2}
@@ -153,13 +154,13 @@ def _matrix(rank: int, world: int, root: str, layout: dict, cases: list[str], bu
             extra = BRANCH
             with _failing_deletes(job / "replica"):
                 results[f"{case}:refused"] = _start(job, STEPS, layout, replica, **extra)
-            _barrier()
+            barrier()
         restart = _start(job, STEPS, layout, replica, **extra)
         if case.startswith("s3"):
             os.environ["AWS_ENDPOINT_URL"] = endpoint
             _clear_s3fs()
         results[case] = (first, restart)
-        _barrier()
+        barrier()
     return results
 
 

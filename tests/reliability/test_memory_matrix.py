@@ -42,7 +42,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.checkpoints import flip_byte
-from tests.support.launch import run_ranks
+from tests.support.launch import by_rank0, run_ranks
 from tests.support.trainer_runs import logged_losses, trainer_args
 
 pytestmark = pytest.mark.slow
@@ -80,18 +80,6 @@ def _start(job: Path, rank: int, steps: int, *, memory: bool = True, **extra) ->
     return code, out.getvalue()
 
 
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    dist.barrier()
-
-
-def _by_rank0(rank: int, action) -> None:
-    """``action`` on rank 0 only, between two barriers (no rank starts while it runs)."""
-    _barrier()
-    if rank == 0:
-        action()
-    _barrier()
 
 
 def _empty_memory(job: Path) -> None:
@@ -121,15 +109,15 @@ def _first(job: Path, rank: int) -> tuple[int, str]:
 
 def _damaged_restart(rank: int, job: Path, fault) -> dict:
     first = _first(job, rank)
-    _by_rank0(rank, lambda: fault(job))
+    by_rank0(rank, lambda: fault(job))
     restart = _start(job, rank, STEPS)
-    _by_rank0(rank, lambda: _empty_memory(job))
+    by_rank0(rank, lambda: _empty_memory(job))
     return {"first": first, "restart": restart, "third": _start(job, rank, LAST)}
 
 
 def _replica_gone(rank: int, job: Path) -> dict:
     first = _first(job, rank)
-    _by_rank0(rank, lambda: (shutil.rmtree(job / "replica"), _damage(job / "checkpoints")))
+    by_rank0(rank, lambda: (shutil.rmtree(job / "replica"), _damage(job / "checkpoints")))
     restart = _start(job, rank, STEPS)
     return {"first": first, "restart": restart, "past": _start(job, rank, STEPS - 1)}
 
@@ -138,13 +126,13 @@ def _branch(rank: int, job: Path) -> dict:
     result = {"first": _first(job, rank)}
     result["refused"] = _start(job, rank, STEPS, checkpoint__load_step=2)
     kept = {}
-    _by_rank0(rank, lambda: kept.update(primary=_stored_steps(job / "checkpoints"), replica=_stored_steps(job / "replica"),
+    by_rank0(rank, lambda: kept.update(primary=_stored_steps(job / "checkpoints"), replica=_stored_steps(job / "replica"),
                                         memory=_memory_steps(job)))
     result["kept"] = kept
     result["at_end"] = _start(job, rank, FIRST)  # what the refused start left: memory step 4 still resumes
     result["branch"] = _start(job, rank, 3, **BRANCH)
     after_branch = {}
-    _by_rank0(rank, lambda: after_branch.update(memory=_memory_steps(job)))
+    by_rank0(rank, lambda: after_branch.update(memory=_memory_steps(job)))
     result["after_branch"] = after_branch
     result["restart"] = _start(job, rank, 5, **BRANCH_CLIP)
     return result

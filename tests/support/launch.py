@@ -195,3 +195,18 @@ def start_forkserver(preload: list[str], paths: list[str]):
         else:
             os.environ["PYTHONPATH"] = before
     return context
+
+
+def barrier() -> None:
+    """Every rank of a :func:`run_ranks` job here (its default gloo group)."""
+    import torch.distributed as dist
+
+    dist.barrier()
+
+
+def by_rank0(rank: int, action) -> None:
+    """``action`` on rank 0 only, between two barriers (no rank starts while it runs)."""
+    barrier()
+    if rank == 0:
+        action()
+    barrier()
