@@ -5,6 +5,9 @@ primary is listed, and the caller waits for it only so long after the primary ha
     ...                                               # the primary's listing
     done, steps = answer.wait(deadline)               # deadline None: as long as it takes
 
+    primary_steps, [(answered, steps, error), ...] = primary_then_replicas(
+        primary.committed, [replica.committed, ...], wait_all=lambda steps: not steps)
+
 Why (measured, S3 through s3fs): an endpoint that refuses connections costs 8-15 s per call
 (botocore's retries with back-off), and one that does not answer at all (a host gone from the network)
 60 s of connect timeout per attempt, five attempts — at every restart, before a single step. A
@@ -51,7 +54,24 @@ class Answer:
         return True, self._value
 
 
-def deadline_after_primary(primary_has_steps: bool) -> float | None:
-    """How long replicas are waited for: ``REPLICA_WAIT_S`` from now when the primary has steps to
-    resume from; otherwise no limit (a replica is then the only source)."""
-    return time.monotonic() + REPLICA_WAIT_S if primary_has_steps else None
+def primary_then_replicas(primary: Callable[[], Any], replicas: list[Callable[[], Any]], *,
+                          wait_all: Callable[[Any], bool]) -> tuple[Any, list[tuple[bool, Any, BaseException | None]]]:
+    """``primary()`` in this thread while each of ``replicas`` runs on a thread of its own; its
+    result, and each replica's ``(answered, value, error)``: one that has not answered
+    ``REPLICA_WAIT_S`` seconds after the primary is ``(False, None, None)``, unless
+    ``wait_all(primary's result)``, then each is waited for as long as it takes. The primary's
+    error is raised; a replica's :class:`~ckpt.errors.CheckpointError` is returned (anything else
+    raised)."""
+    from ..errors import CheckpointError
+
+    answers = [Answer(fn) for fn in replicas]
+    first = primary()
+    deadline = None if wait_all(first) else time.monotonic() + REPLICA_WAIT_S
+    outcomes = []
+    for answer in answers:
+        try:
+            done, value = answer.wait(deadline)
+            outcomes.append((done, value, None))
+        except CheckpointError as exc:
+            outcomes.append((True, None, exc))
+    return first, outcomes

@@ -44,7 +44,7 @@ from typing import Any, Callable
 from ..collective import LOCAL, Agreement
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, ForeignRunError, StorageError
 from ..storage import Location
-from .answer import REPLICA_WAIT_S, Answer, deadline_after_primary
+from .answer import REPLICA_WAIT_S, primary_then_replicas
 from .claim import read_claim
 from .damaged import damaged_steps, set_aside, utc_stamp
 from .steps import CheckpointRoot
@@ -107,17 +107,19 @@ def _listings(mounts: list[CheckpointRoot], run: str | None, *, chain_checked_al
     left, its steps whose delta chains are whole."""
     if len(mounts) == 1:
         return {0: _committed(mounts[0], chain_checked=chain_checked_alone, run=run)}, False
-    answers = [Answer(lambda mount=mount: _committed(mount, chain_checked=False, run=run) if _ours(mount, run)
-                      else None) for mount in mounts[1:]]
-    found, hurried = {0: _committed(mounts[0], chain_checked=False, run=run)}, False
-    deadline = deadline_after_primary(bool(found[0]) and not patient)
-    for index, answer in enumerate(answers, 1):
-        done, steps = answer.wait(deadline)
+    primary, replicas = primary_then_replicas(
+        lambda: _committed(mounts[0], chain_checked=False, run=run),
+        [lambda mount=mount: _committed(mount, chain_checked=False, run=run) if _ours(mount, run) else None
+         for mount in mounts[1:]],
+        wait_all=lambda steps: patient or not steps)
+    found, hurried = {0: primary}, False
+    for index, (done, steps, error) in enumerate(replicas, 1):
+        if error is not None:
+            raise error
         if not done:
             hurried = True
             log.warning("checkpoint mount %s has not answered %.0f s after the primary (newest step %d); passing "
-                        "over it unless the primary's copies fail", mounts[index].path, REPLICA_WAIT_S,
-                        max(found[0]))
+                        "over it unless the primary's copies fail", mounts[index].path, REPLICA_WAIT_S, max(primary))
         elif steps is not None:
             found[index] = steps
     if len(found) == 1 and chain_checked_alone:

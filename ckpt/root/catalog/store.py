@@ -57,7 +57,7 @@ from .files import DAMAGE, discard, open_env
 from .records import (ACTIVE_STATES, DIR_NAME, MOUNTS_KEY, SCHEMA_KEY, SCHEMA_VERSION, STATES, UNREADABLE,
                                MountState, StepInfo, chunk_records, chunks_key, decode, encode, mount_id, mount_key,
                                mount_state, step_info, step_key, step_record)
-from ..answer import REPLICA_WAIT_S, Answer, deadline_after_primary
+from ..answer import REPLICA_WAIT_S, primary_then_replicas
 from ..replica_states import ReplicaState
 from ..steps import CheckpointRoot
 
@@ -243,26 +243,20 @@ class Catalog:
         catalog is swapped in one transaction. A replica that cannot be listed is left out with a
         warning; the primary's listing failing raises."""
         found = []  # (mount, step, manifest or error text)
-        # replicas listed on threads while the primary is: one that does not answer in time is left
-        # out like one that cannot be listed (ckpt.root.answer), so a dead endpoint does not hold up the start
-        answers = [Answer(CheckpointRoot(location).committed) for location in mounts[1:]]
-        deadline: float | None = None
+        # replicas listed on threads while the primary is: one that does not answer in time is left out like
+        # one that cannot be listed (a cache: the replicator reports their steps again as it copies)
+        listed = primary_then_replicas(CheckpointRoot(mounts[0]).committed,
+                                       [CheckpointRoot(location).committed for location in mounts[1:]],
+                                       wait_all=lambda _: False)
         for index, location in enumerate(mounts):
             root = CheckpointRoot(location)
-            try:
-                if index == 0:
-                    committed = root.committed()
-                    deadline = deadline_after_primary(True)  # a cache: replica states also come as copies are made
-                else:
-                    done, committed = answers[index - 1].wait(deadline)
-                    if not done:
-                        log.warning("catalog rebuild: %s has not answered %.0f s after the primary; its states are "
-                                    "left out", location, REPLICA_WAIT_S)
-                        continue
-            except CheckpointError as exc:
-                if index == 0:
-                    raise
-                log.warning("catalog rebuild: cannot list %s (%s); its states are left out", location, exc)
+            done, committed, error = (True, listed[0], None) if index == 0 else listed[1][index - 1]
+            if not done:
+                log.warning("catalog rebuild: %s has not answered %.0f s after the primary; its states are left out",
+                            location, REPLICA_WAIT_S)
+                continue
+            if error is not None:
+                log.warning("catalog rebuild: cannot list %s (%s); its states are left out", location, error)
                 continue
             for step in committed:
                 try:
